@@ -1,0 +1,26 @@
+//! Layout rules for transformer architectures, as `const fn`.
+//!
+//! The same rules are enforced by `#[derive(Architecture)]` at compile time and by
+//! [`Config::validate`] on Hugging Face `config.json` files at run time, with the same
+//! wording everywhere.
+//!
+//! ```
+//! use headcount_spec::Config;
+//!
+//! let json = r#"{"model_type": "glm", "num_attention_heads": 7, "num_key_value_heads": 2}"#;
+//! let err = Config::from_json_str(json).unwrap().validate().unwrap_err();
+//! assert!(err.to_string().contains(
+//!     "num_attention_heads (7) must be a multiple of num_key_value_heads (2)"
+//! ));
+//! ```
+
+pub mod arch;
+pub mod config;
+pub mod keys;
+pub mod msg;
+pub mod rules;
+
+pub use arch::{Architecture, SupportsPipelineParallel, SupportsTensorParallel};
+pub use config::{Config, ConfigError, RopeLayout, ValidationError};
+pub use msg::Msg;
+pub use rules::{ArchSpec, Errors, Family, LayoutError, SizeList};

@@ -1,0 +1,886 @@
+//! The layout rules of DESIGN.md, each a `const fn` over an [`ArchSpec`].
+//!
+//! One definition serves three enforcement points: the derive macro evaluates them on
+//! literal values while expanding, generated `const _` items evaluate them in the compiler
+//! for values the macro cannot see, and [`crate::Config::validate`] runs them on
+//! `config.json` at run time. Every rule appends to an [`Errors`] list and never stops at
+//! the first problem; a rule whose inputs are already invalid (a zero count) stays quiet so
+//! one mistake is reported once.
+
+use crate::keys;
+use crate::msg::Msg;
+
+/// The activations the runtime implements, by their `hidden_act` names.
+pub const ACTIVATIONS: [&str; 5] = ["silu", "swish", "gelu", "gelu_pytorch_tanh", "relu"];
+
+/// The model families the runtime implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `GlmForCausalLM` (`model_type = "glm"`): two RMSNorms a layer.
+    Glm,
+    /// `Glm4ForCausalLM` (`model_type = "glm4"`): four RMSNorms a layer.
+    Glm4,
+}
+
+impl Family {
+    /// The `model_type` string of config.json.
+    pub const fn model_type(self) -> &'static str {
+        match self {
+            Family::Glm => "glm",
+            Family::Glm4 => "glm4",
+        }
+    }
+
+    /// The family of a `model_type` string.
+    pub const fn from_model_type(s: &str) -> Option<Family> {
+        if str_eq(s, "glm") {
+            Some(Family::Glm)
+        } else if str_eq(s, "glm4") {
+            Some(Family::Glm4)
+        } else {
+            None
+        }
+    }
+}
+
+/// Byte-wise string equality usable in `const fn`.
+pub const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Every number a rule looks at. Counts are `u64` so that values from any source fit;
+/// `head_dim: None` means "derive it as hidden_size / num_attention_heads".
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ArchSpec<'a> {
+    pub vocab_size: u64,
+    pub hidden_size: u64,
+    pub intermediate_size: u64,
+    pub num_hidden_layers: u64,
+    pub num_attention_heads: u64,
+    pub num_key_value_heads: u64,
+    pub head_dim: Option<u64>,
+    pub partial_rotary_factor: f64,
+    pub rope_theta: f64,
+    pub rms_norm_eps: f64,
+    pub max_position_embeddings: u64,
+    pub hidden_act: &'a str,
+    pub pad_token_id: Option<u64>,
+    pub bos_token_id: Option<u64>,
+    pub eos_token_ids: &'a [u64],
+    pub tensor_parallel: &'a [u64],
+    pub pipeline_parallel: &'a [u64],
+    pub kv_replication: bool,
+    /// Pad the vocabulary to a multiple of this before a vocab-parallel split; 1 = none.
+    pub vocab_padding: u64,
+    pub uneven_pipeline: bool,
+}
+
+impl<'a> ArchSpec<'a> {
+    /// head_dim as given, or derived when it divides; `None` when it cannot be derived.
+    pub const fn resolved_head_dim(&self) -> Option<u64> {
+        match self.head_dim {
+            Some(d) => Some(d),
+            None => {
+                if self.num_attention_heads != 0
+                    && self.hidden_size % self.num_attention_heads == 0
+                {
+                    Some(self.hidden_size / self.num_attention_heads)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// The rotary dimension, when head_dim and the factor give a whole number.
+    pub const fn rotary_dim(&self) -> Option<u64> {
+        match self.resolved_head_dim() {
+            Some(hd) => exact_product(hd, self.partial_rotary_factor),
+            None => None,
+        }
+    }
+
+    /// The vocabulary size after declared padding.
+    pub const fn padded_vocab(&self) -> Option<u64> {
+        if self.vocab_padding <= 1 {
+            return Some(self.vocab_size);
+        }
+        match self.vocab_size.checked_add(self.vocab_padding - 1) {
+            Some(v) => Some(v / self.vocab_padding * self.vocab_padding),
+            None => None,
+        }
+    }
+
+    /// Whether one tensor-parallel size satisfies every tensor-parallel rule.
+    pub const fn tensor_parallel_ok(&self, tp: u64) -> bool {
+        let (h, kv) = (self.num_attention_heads, self.num_key_value_heads);
+        if tp == 0 || h % tp != 0 || self.intermediate_size % tp != 0 {
+            return false;
+        }
+        if !(kv % tp == 0 || (self.kv_replication && kv != 0 && tp % kv == 0)) {
+            return false;
+        }
+        match self.padded_vocab() {
+            Some(v) => v % tp == 0,
+            None => false,
+        }
+    }
+
+    /// Every tensor-parallel size this architecture allows (up to [`SIZE_LIST_CAPACITY`]).
+    pub const fn legal_tensor_parallel(&self) -> SizeList {
+        let mut out = SizeList::new();
+        let h = self.num_attention_heads;
+        if h == 0 || self.num_key_value_heads == 0 {
+            return out;
+        }
+        let limit = if h < 1 << 16 { h } else { 1 << 16 };
+        let mut t = 1;
+        while t <= limit {
+            if self.tensor_parallel_ok(t) {
+                out = out.with(t);
+            }
+            t += 1;
+        }
+        out
+    }
+}
+
+/// `n * factor` when it is a whole number exactly (no rounding).
+pub const fn exact_product(n: u64, factor: f64) -> Option<u64> {
+    let r = n as f64 * factor;
+    if !(r >= 0.0) || r > 9.0e15 {
+        return None;
+    }
+    let w = r as u64;
+    if w as f64 == r { Some(w) } else { None }
+}
+
+/// Capacity of a [`SizeList`].
+pub const SIZE_LIST_CAPACITY: usize = 24;
+
+/// A short list of suggested numbers, built in `const fn`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SizeList {
+    items: [u64; SIZE_LIST_CAPACITY],
+    len: usize,
+    more: bool,
+}
+
+impl SizeList {
+    pub const fn new() -> Self {
+        SizeList { items: [0; SIZE_LIST_CAPACITY], len: 0, more: false }
+    }
+    pub const fn with(mut self, v: u64) -> Self {
+        if self.len < SIZE_LIST_CAPACITY {
+            self.items[self.len] = v;
+            self.len += 1;
+        } else {
+            self.more = true;
+        }
+        self
+    }
+    pub const fn as_slice(&self) -> &[u64] {
+        self.items.split_at(self.len).0
+    }
+    /// Whether more values existed than the list holds.
+    pub const fn has_more(&self) -> bool {
+        self.more
+    }
+    const fn write(&self, m: Msg) -> Msg {
+        let m = m.list(self.as_slice());
+        if self.more { m.push(", ...") } else { m }
+    }
+}
+
+impl Default for SizeList {
+    fn default() -> Self {
+        SizeList::new()
+    }
+}
+
+/// The divisors of `n` in increasing order (empty when `n` is 0 or too large to search).
+pub const fn divisors(n: u64) -> SizeList {
+    let mut out = SizeList::new();
+    if n == 0 || n > 1 << 24 {
+        return out;
+    }
+    let mut d = 1;
+    while d <= n {
+        if n % d == 0 {
+            out = out.with(d);
+        }
+        d += 1;
+    }
+    out
+}
+
+/// A name copied into a fixed buffer, so an error can carry it in `const fn`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ShortStr {
+    buf: [u8; 40],
+    len: usize,
+}
+
+impl ShortStr {
+    pub const fn new(s: &str) -> Self {
+        let b = s.as_bytes();
+        let mut buf = [0u8; 40];
+        let mut len = 0;
+        while len < b.len() && len < 40 {
+            buf[len] = b[len];
+            len += 1;
+        }
+        // Never end inside a multi-byte character.
+        while len > 0 && len < b.len() && (b[len] & 0xC0) == 0x80 {
+            len -= 1;
+        }
+        ShortStr { buf, len }
+    }
+    pub const fn as_str(&self) -> &str {
+        match core::str::from_utf8(self.buf.split_at(self.len).0) {
+            Ok(s) => s,
+            Err(_) => "?",
+        }
+    }
+}
+
+impl core::fmt::Debug for ShortStr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+/// One violated rule, with the numbers involved. `Display` is the one wording used by the
+/// macro, the compiler-evaluated assertions and config validation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LayoutError {
+    /// Rule 1: a count is zero.
+    NotPositive { field: &'static str },
+    /// Rule 2: more kv heads than query heads.
+    KvExceedsHeads { heads: u64, kv: u64 },
+    /// Rule 2: query heads not a multiple of kv heads.
+    HeadsNotMultipleOfKv { heads: u64, kv: u64 },
+    /// Rule 3: head_dim not given and hidden_size does not divide by the heads.
+    HiddenNotMultipleOfHeads { hidden: u64, heads: u64 },
+    /// Rule 4: partial_rotary_factor outside (0, 1].
+    RotaryFactorRange { factor: f64 },
+    /// Rule 4: head_dim * factor is not a whole number.
+    RotaryNotWhole { head_dim: u64, factor: f64 },
+    /// Rule 4: the rotary dimension is odd.
+    RotaryOdd { head_dim: u64, factor: f64, rotary: u64 },
+    /// Rule 5: a token id is not below vocab_size.
+    TokenOutOfVocab { field: &'static str, id: u64, vocab: u64 },
+    /// Rule 6: a tensor-parallel size of 0.
+    TensorParallelZero,
+    /// Rule 6: the size does not divide the query heads.
+    TensorParallelHeads { tp: u64, heads: u64, legal: SizeList },
+    /// Rule 6: the size does not fit the kv heads.
+    TensorParallelKv { tp: u64, kv: u64, replication: bool, legal: SizeList },
+    /// Rule 6: the size does not divide intermediate_size.
+    TensorParallelIntermediate { tp: u64, intermediate: u64, legal: SizeList },
+    /// Rule 6: the size does not divide the (padded) vocabulary.
+    TensorParallelVocab { tp: u64, vocab: u64, padded: u64, legal: SizeList },
+    /// Rule 7: a pipeline size of 0.
+    PipelineZero,
+    /// Rule 7: more stages than layers.
+    PipelineExceedsLayers { pp: u64, layers: u64 },
+    /// Rule 7: layers do not split evenly.
+    PipelineUneven { pp: u64, layers: u64, legal: SizeList },
+    /// Rule 8: rope_theta or rms_norm_eps not a positive number.
+    NotPositiveFloat { field: &'static str, value: f64 },
+    /// Rule 8: an activation the runtime does not implement.
+    UnsupportedActivation { name: ShortStr },
+    /// A weight would have more elements than a 64-bit size holds.
+    SizeOverflow { what: &'static str, a: u64, b: u64 },
+}
+
+impl LayoutError {
+    /// The key whose value is wrong: where the macro points its error.
+    pub const fn field(&self) -> &'static str {
+        match self {
+            LayoutError::NotPositive { field } => field,
+            LayoutError::KvExceedsHeads { .. } => keys::NUM_KEY_VALUE_HEADS,
+            LayoutError::HeadsNotMultipleOfKv { .. } => keys::NUM_ATTENTION_HEADS,
+            LayoutError::HiddenNotMultipleOfHeads { .. } => keys::HIDDEN_SIZE,
+            LayoutError::RotaryFactorRange { .. }
+            | LayoutError::RotaryNotWhole { .. }
+            | LayoutError::RotaryOdd { .. } => keys::PARTIAL_ROTARY_FACTOR,
+            LayoutError::TokenOutOfVocab { field, .. } => field,
+            LayoutError::TensorParallelZero
+            | LayoutError::TensorParallelHeads { .. }
+            | LayoutError::TensorParallelKv { .. }
+            | LayoutError::TensorParallelIntermediate { .. }
+            | LayoutError::TensorParallelVocab { .. } => keys::TENSOR_PARALLEL,
+            LayoutError::PipelineZero
+            | LayoutError::PipelineExceedsLayers { .. }
+            | LayoutError::PipelineUneven { .. } => keys::PIPELINE_PARALLEL,
+            LayoutError::NotPositiveFloat { field, .. } => field,
+            LayoutError::UnsupportedActivation { .. } => keys::HIDDEN_ACT,
+            LayoutError::SizeOverflow { what, .. } => what,
+        }
+    }
+
+    /// For list-valued keys (tensor_parallel, pipeline_parallel, eos_token_id): the
+    /// element that is wrong.
+    pub const fn element(&self) -> Option<u64> {
+        match self {
+            LayoutError::TensorParallelZero | LayoutError::PipelineZero => Some(0),
+            LayoutError::TensorParallelHeads { tp, .. }
+            | LayoutError::TensorParallelKv { tp, .. }
+            | LayoutError::TensorParallelIntermediate { tp, .. }
+            | LayoutError::TensorParallelVocab { tp, .. } => Some(*tp),
+            LayoutError::PipelineExceedsLayers { pp, .. }
+            | LayoutError::PipelineUneven { pp, .. } => Some(*pp),
+            LayoutError::TokenOutOfVocab { id, .. } => Some(*id),
+            _ => None,
+        }
+    }
+
+    /// The message, rendered in `const fn` (the compiler-evaluated assertions use this).
+    pub const fn render(&self) -> Msg {
+        let m = Msg::new();
+        match *self {
+            LayoutError::NotPositive { field } => m.push(field).push(" must be at least 1, got 0"),
+            LayoutError::KvExceedsHeads { heads, kv } => divisors(heads)
+                .write(
+                    m.push("num_key_value_heads (")
+                        .num(kv)
+                        .push(") must not exceed num_attention_heads (")
+                        .num(heads)
+                        .push("): legal num_key_value_heads for ")
+                        .num(heads)
+                        .push(" heads are "),
+                ),
+            LayoutError::HeadsNotMultipleOfKv { heads, kv } => {
+                let lower = heads / kv * kv;
+                let m = m
+                    .push("num_attention_heads (")
+                    .num(heads)
+                    .push(") must be a multiple of num_key_value_heads (")
+                    .num(kv)
+                    .push("): nearest legal num_attention_heads are ");
+                let m = if lower > 0 { m.num(lower).push(" and ") } else { m };
+                divisors(heads).write(
+                    m.num(lower + kv)
+                        .push("; legal num_key_value_heads for ")
+                        .num(heads)
+                        .push(" heads are "),
+                )
+            }
+            LayoutError::HiddenNotMultipleOfHeads { hidden, heads } => {
+                let lower = hidden / heads * heads;
+                let m = m
+                    .push("hidden_size (")
+                    .num(hidden)
+                    .push(") must be a multiple of num_attention_heads (")
+                    .num(heads)
+                    .push(") when head_dim is not given: set head_dim, or use hidden_size ");
+                let m = if lower > 0 { m.num(lower).push(" or ") } else { m };
+                m.num(lower + heads)
+            }
+            LayoutError::RotaryFactorRange { factor } => m
+                .push("partial_rotary_factor (")
+                .float(factor)
+                .push(") must be greater than 0 and at most 1"),
+            LayoutError::RotaryNotWhole { head_dim, factor } => rotary_hint(
+                m.push("head_dim (")
+                    .num(head_dim)
+                    .push(") * partial_rotary_factor (")
+                    .float(factor)
+                    .push(") = ")
+                    .float(head_dim as f64 * factor)
+                    .push(" is not a whole number of rotary channels"),
+                head_dim,
+                head_dim as f64 * factor,
+            ),
+            LayoutError::RotaryOdd { head_dim, factor, rotary } => rotary_hint(
+                m.push("head_dim (")
+                    .num(head_dim)
+                    .push(") * partial_rotary_factor (")
+                    .float(factor)
+                    .push(") = ")
+                    .num(rotary)
+                    .push(" rotary channels, an odd number, but GLM rotates channel pairs"),
+                head_dim,
+                rotary as f64,
+            ),
+            LayoutError::TokenOutOfVocab { field, id, vocab } => m
+                .push(field)
+                .push(" (")
+                .num(id)
+                .push(") must be less than vocab_size (")
+                .num(vocab)
+                .push(")"),
+            LayoutError::TensorParallelZero => m.push("tensor_parallel size must be at least 1, got 0"),
+            LayoutError::TensorParallelHeads { tp, heads, legal } => legal_tail(
+                m.push("tensor_parallel size ")
+                    .num(tp)
+                    .push(" must divide num_attention_heads (")
+                    .num(heads)
+                    .push(")"),
+                legal,
+            ),
+            LayoutError::TensorParallelKv { tp, kv, replication, legal } => {
+                let m = m
+                    .push("tensor_parallel size ")
+                    .num(tp)
+                    .push(" must divide num_key_value_heads (")
+                    .num(kv)
+                    .push(")");
+                let m = if replication {
+                    m.push(" or be a multiple of it (kv heads are replicated)")
+                } else {
+                    m.push(" (kv_replication = true would also allow multiples of it)")
+                };
+                legal_tail(m, legal)
+            }
+            LayoutError::TensorParallelIntermediate { tp, intermediate, legal } => legal_tail(
+                m.push("tensor_parallel size ")
+                    .num(tp)
+                    .push(" must divide intermediate_size (")
+                    .num(intermediate)
+                    .push(")"),
+                legal,
+            ),
+            LayoutError::TensorParallelVocab { tp, vocab, padded, legal } => {
+                let m = m.push("tensor_parallel size ").num(tp).push(" must divide vocab_size (").num(vocab);
+                let m = if padded != vocab {
+                    m.push(", padded to ").num(padded).push(")")
+                } else {
+                    m.push(") unless vocab_padding is declared")
+                };
+                legal_tail(m, legal)
+            }
+            LayoutError::PipelineZero => m.push("pipeline_parallel size must be at least 1, got 0"),
+            LayoutError::PipelineExceedsLayers { pp, layers } => m
+                .push("pipeline_parallel size ")
+                .num(pp)
+                .push(" must not exceed num_hidden_layers (")
+                .num(layers)
+                .push(")"),
+            LayoutError::PipelineUneven { pp, layers, legal } => legal
+                .write(
+                    m.push("pipeline_parallel size ")
+                        .num(pp)
+                        .push(" must divide num_hidden_layers (")
+                        .num(layers)
+                        .push(") unless uneven_pipeline = true; legal pipeline_parallel sizes are "),
+                ),
+            LayoutError::NotPositiveFloat { field, value } => {
+                m.push(field).push(" (").float(value).push(") must be a positive number")
+            }
+            LayoutError::UnsupportedActivation { name } => {
+                let mut m = m
+                    .push("hidden_act (\"")
+                    .push(name.as_str())
+                    .push("\") is not implemented by the runtime: use one of ");
+                let mut i = 0;
+                while i < ACTIVATIONS.len() {
+                    if i > 0 {
+                        m = m.push(", ");
+                    }
+                    m = m.push(ACTIVATIONS[i]);
+                    i += 1;
+                }
+                m
+            }
+            LayoutError::SizeOverflow { what, a, b } => m
+                .push(what)
+                .push(" is too large: ")
+                .num(a)
+                .push(" * ")
+                .num(b)
+                .push(" does not fit a 64-bit tensor size"),
+        }
+    }
+}
+
+const fn legal_tail(m: Msg, legal: SizeList) -> Msg {
+    let m = m.push("; legal tensor_parallel sizes for this architecture are ");
+    if legal.as_slice().is_empty() { m.push("none") } else { legal.write(m) }
+}
+
+/// The even rotary channel counts nearest to `channels`, as factors of `head_dim`.
+const fn rotary_hint(m: Msg, head_dim: u64, channels: f64) -> Msg {
+    if head_dim < 2 {
+        return m.push(": head_dim must be at least 2 to rotate a pair");
+    }
+    // Largest even count below (or at) channels, smallest even count above it.
+    let below = {
+        let f = if channels < 0.0 { 0 } else { channels as u64 };
+        let e = f - f % 2;
+        if e as f64 == channels { if e >= 2 { e - 2 } else { 0 } } else { e }
+    };
+    let above = below + 2;
+    let below = if below > head_dim { head_dim - head_dim % 2 } else { below };
+    let mut m = m.push(": use partial_rotary_factor ");
+    let mut wrote = false;
+    if below >= 2 {
+        m = m.float(below as f64 / head_dim as f64).push(" (").num(below).push(" channels)");
+        wrote = true;
+    }
+    if above <= head_dim && above != below {
+        if wrote {
+            m = m.push(" or ");
+        }
+        m = m.float(above as f64 / head_dim as f64).push(" (").num(above).push(" channels)");
+    }
+    m
+}
+
+impl core::fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Display::fmt(&self.render(), f)
+    }
+}
+
+impl std::error::Error for LayoutError {}
+
+/// Capacity of an [`Errors`] list; more violations than this are counted, not kept.
+pub const ERRORS_CAPACITY: usize = 40;
+
+/// The violations found so far, collected by `const fn` rules.
+#[derive(Clone, Copy, Debug)]
+pub struct Errors {
+    items: [Option<LayoutError>; ERRORS_CAPACITY],
+    len: usize,
+    dropped: usize,
+}
+
+impl Errors {
+    pub const fn new() -> Self {
+        Errors { items: [None; ERRORS_CAPACITY], len: 0, dropped: 0 }
+    }
+    pub const fn push(&mut self, e: LayoutError) {
+        if self.len < ERRORS_CAPACITY {
+            self.items[self.len] = Some(e);
+            self.len += 1;
+        } else {
+            self.dropped += 1;
+        }
+    }
+    pub const fn len(&self) -> usize {
+        self.len + self.dropped
+    }
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub const fn get(&self, i: usize) -> Option<LayoutError> {
+        if i < self.len { self.items[i] } else { None }
+    }
+    pub fn iter(&self) -> impl Iterator<Item = LayoutError> + '_ {
+        self.items[..self.len].iter().flatten().copied()
+    }
+    pub fn to_vec(&self) -> Vec<LayoutError> {
+        self.iter().collect()
+    }
+    /// All messages joined by "; " in one buffer (for a compile-time panic).
+    pub const fn render(&self) -> Msg {
+        let mut m = Msg::new();
+        let mut i = 0;
+        while i < self.len {
+            if i > 0 {
+                m = m.push("; ");
+            }
+            if let Some(e) = self.items[i] {
+                m = m.push(e.render().as_str());
+            }
+            i += 1;
+        }
+        m
+    }
+}
+
+impl Default for Errors {
+    fn default() -> Self {
+        Errors::new()
+    }
+}
+
+// ---- the rules ------------------------------------------------------------------------
+
+/// Rule 1: every count is at least 1 (head_dim only when given).
+pub const fn counts(s: &ArchSpec, out: &mut Errors) {
+    let values = [
+        Some(s.vocab_size),
+        Some(s.hidden_size),
+        Some(s.intermediate_size),
+        Some(s.num_hidden_layers),
+        Some(s.num_attention_heads),
+        Some(s.num_key_value_heads),
+        s.head_dim,
+        Some(s.max_position_embeddings),
+    ];
+    let mut i = 0;
+    while i < values.len() {
+        if let Some(0) = values[i] {
+            out.push(LayoutError::NotPositive { field: keys::COUNT_FIELDS[i] });
+        }
+        i += 1;
+    }
+    if s.vocab_padding == 0 {
+        out.push(LayoutError::NotPositive { field: keys::VOCAB_PADDING });
+    }
+}
+
+/// Rule 2: grouped-query attention needs kv heads that divide the query heads.
+pub const fn grouped_query(s: &ArchSpec, out: &mut Errors) {
+    let (h, kv) = (s.num_attention_heads, s.num_key_value_heads);
+    if h == 0 || kv == 0 {
+        return;
+    }
+    if kv > h {
+        out.push(LayoutError::KvExceedsHeads { heads: h, kv });
+    } else if h % kv != 0 {
+        out.push(LayoutError::HeadsNotMultipleOfKv { heads: h, kv });
+    }
+}
+
+/// Rule 3: head_dim is given, or hidden_size divides by the heads.
+pub const fn head_dim(s: &ArchSpec, out: &mut Errors) {
+    if s.head_dim.is_none()
+        && s.num_attention_heads != 0
+        && s.hidden_size % s.num_attention_heads != 0
+    {
+        out.push(LayoutError::HiddenNotMultipleOfHeads {
+            hidden: s.hidden_size,
+            heads: s.num_attention_heads,
+        });
+    }
+}
+
+/// Rule 4: the rotary dimension is a positive, even, whole number of channels.
+pub const fn rotary(s: &ArchSpec, out: &mut Errors) {
+    let f = s.partial_rotary_factor;
+    if !(f > 0.0 && f <= 1.0) {
+        out.push(LayoutError::RotaryFactorRange { factor: f });
+        return;
+    }
+    let hd = match s.resolved_head_dim() {
+        Some(0) | None => return,
+        Some(hd) => hd,
+    };
+    match exact_product(hd, f) {
+        None => out.push(LayoutError::RotaryNotWhole { head_dim: hd, factor: f }),
+        Some(r) if r == 0 => out.push(LayoutError::RotaryNotWhole { head_dim: hd, factor: f }),
+        Some(r) if r % 2 != 0 => out.push(LayoutError::RotaryOdd { head_dim: hd, factor: f, rotary: r }),
+        Some(_) => {}
+    }
+}
+
+/// Rule 5: pad, bos and every eos id are below vocab_size.
+pub const fn token_ids(s: &ArchSpec, out: &mut Errors) {
+    let v = s.vocab_size;
+    if v == 0 {
+        return;
+    }
+    if let Some(id) = s.pad_token_id {
+        if id >= v {
+            out.push(LayoutError::TokenOutOfVocab { field: keys::PAD_TOKEN_ID, id, vocab: v });
+        }
+    }
+    if let Some(id) = s.bos_token_id {
+        if id >= v {
+            out.push(LayoutError::TokenOutOfVocab { field: keys::BOS_TOKEN_ID, id, vocab: v });
+        }
+    }
+    let mut i = 0;
+    while i < s.eos_token_ids.len() {
+        let id = s.eos_token_ids[i];
+        if id >= v {
+            out.push(LayoutError::TokenOutOfVocab { field: keys::EOS_TOKEN_ID, id, vocab: v });
+        }
+        i += 1;
+    }
+}
+
+/// Rule 6: each declared tensor-parallel size splits heads, kv heads (or replicates them
+/// where allowed), the MLP and the vocabulary evenly.
+pub const fn tensor_parallel(s: &ArchSpec, out: &mut Errors) {
+    let (h, kv) = (s.num_attention_heads, s.num_key_value_heads);
+    let counts_ok = h != 0 && kv != 0 && s.intermediate_size != 0 && s.vocab_size != 0;
+    let mut i = 0;
+    while i < s.tensor_parallel.len() {
+        let tp = s.tensor_parallel[i];
+        i += 1;
+        if tp == 0 {
+            out.push(LayoutError::TensorParallelZero);
+            continue;
+        }
+        if !counts_ok || s.vocab_padding == 0 {
+            continue;
+        }
+        if s.tensor_parallel_ok(tp) {
+            continue;
+        }
+        let legal = s.legal_tensor_parallel();
+        if h % tp != 0 {
+            out.push(LayoutError::TensorParallelHeads { tp, heads: h, legal });
+        }
+        if !(kv % tp == 0 || (s.kv_replication && tp % kv == 0)) {
+            out.push(LayoutError::TensorParallelKv { tp, kv, replication: s.kv_replication, legal });
+        }
+        if s.intermediate_size % tp != 0 {
+            out.push(LayoutError::TensorParallelIntermediate {
+                tp,
+                intermediate: s.intermediate_size,
+                legal,
+            });
+        }
+        let padded = match s.padded_vocab() {
+            Some(p) => p,
+            None => s.vocab_size,
+        };
+        if padded % tp != 0 {
+            out.push(LayoutError::TensorParallelVocab { tp, vocab: s.vocab_size, padded, legal });
+        }
+    }
+}
+
+/// Rule 7: each declared pipeline size fits the layers, evenly unless declared uneven.
+pub const fn pipeline_parallel(s: &ArchSpec, out: &mut Errors) {
+    let layers = s.num_hidden_layers;
+    let mut i = 0;
+    while i < s.pipeline_parallel.len() {
+        let pp = s.pipeline_parallel[i];
+        i += 1;
+        if pp == 0 {
+            out.push(LayoutError::PipelineZero);
+        } else if layers == 0 {
+            continue;
+        } else if pp > layers {
+            out.push(LayoutError::PipelineExceedsLayers { pp, layers });
+        } else if !s.uneven_pipeline && layers % pp != 0 {
+            out.push(LayoutError::PipelineUneven { pp, layers, legal: divisors(layers) });
+        }
+    }
+}
+
+/// Rule 8: rope_theta and rms_norm_eps are positive numbers; the activation is implemented.
+pub const fn scalars(s: &ArchSpec, out: &mut Errors) {
+    if !(s.rope_theta > 0.0 && s.rope_theta < f64::INFINITY) {
+        out.push(LayoutError::NotPositiveFloat { field: keys::ROPE_THETA, value: s.rope_theta });
+    }
+    if !(s.rms_norm_eps > 0.0 && s.rms_norm_eps < f64::INFINITY) {
+        out.push(LayoutError::NotPositiveFloat { field: keys::RMS_NORM_EPS, value: s.rms_norm_eps });
+    }
+    let mut i = 0;
+    let mut known = false;
+    while i < ACTIVATIONS.len() {
+        if str_eq(s.hidden_act, ACTIVATIONS[i]) {
+            known = true;
+        }
+        i += 1;
+    }
+    if !known {
+        out.push(LayoutError::UnsupportedActivation { name: ShortStr::new(s.hidden_act) });
+    }
+}
+
+/// Every weight's element count fits a signed 64-bit size (libtorch's).
+pub const fn sizes(s: &ArchSpec, out: &mut Errors) {
+    const LIMIT: u64 = i64::MAX as u64;
+    let checks: [(&'static str, u64, u64); 4] = [
+        (keys::VOCAB_SIZE, s.vocab_size, s.hidden_size),
+        (keys::INTERMEDIATE_SIZE, s.intermediate_size.saturating_mul(2), s.hidden_size),
+        (keys::NUM_ATTENTION_HEADS, s.num_attention_heads, match s.head_dim {
+            Some(d) => d,
+            None => 1,
+        }),
+        (keys::MAX_POSITION_EMBEDDINGS, s.max_position_embeddings, match s.resolved_head_dim() {
+            Some(d) => d,
+            None => 1,
+        }),
+    ];
+    let mut i = 0;
+    while i < checks.len() {
+        let (what, a, b) = checks[i];
+        match a.checked_mul(b) {
+            Some(n) if n <= LIMIT => {}
+            _ => out.push(LayoutError::SizeOverflow { what, a, b }),
+        }
+        i += 1;
+    }
+    // The attention projections: heads * head_dim rows of hidden_size columns.
+    if let Some(hd) = s.resolved_head_dim() {
+        if let Some(rows) = s.num_attention_heads.checked_mul(hd) {
+            match rows.checked_mul(s.hidden_size) {
+                Some(n) if n <= LIMIT => {}
+                _ => out.push(LayoutError::SizeOverflow { what: keys::HIDDEN_SIZE, a: rows, b: s.hidden_size }),
+            }
+        }
+    }
+}
+
+/// One rule: its function's name in this module and the keys it reads. The derive macro
+/// uses this table to emit a compiler-evaluated assertion for each rule that reads a value
+/// it could not evaluate itself.
+pub struct Rule {
+    pub name: &'static str,
+    pub run: fn(&ArchSpec, &mut Errors),
+    pub fields: &'static [&'static str],
+}
+
+/// Every rule, in the order messages are reported.
+pub const RULES: [Rule; 9] = [
+    Rule { name: "counts", run: counts, fields: &[
+        keys::VOCAB_SIZE, keys::HIDDEN_SIZE, keys::INTERMEDIATE_SIZE, keys::NUM_HIDDEN_LAYERS,
+        keys::NUM_ATTENTION_HEADS, keys::NUM_KEY_VALUE_HEADS, keys::HEAD_DIM,
+        keys::MAX_POSITION_EMBEDDINGS, keys::VOCAB_PADDING,
+    ] },
+    Rule { name: "grouped_query", run: grouped_query, fields: &[keys::NUM_ATTENTION_HEADS, keys::NUM_KEY_VALUE_HEADS] },
+    Rule { name: "head_dim", run: head_dim, fields: &[keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS, keys::HEAD_DIM] },
+    Rule { name: "rotary", run: rotary, fields: &[
+        keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS, keys::HEAD_DIM, keys::PARTIAL_ROTARY_FACTOR,
+    ] },
+    Rule { name: "token_ids", run: token_ids, fields: &[
+        keys::VOCAB_SIZE, keys::PAD_TOKEN_ID, keys::BOS_TOKEN_ID, keys::EOS_TOKEN_ID,
+    ] },
+    Rule { name: "tensor_parallel", run: tensor_parallel, fields: &[
+        keys::NUM_ATTENTION_HEADS, keys::NUM_KEY_VALUE_HEADS, keys::INTERMEDIATE_SIZE,
+        keys::VOCAB_SIZE, keys::TENSOR_PARALLEL, keys::KV_REPLICATION, keys::VOCAB_PADDING,
+    ] },
+    Rule { name: "pipeline_parallel", run: pipeline_parallel, fields: &[
+        keys::NUM_HIDDEN_LAYERS, keys::PIPELINE_PARALLEL, keys::UNEVEN_PIPELINE,
+    ] },
+    Rule { name: "scalars", run: scalars, fields: &[keys::ROPE_THETA, keys::RMS_NORM_EPS, keys::HIDDEN_ACT] },
+    Rule { name: "sizes", run: sizes, fields: &[
+        keys::VOCAB_SIZE, keys::HIDDEN_SIZE, keys::INTERMEDIATE_SIZE, keys::NUM_ATTENTION_HEADS,
+        keys::HEAD_DIM, keys::MAX_POSITION_EMBEDDINGS,
+    ] },
+];
+
+/// Runs every rule; the complete list of violations.
+pub const fn validate(s: &ArchSpec) -> Errors {
+    let mut out = Errors::new();
+    counts(s, &mut out);
+    grouped_query(s, &mut out);
+    head_dim(s, &mut out);
+    rotary(s, &mut out);
+    token_ids(s, &mut out);
+    tensor_parallel(s, &mut out);
+    pipeline_parallel(s, &mut out);
+    scalars(s, &mut out);
+    sizes(s, &mut out);
+    out
+}
+
+/// For generated `const _` items: panics (a compile error, evaluated by `cargo check`)
+/// with every violation one rule finds.
+pub const fn assert_rule(errors: Errors) {
+    if !errors.is_empty() {
+        let m = errors.render();
+        panic!("{}", m.as_str());
+    }
+}
