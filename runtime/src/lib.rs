@@ -1,1 +1,14 @@
+//! The GLM runtime of headcount on libtorch (`tch`).
 
+pub mod checkpoint;
+pub mod device;
+pub mod error;
+pub mod generate;
+pub mod model;
+pub mod shard;
+
+pub use device::{DType, parse_device};
+pub use error::{Error, Result};
+pub use model::{Dims, Glm, KvCache, LoadOptions, Step};
+pub use shard::ShardPlan;
+pub use generate::{GenerateOptions, Generation, Sampling, generate, logits};

@@ -1,1 +1,71 @@
+//! Shared helpers of the integration tests: fixture folders and transformers' references.
 
+use std::path::{Path, PathBuf};
+
+use headcount_runtime::{Glm, LoadOptions};
+use tch::Tensor;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// `tests/fixtures`.
+pub fn fixtures_dir() -> PathBuf {
+    repo_root().join("tests").join("fixtures")
+}
+
+/// Every model fixture made by python/make_fixtures.py (folders with reference.safetensors).
+pub fn model_fixtures() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
+        .expect("tests/fixtures exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("reference.safetensors").is_file())
+        .collect();
+    out.sort();
+    assert!(out.len() >= 8, "expected the committed fixtures, found {out:?}");
+    out
+}
+
+/// transformers' outputs for one fixture.
+pub struct Reference {
+    pub input_ids: Vec<Vec<i64>>,
+    pub logits: Tensor,
+    pub greedy: Vec<Vec<i64>>,
+    pub padded_input_ids: Vec<Vec<i64>>,
+    pub padded_attention_mask: Vec<Vec<i64>>,
+    pub padded_greedy: Vec<Vec<i64>>,
+}
+
+fn rows(t: &Tensor) -> Vec<Vec<i64>> {
+    Vec::<Vec<i64>>::try_from(t).expect("2-D int64 tensor")
+}
+
+/// Reads `reference.safetensors` of a fixture.
+pub fn reference(dir: &Path) -> Reference {
+    let named = Tensor::read_safetensors(dir.join("reference.safetensors")).expect("reference.safetensors");
+    let get = |n: &str| named.iter().find(|(k, _)| k == n).map(|(_, t)| t.shallow_clone()).unwrap_or_else(|| panic!("{n} missing"));
+    Reference {
+        input_ids: rows(&get("input_ids")),
+        logits: get("logits"),
+        greedy: rows(&get("greedy")),
+        padded_input_ids: rows(&get("padded_input_ids")),
+        padded_attention_mask: rows(&get("padded_attention_mask")),
+        padded_greedy: rows(&get("padded_greedy")),
+    }
+}
+
+/// Loads a fixture's model on CPU in f32.
+pub fn load(dir: &Path) -> Glm {
+    Glm::load(dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// The fixture's name.
+pub fn name(dir: &Path) -> String {
+    dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// The largest absolute difference of two tensors.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}

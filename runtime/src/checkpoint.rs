@@ -1,0 +1,188 @@
+//! Hugging Face safetensors checkpoints: one `model.safetensors` or a sharded set named by
+//! `model.safetensors.index.json`. Files are memory-mapped; headers are validated against
+//! the real file size before anything is allocated, so a header that lies costs nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+/// Where one stored tensor lives.
+#[derive(Clone, Debug)]
+pub struct TensorEntry {
+    pub file: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Byte range inside the file.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// An opened checkpoint: memory maps plus an index of every tensor.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    pub tensors: BTreeMap<String, TensorEntry>,
+}
+
+fn bad(file: &Path, reason: impl Into<String>) -> Error {
+    Error::BadFile { file: file.to_owned(), reason: reason.into() }
+}
+
+impl Checkpoint {
+    /// Opens `dir/model.safetensors.index.json` (and every shard it names) or
+    /// `dir/model.safetensors`.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        if !dir.is_dir() {
+            return Err(Error::Io {
+                path: dir.to_owned(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such folder"),
+            });
+        }
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let file_names: Vec<PathBuf> = if index.is_file() {
+            read_index(&index)?.into_iter().map(|f| dir.join(f)).collect()
+        } else if single.is_file() {
+            vec![single]
+        } else {
+            return Err(Error::NoCheckpoint(dir.to_owned()));
+        };
+        let mut files = Vec::new();
+        let mut tensors: BTreeMap<String, TensorEntry> = BTreeMap::new();
+        for (i, path) in file_names.into_iter().enumerate() {
+            let f = File::open(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+            // SAFETY: the map is read-only; a file changed underneath us while we run is
+            // outside what any loader can defend against (same as every mmap loader).
+            let map = unsafe { Mmap::map(&f) }.map_err(|source| Error::Io { path: path.clone(), source })?;
+            let (n, meta) = SafeTensors::read_metadata(&map)
+                .map_err(|e| bad(&path, format!("not a valid safetensors file: {e}")))?;
+            let base = 8 + n;
+            for (name, info) in meta.tensors() {
+                let entry = TensorEntry {
+                    file: i,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start: base + info.data_offsets.0,
+                    end: base + info.data_offsets.1,
+                };
+                if let Some(prev) = tensors.get(&name) {
+                    let first = files.get(prev.file).map(|(p, _): &(PathBuf, Mmap)| p.clone()).unwrap_or_else(|| path.clone());
+                    return Err(Error::DuplicateTensor { name, first, second: path });
+                }
+                tensors.insert(name, entry);
+            }
+            files.push((path, map));
+        }
+        Ok(Checkpoint { dir: dir.to_owned(), files, tensors })
+    }
+
+    /// The file a tensor is stored in.
+    pub fn file_of(&self, e: &TensorEntry) -> &Path {
+        &self.files[e.file].0
+    }
+
+    /// Total bytes of tensor data.
+    pub fn total_bytes(&self) -> usize {
+        self.tensors.values().map(|e| e.end - e.start).sum()
+    }
+
+    /// Checks a tensor exists with this shape and a float dtype.
+    pub fn check(&self, name: &str, expected: &[i64]) -> Result<&TensorEntry> {
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor { name: name.to_owned(), expected: expected.to_vec() })?;
+        let file = self.file_of(e).to_owned();
+        if kind_of(e.dtype).is_none() {
+            return Err(Error::UnsupportedDtype { name: name.to_owned(), file, dtype: format!("{:?}", e.dtype) });
+        }
+        let same = e.shape.len() == expected.len() && e.shape.iter().zip(expected).all(|(a, b)| *a as i64 == *b);
+        if !same {
+            return Err(Error::ShapeMismatch { name: name.to_owned(), file, got: e.shape.clone(), expected: expected.to_vec() });
+        }
+        Ok(e)
+    }
+
+    /// Loads rows `[row_start, row_start + rows)` of a tensor (its first dimension; all of it
+    /// for `None`) into `kind` on `device`. Only those rows' bytes are read.
+    pub fn load_rows(&self, name: &str, rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
+        let e = self.tensors.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_owned(), expected: vec![] })?;
+        let file = &self.files[e.file];
+        let src_kind = kind_of(e.dtype).ok_or_else(|| Error::UnsupportedDtype {
+            name: name.to_owned(),
+            file: file.0.clone(),
+            dtype: format!("{:?}", e.dtype),
+        })?;
+        let elt = src_kind.elt_size_in_bytes();
+        let mut shape: Vec<i64> = e.shape.iter().map(|&d| d as i64).collect();
+        let (mut start, mut end) = (e.start, e.end);
+        if let Some((r0, n)) = rows {
+            let total_rows = e.shape.first().copied().unwrap_or(1);
+            if r0 + n > total_rows {
+                return Err(bad(&file.0, format!("{name}: rows {r0}..{} beyond {total_rows}", r0 + n)));
+            }
+            let row_bytes: usize = e.shape.iter().skip(1).product::<usize>() * elt;
+            start += r0 * row_bytes;
+            end = start + n * row_bytes;
+            if let Some(first) = shape.first_mut() {
+                *first = n as i64;
+            }
+        }
+        let bytes = file.1.get(start..end).ok_or_else(|| bad(&file.0, format!("{name}: data past the end of the file")))?;
+        let expected_bytes = shape.iter().product::<i64>() as usize * elt;
+        if bytes.len() != expected_bytes {
+            return Err(bad(&file.0, format!("{name}: {} bytes of data for shape {:?}", bytes.len(), e.shape)));
+        }
+        let t = Tensor::f_from_data_size(bytes, &shape, src_kind)?;
+        let t = if src_kind == kind { t } else { t.f_to_kind(kind)? };
+        Ok(if device == Device::Cpu { t } else { t.f_to_device(device)? })
+    }
+}
+
+/// The float dtypes the runtime reads.
+fn kind_of(d: Dtype) -> Option<Kind> {
+    match d {
+        Dtype::F32 => Some(Kind::Float),
+        Dtype::BF16 => Some(Kind::BFloat16),
+        Dtype::F16 => Some(Kind::Half),
+        _ => None,
+    }
+}
+
+/// The shard file names of an index, in first-seen order, each once.
+fn read_index(path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(path, format!("not valid JSON: {e}")))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad(path, "no \"weight_map\" object"))?;
+    let mut files = Vec::new();
+    let mut seen = HashMap::new();
+    for (tensor, file) in map {
+        let f = file.as_str().ok_or_else(|| bad(path, format!("weight_map[{tensor:?}] is not a file name")))?;
+        if f.contains('/') || f.contains('\\') || f == ".." || f.is_empty() {
+            return Err(bad(path, format!("weight_map[{tensor:?}] = {f:?} is not a file name in the checkpoint folder")));
+        }
+        if seen.insert(f.to_owned(), ()).is_none() {
+            files.push(f.to_owned());
+        }
+    }
+    if files.is_empty() {
+        return Err(bad(path, "weight_map names no files"));
+    }
+    for f in &files {
+        let p = path.with_file_name(f);
+        if !p.is_file() {
+            return Err(bad(path, format!("names shard {f}, which does not exist")));
+        }
+    }
+    Ok(files)
+}

@@ -1,0 +1,85 @@
+//! The runtime's one error type. Every libtorch failure comes back as [`Error::Torch`]
+//! with the C++ backtrace cut off; nothing a user supplies can abort or panic.
+
+use std::path::PathBuf;
+
+use headcount::{ConfigError, ValidationError};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Layout(#[from] ValidationError),
+    #[error(
+        "config.json in {dir} disagrees with the declaration {arch}: {field} is {checkpoint} in config.json but {declared} in the declaration"
+    )]
+    ConfigMismatch { dir: PathBuf, arch: &'static str, field: &'static str, checkpoint: String, declared: String },
+    #[error("{0} is not a checkpoint folder: it has no model.safetensors or model.safetensors.index.json")]
+    NoCheckpoint(PathBuf),
+    #[error("{file}: {reason}")]
+    BadFile { file: PathBuf, reason: String },
+    #[error("missing tensor {name} (expected shape {expected:?})")]
+    MissingTensor { name: String, expected: Vec<i64> },
+    #[error("unexpected tensor {name} in {file}: the model has no such weight")]
+    UnexpectedTensor { name: String, file: PathBuf },
+    #[error("tensor {name} in {file} has shape {got:?}, expected {expected:?}")]
+    ShapeMismatch { name: String, file: PathBuf, got: Vec<usize>, expected: Vec<i64> },
+    #[error("tensor {name} in {file} has dtype {dtype}; weights must be F32, BF16 or F16")]
+    UnsupportedDtype { name: String, file: PathBuf, dtype: String },
+    #[error("tensor {name} is stored twice: in {first} and in {second}")]
+    DuplicateTensor { name: String, first: PathBuf, second: PathBuf },
+    #[error("{0}")]
+    Device(String),
+    #[error("token id {id} (prompt {row}, position {pos}) is outside the vocabulary: ids must be below {vocab}")]
+    TokenOutOfRange { id: i64, row: usize, pos: usize, vocab: i64 },
+    #[error("{what} needs {len} positions, more than max_position_embeddings ({max})")]
+    TooLong { what: &'static str, len: usize, max: usize },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("tensor-parallel size {size} is not legal for this model: {reason}")]
+    TensorParallel { size: usize, reason: String },
+    #[error("libtorch: {0}")]
+    Torch(String),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl From<tch::TchError> for Error {
+    fn from(e: tch::TchError) -> Self {
+        Error::Torch(first_line(&e.to_string()))
+    }
+}
+
+/// libtorch messages carry a C++ backtrace after the first lines; keep the message only.
+fn first_line(s: &str) -> String {
+    let mut out = Vec::new();
+    for line in s.lines() {
+        let t = line.trim_start();
+        if t.starts_with("Exception raised from") || t.starts_with("frame #") {
+            break;
+        }
+        if !t.is_empty() {
+            out.push(t);
+        }
+    }
+    if out.is_empty() { s.trim().to_owned() } else { out.join(" ") }
+}
+
+impl Error {
+    /// Whether the error is about what the user gave (exit code 1) rather than a bug.
+    pub fn is_input_error(&self) -> bool {
+        !matches!(self, Error::Torch(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn backtraces_are_cut() {
+        let raw = "Torch(\"shape mismatch\nException raised from foo at bar.cpp:1\nframe #0: x\")";
+        assert_eq!(super::first_line(raw), "Torch(\"shape mismatch");
+    }
+}

@@ -1,0 +1,281 @@
+//! Generation: one KV cache per call, a prefill of the (left-padded) prompts, then
+//! one-token decode steps until every row has produced an eos id or the token budget.
+
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::model::{Glm, Rope, Step};
+
+/// How the next token is chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// 0 means greedy (argmax); otherwise logits are divided by it.
+    pub temperature: f64,
+    /// Keep only the k most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1 = all).
+    pub top_p: f64,
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+    }
+}
+
+impl Sampling {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        Sampling::default()
+    }
+
+    /// Rejects values that have no meaning, with a message saying what is legal.
+    pub fn validate(&self) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(Error::InvalidArgument(format!(
+                "temperature must be a finite number >= 0 (0 = greedy), got {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::InvalidArgument(format!("top-p must be in (0, 1], got {}", self.top_p)));
+        }
+        Ok(())
+    }
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    /// Generation of a row stops at any of these ids (the eos id is emitted).
+    pub eos_token_ids: Vec<i64>,
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug, Default)]
+pub struct Generation {
+    /// New tokens of each row (eos included when reached).
+    pub tokens: Vec<Vec<i64>>,
+    pub prefill_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_steps: usize,
+    pub decode_tokens: usize,
+    pub decode_seconds: f64,
+}
+
+impl Generation {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.prefill_tokens as f64 / self.prefill_seconds.max(1e-9)
+    }
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        self.decode_tokens as f64 / self.decode_seconds.max(1e-9)
+    }
+}
+
+/// Checks prompts against the vocabulary and the position budget.
+pub fn check_prompts(model: &Glm, prompts: &[Vec<i64>], max_new_tokens: usize) -> Result<usize> {
+    if prompts.is_empty() {
+        return Err(Error::InvalidArgument("no prompt given".to_owned()));
+    }
+    let vocab = model.dims.vocab as i64;
+    let mut longest = 0;
+    for (row, p) in prompts.iter().enumerate() {
+        if p.is_empty() {
+            return Err(Error::InvalidArgument(format!("prompt {row} is empty: give at least one token")));
+        }
+        for (pos, &id) in p.iter().enumerate() {
+            if id < 0 || id >= vocab {
+                return Err(Error::TokenOutOfRange { id, row, pos, vocab });
+            }
+        }
+        longest = longest.max(p.len());
+    }
+    let need = longest.saturating_add(max_new_tokens);
+    if need > model.dims.max_positions {
+        return Err(Error::TooLong { what: "the prompt plus the new tokens", len: need, max: model.dims.max_positions });
+    }
+    Ok(longest)
+}
+
+/// Positions and masks of a left-padded batch.
+struct Layout {
+    pads: Vec<i64>,
+    any_pad: bool,
+    /// [B, capacity] true where a cache slot holds a real token.
+    valid: Tensor,
+    group: i64,
+}
+
+impl Layout {
+    /// Rotary tables at positions `[start, start + len)` of each row: [B, len, 1, R].
+    fn rope_at(&self, rope: &Rope, start: i64, len: i64, kind: Kind, device: Device) -> Result<(Tensor, Tensor)> {
+        let b = self.pads.len() as i64;
+        let slots = Tensor::f_arange_start(start, start + len, (Kind::Int64, device))?;
+        let (cos, sin) = if !self.any_pad {
+            let idx = slots;
+            let c = rope.cos.f_index_select(0, &idx)?.f_unsqueeze(0)?.f_unsqueeze(2)?;
+            let s = rope.sin.f_index_select(0, &idx)?.f_unsqueeze(0)?.f_unsqueeze(2)?;
+            (c, s)
+        } else {
+            let pads = Tensor::f_from_slice(&self.pads)?.f_to_device(device)?.f_unsqueeze(1)?;
+            // transformers: position = index among real tokens; padding gets position 1.
+            let pos = slots.f_unsqueeze(0)?.f_sub(&pads)?;
+            let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?.f_reshape([-1])?;
+            let r = rope.cos.size()[1];
+            let c = rope.cos.f_index_select(0, &pos)?.f_reshape([b, len, 1, r])?;
+            let s = rope.sin.f_index_select(0, &pos)?.f_reshape([b, len, 1, r])?;
+            (c, s)
+        };
+        Ok((cos.f_to_kind(kind)?, sin.f_to_kind(kind)?))
+    }
+
+    /// The attention mask for query slots `[start, start + len)` over keys `[0, start + len)`.
+    fn mask(&self, start: i64, len: i64, device: Device) -> Result<Option<Tensor>> {
+        let total = start + len;
+        if len == 1 && !self.any_pad {
+            return Ok(None);
+        }
+        let q = Tensor::f_arange_start(start, total, (Kind::Int64, device))?.f_unsqueeze(1)?;
+        let k = Tensor::f_arange(total, (Kind::Int64, device))?.f_unsqueeze(0)?;
+        let causal = k.f_le_tensor(&q)?; // [len, total]
+        let m = if self.any_pad {
+            let keys_ok = self.valid.f_narrow(1, 0, total)?.f_unsqueeze(1)?; // [B, 1, total]
+            // A padding query attends to itself so no row of the softmax is empty.
+            let diag = k.f_eq_tensor(&q)?;
+            causal.f_unsqueeze(0)?.f_logical_and(&keys_ok)?.f_logical_or(&diag.f_unsqueeze(0)?)?.f_unsqueeze(1)?
+        } else {
+            causal.f_unsqueeze(0)?.f_unsqueeze(0)?
+        };
+        // Query rows are laid out group-major (g * len + t).
+        Ok(Some(if len > 1 && self.group > 1 { m.f_repeat([1, 1, self.group, 1])? } else { m }))
+    }
+}
+
+/// Generates for a batch of prompts; `on_token(row, id)` sees each token as it is chosen.
+pub fn generate(
+    model: &Glm,
+    prompts: &[Vec<i64>],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(usize, i64),
+) -> Result<Generation> {
+    opts.sampling.validate()?;
+    let _guard = tch::no_grad_guard();
+    let longest = check_prompts(model, prompts, opts.max_new_tokens)?;
+    let b = prompts.len();
+    let device = model.device();
+    let kind = model.dtype.kind();
+    let capacity = longest + opts.max_new_tokens.max(1);
+    let pad_id = 0i64;
+    let pads: Vec<i64> = prompts.iter().map(|p| (longest - p.len()) as i64).collect();
+    let any_pad = pads.iter().any(|&p| p > 0);
+    let mut flat = Vec::with_capacity(b * longest);
+    let mut valid = Vec::with_capacity(b * capacity);
+    for (p, &pad) in prompts.iter().zip(&pads) {
+        flat.extend(std::iter::repeat_n(pad_id, pad as usize));
+        flat.extend_from_slice(p);
+        valid.extend((0..capacity).map(|i| i as i64 >= pad));
+    }
+    let layout = Layout {
+        pads,
+        any_pad,
+        valid: Tensor::f_from_slice(&valid)?.f_reshape([b as i64, capacity as i64])?.f_to_device(device)?,
+        group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
+    };
+    let rope = Rope::new(&model.dims, capacity, device)?;
+    let mut cache = model.new_cache(b, capacity)?;
+    if opts.sampling.temperature > 0.0 {
+        tch::manual_seed(opts.sampling.seed as i64);
+    }
+
+    let mut out = Generation { tokens: vec![Vec::new(); b], ..Default::default() };
+    if opts.max_new_tokens == 0 {
+        return Ok(out);
+    }
+    let t0 = Instant::now();
+    let ids = Tensor::f_from_slice(&flat)?.f_reshape([b as i64, longest as i64])?.f_to_device(device)?;
+    let (cos, sin) = layout.rope_at(&rope, 0, longest as i64, kind, device)?;
+    let step = Step { start: 0, len: longest as i64, cos, sin, mask: layout.mask(0, longest as i64, device)? };
+    let logits = model.forward(&ids, &step, &mut cache, true)?;
+    let mut next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
+    let mut done = vec![false; b];
+    let mut last: Vec<i64> = Vec::<i64>::try_from(&next)?;
+    out.prefill_tokens = prompts.iter().map(Vec::len).sum();
+    out.prefill_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for step_i in 0..opts.max_new_tokens {
+        for r in 0..b {
+            if !done[r] {
+                out.tokens[r].push(last[r]);
+                on_token(r, last[r]);
+                if opts.eos_token_ids.contains(&last[r]) {
+                    done[r] = true;
+                }
+            }
+        }
+        if step_i + 1 == opts.max_new_tokens || done.iter().all(|&d| d) {
+            break;
+        }
+        let start = (longest + step_i) as i64;
+        let (cos, sin) = layout.rope_at(&rope, start, 1, kind, device)?;
+        let step = Step { start, len: 1, cos, sin, mask: layout.mask(start, 1, device)? };
+        let ids = next.f_reshape([b as i64, 1])?;
+        let logits = model.forward(&ids, &step, &mut cache, true)?;
+        next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
+        last = Vec::<i64>::try_from(&next)?;
+        out.decode_steps += 1;
+        out.decode_tokens += done.iter().filter(|&&d| !d).count();
+    }
+    out.decode_seconds = t1.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// Picks one token per row from f32 logits [B, V].
+pub fn select(logits: &Tensor, s: &Sampling) -> Result<Tensor> {
+    if s.temperature == 0.0 {
+        return Ok(logits.f_argmax(-1, false)?);
+    }
+    let mut l = logits.f_div_scalar(s.temperature)?;
+    let v = l.size()[1];
+    if s.top_k > 0 && (s.top_k as i64) < v {
+        let (top, _) = l.f_topk(s.top_k as i64, -1, true, true)?;
+        let kth = top.f_narrow(1, s.top_k as i64 - 1, 1)?;
+        l = l.f_masked_fill(&l.f_lt_tensor(&kth)?, f64::NEG_INFINITY)?;
+    }
+    if s.top_p < 1.0 {
+        // Drop the least likely tokens whose total probability stays within 1 - p.
+        let (sorted, idx) = l.f_sort(-1, false)?;
+        let cum = sorted.f_softmax(-1, Kind::Float)?.f_cumsum(-1, Kind::Float)?;
+        let remove = cum.f_le(1.0 - s.top_p)?;
+        // Always keep the most likely token.
+        let _ = remove.f_narrow(1, v - 1, 1)?.f_fill_(0)?;
+        let remove = remove.f_scatter(1, &idx, &remove)?;
+        l = l.f_masked_fill(&remove, f64::NEG_INFINITY)?;
+    }
+    let probs = l.f_softmax(-1, Kind::Float)?;
+    Ok(probs.f_multinomial(1, false)?.f_squeeze_dim(1)?)
+}
+
+/// Logits of every position of one sequence: [1, T, vocab], f32.
+pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
+    let _guard = tch::no_grad_guard();
+    check_prompts(model, &[ids.to_vec()], 0)?;
+    let device = model.device();
+    let t = ids.len() as i64;
+    let layout = Layout {
+        pads: vec![0],
+        any_pad: false,
+        valid: Tensor::f_ones([1, t], (Kind::Bool, device))?,
+        group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
+    };
+    let rope = Rope::new(&model.dims, ids.len(), device)?;
+    let mut cache = model.new_cache(1, ids.len())?;
+    let (cos, sin) = layout.rope_at(&rope, 0, t, model.dtype.kind(), device)?;
+    let step = Step { start: 0, len: t, cos, sin, mask: layout.mask(0, t, device)? };
+    let x = Tensor::f_from_slice(ids)?.f_reshape([1, t])?.f_to_device(device)?;
+    model.forward(&x, &step, &mut cache, false)
+}

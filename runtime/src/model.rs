@@ -1,0 +1,677 @@
+//! The GLM and GLM-4 causal language models, in the order data flows: config view, rotary
+//! embedding (interleaved, partial), attention, MLP, decoder layer, model, LM head.
+//!
+//! Weights are held per tensor-parallel shard; an unsharded model is one shard. Every
+//! projection keeps its weight transposed (`[in, out]`, contiguous) so a decode step is a
+//! row-vector times matrix product, the fast form on CPU (docs/PERFORMANCE.md). q, k and v
+//! are fused into one projection.
+
+use std::path::Path;
+
+use headcount::{Config, Family};
+use tch::{Device, Kind, Tensor};
+
+use crate::checkpoint::Checkpoint;
+use crate::device::DType;
+use crate::error::{Error, Result};
+use crate::shard::ShardPlan;
+
+/// The activations of `hidden_act` the runtime implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    Gelu,
+    GeluTanh,
+    Relu,
+}
+
+impl Activation {
+    fn from_name(s: &str) -> Option<Activation> {
+        match s {
+            "silu" | "swish" => Some(Activation::Silu),
+            "gelu" => Some(Activation::Gelu),
+            "gelu_pytorch_tanh" => Some(Activation::GeluTanh),
+            "relu" => Some(Activation::Relu),
+            _ => None,
+        }
+    }
+    fn apply(self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Activation::Silu => x.f_silu()?,
+            Activation::Gelu => x.f_gelu("none")?,
+            Activation::GeluTanh => x.f_gelu("tanh")?,
+            Activation::Relu => x.f_relu()?,
+        })
+    }
+}
+
+/// A validated config, with every size as the model uses it.
+#[derive(Clone, Debug)]
+pub struct Dims {
+    pub config: Config,
+    pub family: Family,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub rope_theta: f64,
+    pub eps: f64,
+    pub max_positions: usize,
+    pub attention_bias: bool,
+    pub tie_embeddings: bool,
+    pub act: Activation,
+}
+
+impl Dims {
+    /// Validates a config (every rule) and derives the sizes.
+    pub fn new(config: &Config) -> Result<Dims> {
+        config.validate()?;
+        let hd = config.resolved_head_dim().unwrap_or(0) as usize;
+        let act = Activation::from_name(&config.hidden_act)
+            .ok_or_else(|| Error::InvalidArgument(format!("hidden_act {:?} is not implemented", config.hidden_act)))?;
+        Ok(Dims {
+            config: config.clone(),
+            family: config.family,
+            vocab: config.vocab_size as usize,
+            hidden: config.hidden_size as usize,
+            intermediate: config.intermediate_size as usize,
+            layers: config.num_hidden_layers as usize,
+            heads: config.num_attention_heads as usize,
+            kv_heads: config.num_key_value_heads as usize,
+            head_dim: hd,
+            rotary_dim: config.rotary_dim().unwrap_or(0) as usize,
+            rope_theta: config.rope_theta,
+            eps: config.rms_norm_eps,
+            max_positions: config.max_position_embeddings as usize,
+            attention_bias: config.attention_bias,
+            tie_embeddings: config.tie_word_embeddings,
+            act,
+        })
+    }
+
+    /// Every weight name of the checkpoint with its shape, in transformers' naming.
+    pub fn weight_shapes(&self) -> Vec<(String, Vec<i64>)> {
+        let (h, v, i) = (self.hidden as i64, self.vocab as i64, self.intermediate as i64);
+        let q = (self.heads * self.head_dim) as i64;
+        let kv = (self.kv_heads * self.head_dim) as i64;
+        let mut out = vec![("model.embed_tokens.weight".to_owned(), vec![v, h])];
+        for l in 0..self.layers {
+            let p = format!("model.layers.{l}");
+            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+            out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+            out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+            out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+            if self.attention_bias {
+                out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
+                out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
+                out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
+            }
+            out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+            out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            if self.family == Family::Glm4 {
+                out.push((format!("{p}.post_self_attn_layernorm.weight"), vec![h]));
+                out.push((format!("{p}.post_mlp_layernorm.weight"), vec![h]));
+            }
+            out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
+            out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        }
+        out.push(("model.norm.weight".to_owned(), vec![h]));
+        if !self.tie_embeddings {
+            out.push(("lm_head.weight".to_owned(), vec![v, h]));
+        }
+        out
+    }
+
+    /// Total parameters of the unsharded model.
+    pub fn parameter_count(&self) -> i64 {
+        self.weight_shapes().iter().map(|(_, s)| s.iter().product::<i64>()).sum()
+    }
+}
+
+// ---- rotary embedding --------------------------------------------------------------------
+
+/// cos and sin tables for positions `0..len`, laid out for interleaved pairs:
+/// `cos[p] = (c0, c0, c1, c1, ..)`, `sin[p] = (-s0, s0, -s1, s1, ..)`, computed in f32 exactly
+/// as transformers computes them (inv_freq = 1 / theta^(2i/dim), freqs = position * inv_freq).
+pub struct Rope {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl Rope {
+    pub fn new(d: &Dims, len: usize, device: Device) -> Result<Rope> {
+        let r = d.rotary_dim as i64;
+        let opts = (Kind::Float, device);
+        let exponents = Tensor::f_arange_start_step(0, r, 2, (Kind::Int64, device))?.f_to_kind(Kind::Float)?.f_div_scalar(r as f64)?;
+        let inv_freq = Tensor::f_scalar_tensor(d.rope_theta, opts)?.f_pow(&exponents)?.f_reciprocal()?;
+        let pos = Tensor::f_arange(len as i64, (Kind::Int64, device))?.f_to_kind(Kind::Float)?;
+        let freqs = pos.f_outer(&inv_freq)?; // [len, r/2]
+        let cos = freqs.f_cos()?.f_repeat_interleave_self_int(2, -1, None)?;
+        let s = freqs.f_sin()?;
+        let sin = Tensor::f_stack(&[s.f_neg()?, s], -1)?.f_flatten(-2, -1)?;
+        Ok(Rope { cos, sin })
+    }
+}
+
+/// Applies the rotary embedding to the first `rotary_dim` channels of `x` ([B, T, n, D]);
+/// `cos`/`sin` are [B, T, 1, R] in x's dtype.
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, rotary: i64, head_dim: i64) -> Result<Tensor> {
+    let rot = if rotary == head_dim { x.shallow_clone() } else { x.f_narrow(3, 0, rotary)? };
+    let s = rot.size();
+    let mut pairs = s.clone();
+    pairs.pop();
+    pairs.extend([rotary / 2, 2]);
+    let swapped = rot.f_reshape(&pairs)?.f_flip([-1])?.f_reshape(&s)?;
+    let out = rot.f_mul(cos)?.f_add(&swapped.f_mul(sin)?)?;
+    if rotary == head_dim {
+        Ok(out)
+    } else {
+        Ok(Tensor::f_cat(&[out, x.f_narrow(3, rotary, head_dim - rotary)?], 3)?)
+    }
+}
+
+// ---- building blocks ----------------------------------------------------------------------
+
+/// A projection with its weight stored transposed: `y = x @ wt + b`.
+pub struct Linear {
+    pub wt: Tensor,
+    pub b: Option<Tensor>,
+}
+
+impl Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.f_matmul(&self.wt)?;
+        Ok(match &self.b {
+            Some(b) => y.f_add(b)?,
+            None => y,
+        })
+    }
+    fn numel(&self) -> i64 {
+        self.wt.numel() as i64 + self.b.as_ref().map_or(0, |b| b.numel() as i64)
+    }
+}
+
+/// RMSNorm exactly as transformers computes it: in f32, then scaled in the input dtype.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let kind = x.kind();
+    let xf = if kind == Kind::Float { x.shallow_clone() } else { x.f_to_kind(Kind::Float)? };
+    let var = xf.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, None::<Kind>)?;
+    let normed = xf.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?;
+    let normed = if kind == Kind::Float { normed } else { normed.f_to_kind(kind)? };
+    Ok(weight.f_mul(&normed)?)
+}
+
+/// One shard's weights of one decoder layer (the norms live in [`Norms`]).
+pub struct Layer {
+    pub qkv: Linear,
+    pub o: Linear,
+    pub gate_up: Linear,
+    pub down: Linear,
+}
+
+/// The replicated norms of one decoder layer.
+pub struct Norms {
+    pub input: Tensor,
+    pub post_attention: Tensor,
+    /// GLM-4 only.
+    pub post_self_attn: Option<Tensor>,
+    /// GLM-4 only.
+    pub post_mlp: Option<Tensor>,
+}
+
+/// The weights one tensor-parallel shard holds.
+pub struct Shard {
+    pub device: Device,
+    pub index: usize,
+    /// Embedding rows of this shard's vocabulary range, or `None` when tied (then the
+    /// lookup reads `lm_head_t`'s columns).
+    pub embed: Option<Tensor>,
+    /// `lm_head.weight` transposed: [hidden, vocab_per_shard].
+    pub lm_head_t: Tensor,
+    pub layers: Vec<Layer>,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub intermediate: i64,
+    pub vocab_start: i64,
+    pub vocab_len: i64,
+}
+
+impl Shard {
+    /// Parameters held (including replicated kv heads and vocabulary padding).
+    pub fn parameter_count(&self) -> i64 {
+        let mut n = self.lm_head_t.numel() as i64 + self.embed.as_ref().map_or(0, |e| e.numel() as i64);
+        for l in &self.layers {
+            n += l.qkv.numel() + l.o.numel() + l.gate_up.numel() + l.down.numel();
+        }
+        n
+    }
+}
+
+/// Per-step inputs shared by every layer: rotary tables gathered at the step's positions,
+/// the attention mask, and where the step's keys go in the cache.
+pub struct Step {
+    pub start: i64,
+    pub len: i64,
+    pub cos: Tensor,
+    pub sin: Tensor,
+    /// `[B or 1, 1, G*T or 1, S]` boolean, true = attend; `None` = attend to everything.
+    pub mask: Option<Tensor>,
+}
+
+/// The key/value cache of one generation: per shard, per layer, `[B, kv, capacity, D]`,
+/// allocated once.
+pub struct KvCache {
+    pub k: Vec<Vec<Tensor>>,
+    pub v: Vec<Vec<Tensor>>,
+    pub capacity: i64,
+    pub len: i64,
+}
+
+/// A GLM or GLM-4 causal LM, split into one or more shards.
+pub struct Glm {
+    pub dims: Dims,
+    pub plan: ShardPlan,
+    pub dtype: DType,
+    pub shards: Vec<Shard>,
+    pub norms: Vec<Norms>,
+    pub final_norm: Tensor,
+}
+
+/// How to load or build a model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub dtype: DType,
+    /// Devices the shards are placed on, round robin (one entry for an unsharded model).
+    pub devices: Vec<Device>,
+    pub tensor_parallel: usize,
+    pub kv_replication: bool,
+    pub vocab_padding: usize,
+    /// Print loading progress to stderr for checkpoints above this many bytes.
+    pub progress_above_bytes: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            dtype: DType::F32,
+            devices: vec![Device::Cpu],
+            tensor_parallel: 1,
+            kv_replication: true,
+            vocab_padding: 1,
+            progress_above_bytes: Some(200 << 20),
+        }
+    }
+}
+
+/// A source of weights: a checkpoint, or seeded random values.
+trait WeightSource {
+    /// Rows `rows` (all for `None`) of a stored tensor, as `kind` on `device`.
+    fn rows(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor>;
+}
+
+impl WeightSource for (&Checkpoint, Progress) {
+    fn rows(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
+        self.0.check(name, shape)?;
+        let t = self.0.load_rows(name, rows, kind, device)?;
+        self.1.tick(name, t.numel() * t.kind().elt_size_in_bytes());
+        Ok(t)
+    }
+}
+
+/// Random weights of the right shapes: normal(0, 0.02) for matrices, ones for norms.
+struct RandomSource;
+
+impl WeightSource for RandomSource {
+    fn rows(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
+        let mut s = shape.to_vec();
+        if let (Some((_, n)), Some(first)) = (rows, s.first_mut()) {
+            *first = n as i64;
+        }
+        if name.ends_with("layernorm.weight") || name == "model.norm.weight" {
+            return Ok(Tensor::f_ones(&s, (kind, device))?);
+        }
+        Ok(Tensor::f_randn(&s, (Kind::Float, device))?.f_mul_scalar(0.02)?.f_to_kind(kind)?)
+    }
+}
+
+/// Loading progress on stderr for large checkpoints.
+struct Progress {
+    total: usize,
+    done: usize,
+    shown: usize,
+    enabled: bool,
+}
+
+impl Progress {
+    fn tick(&mut self, _name: &str, bytes: usize) {
+        if !self.enabled {
+            return;
+        }
+        self.done += bytes;
+        let pct = (self.done * 100 / self.total.max(1)).min(100);
+        if pct >= self.shown + 5 || pct == 100 && self.shown != 100 {
+            self.shown = pct;
+            let bar = "#".repeat(pct / 5) + &".".repeat(20 - pct / 5);
+            eprint!("\rloading weights [{bar}] {pct:>3}% of {:.1} GB", self.total as f64 / 1e9);
+            if pct == 100 {
+                eprintln!();
+            }
+        }
+    }
+}
+
+impl Glm {
+    /// Loads `dir/config.json` and the checkpoint beside it.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Glm> {
+        let config = Config::from_file(dir.join("config.json"))?;
+        Glm::load_with_config(dir, &config, opts)
+    }
+
+    /// Loads a checkpoint with an already-read config.
+    pub fn load_with_config(dir: &Path, config: &Config, opts: &LoadOptions) -> Result<Glm> {
+        let dims = Dims::new(config)?;
+        let ckpt = Checkpoint::open(dir)?;
+        // Every stored tensor must be one the model has.
+        let expected: std::collections::HashSet<String> = dims.weight_shapes().into_iter().map(|(n, _)| n).collect();
+        for (name, e) in &ckpt.tensors {
+            if !expected.contains(name) && !(dims.tie_embeddings && name == "lm_head.weight") {
+                return Err(Error::UnexpectedTensor { name: name.clone(), file: ckpt.file_of(e).to_owned() });
+            }
+        }
+        // Check everything before reading anything, so a bad checkpoint fails fast.
+        for (name, shape) in dims.weight_shapes() {
+            ckpt.check(&name, &shape)?;
+        }
+        let total = ckpt.total_bytes();
+        let enabled = opts.progress_above_bytes.is_some_and(|b| total > b);
+        let mut src = (&ckpt, Progress { total, done: 0, shown: 0, enabled });
+        Glm::build(dims, opts, &mut src)
+    }
+
+    /// A model with seeded random weights (benchmarks, shapes without a checkpoint).
+    pub fn random(config: &Config, opts: &LoadOptions, seed: i64) -> Result<Glm> {
+        let dims = Dims::new(config)?;
+        tch::manual_seed(seed);
+        Glm::build(dims, opts, &mut RandomSource)
+    }
+
+    fn build(dims: Dims, opts: &LoadOptions, src: &mut dyn WeightSource) -> Result<Glm> {
+        let _guard = tch::no_grad_guard();
+        if opts.devices.is_empty() {
+            return Err(Error::InvalidArgument("no device given".to_owned()));
+        }
+        let plan = ShardPlan::new(&dims, opts.tensor_parallel, opts.kv_replication, opts.vocab_padding)?;
+        let kind = opts.dtype.kind();
+        let dev0 = opts.devices[0];
+        let shapes: std::collections::HashMap<String, Vec<i64>> = dims.weight_shapes().into_iter().collect();
+        let shape = |n: &str| shapes.get(n).cloned().unwrap_or_default();
+        let d = dims.head_dim;
+
+        let mut norms = Vec::with_capacity(dims.layers);
+        for l in 0..dims.layers {
+            let p = format!("model.layers.{l}");
+            let mut norm = |n: &str| -> Result<Tensor> {
+                let name = format!("{p}.{n}.weight");
+                src.rows(&name, &shape(&name), None, kind, dev0)
+            };
+            let glm4 = dims.family == Family::Glm4;
+            norms.push(Norms {
+                input: norm("input_layernorm")?,
+                post_attention: norm("post_attention_layernorm")?,
+                post_self_attn: if glm4 { Some(norm("post_self_attn_layernorm")?) } else { None },
+                post_mlp: if glm4 { Some(norm("post_mlp_layernorm")?) } else { None },
+            });
+        }
+        let final_norm = src.rows("model.norm.weight", &shape("model.norm.weight"), None, kind, dev0)?;
+
+        let mut shards = Vec::with_capacity(plan.size);
+        for s in 0..plan.size {
+            let dev = opts.devices[s % opts.devices.len()];
+            let qh = plan.q_heads(s);
+            let kvh = plan.kv_heads(s);
+            let inter = plan.intermediate(s);
+            let mut layers = Vec::with_capacity(dims.layers);
+            for l in 0..dims.layers {
+                let p = format!("model.layers.{l}");
+                let rows = |src: &mut dyn WeightSource, n: &str, r: (usize, usize)| -> Result<Tensor> {
+                    let name = format!("{p}.{n}");
+                    src.rows(&name, &shape(&name), Some(r), kind, dev)
+                };
+                let q_rows = (qh.start * d, qh.len() * d);
+                let kv_rows = (kvh.start * d, kvh.len() * d);
+                let w = Tensor::f_cat(
+                    &[rows(src, "self_attn.q_proj.weight", q_rows)?, rows(src, "self_attn.k_proj.weight", kv_rows)?, rows(src, "self_attn.v_proj.weight", kv_rows)?],
+                    0,
+                )?;
+                let b = if dims.attention_bias {
+                    Some(Tensor::f_cat(
+                        &[rows(src, "self_attn.q_proj.bias", q_rows)?, rows(src, "self_attn.k_proj.bias", kv_rows)?, rows(src, "self_attn.v_proj.bias", kv_rows)?],
+                        0,
+                    )?)
+                } else {
+                    None
+                };
+                let qkv = Linear { wt: w.f_transpose(0, 1)?.f_contiguous()?, b };
+                let o_name = format!("{p}.self_attn.o_proj.weight");
+                let o_full = src.rows(&o_name, &shape(&o_name), None, kind, dev)?;
+                let o = o_full.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
+                let o = Linear { wt: o.f_transpose(0, 1)?.f_contiguous()?, b: None };
+                let i_total = dims.intermediate;
+                let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
+                let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
+                let gate_up = Linear { wt: Tensor::f_cat(&[gate, up], 0)?.f_transpose(0, 1)?.f_contiguous()?, b: None };
+                let down_name = format!("{p}.mlp.down_proj.weight");
+                let down_full = src.rows(&down_name, &shape(&down_name), None, kind, dev)?;
+                let down = down_full.f_narrow(1, inter.start as i64, inter.len() as i64)?;
+                let down = Linear { wt: down.f_transpose(0, 1)?.f_contiguous()?, b: None };
+                layers.push(Layer { qkv, o, gate_up, down });
+            }
+            // Vocabulary rows of this shard; rows past the real vocabulary are zero padding.
+            let vr = plan.vocab(s);
+            let real = vr.start.min(dims.vocab)..vr.end.min(dims.vocab);
+            let vocab_rows = |src: &mut dyn WeightSource, name: &str| -> Result<Tensor> {
+                let t = if real.is_empty() {
+                    Tensor::f_zeros([0, dims.hidden as i64], (kind, dev))?
+                } else {
+                    src.rows(name, &shape(name), Some((real.start, real.len())), kind, dev)?
+                };
+                let pad = (vr.len() - real.len()) as i64;
+                if pad > 0 {
+                    Ok(Tensor::f_cat(&[t, Tensor::f_zeros([pad, dims.hidden as i64], (kind, dev))?], 0)?)
+                } else {
+                    Ok(t)
+                }
+            };
+            let (embed, lm_head_t) = if dims.tie_embeddings {
+                (None, vocab_rows(src, "model.embed_tokens.weight")?.f_transpose(0, 1)?.f_contiguous()?)
+            } else {
+                let e = vocab_rows(src, "model.embed_tokens.weight")?;
+                (Some(e), vocab_rows(src, "lm_head.weight")?.f_transpose(0, 1)?.f_contiguous()?)
+            };
+            shards.push(Shard {
+                device: dev,
+                index: s,
+                embed,
+                lm_head_t,
+                layers,
+                heads: plan.heads_per_shard as i64,
+                kv_heads: plan.kv_per_shard as i64,
+                intermediate: plan.intermediate_per_shard as i64,
+                vocab_start: vr.start as i64,
+                vocab_len: vr.len() as i64,
+            });
+        }
+        Ok(Glm { dims, plan, dtype: opts.dtype, shards, norms, final_norm })
+    }
+
+    /// The device activations are gathered on (shard 0's).
+    pub fn device(&self) -> Device {
+        self.shards[0].device
+    }
+
+    /// Allocates a cache for `batch` rows and `capacity` positions.
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
+        let d = self.dims.head_dim as i64;
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        for s in &self.shards {
+            let shape = [batch as i64, s.kv_heads, capacity as i64, d];
+            let opts = (self.dtype.kind(), s.device);
+            k.push((0..self.dims.layers).map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?);
+            v.push((0..self.dims.layers).map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?);
+        }
+        Ok(KvCache { k, v, capacity: capacity as i64, len: 0 })
+    }
+
+    /// Embeds `ids` ([B, T], int64 on the model device): [B, T, hidden].
+    fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, t) = ids.size2()?;
+        let h = self.dims.hidden as i64;
+        let flat = ids.f_reshape([-1])?;
+        let mut acc: Option<Tensor> = None;
+        for s in &self.shards {
+            let local = flat.f_to_device(s.device)?;
+            let sharded = self.shards.len() > 1;
+            let (idx, valid) = if sharded {
+                let l = local.f_sub_scalar(s.vocab_start)?;
+                let valid = l.f_ge(0)?.f_logical_and(&l.f_lt(s.vocab_len)?)?;
+                (l.f_clamp(0, s.vocab_len - 1)?, Some(valid))
+            } else {
+                (local, None)
+            };
+            let rows = match &s.embed {
+                Some(e) => e.f_index_select(0, &idx)?,
+                None => s.lm_head_t.f_index_select(1, &idx)?.f_transpose(0, 1)?,
+            };
+            let rows = match valid {
+                Some(v) => rows.f_mul(&v.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?,
+                None => rows,
+            };
+            let rows = rows.f_to_device(self.device())?;
+            acc = Some(match acc {
+                None => rows,
+                Some(a) => a.f_add(&rows)?,
+            });
+        }
+        let out = acc.ok_or_else(|| Error::InvalidArgument("model has no shards".to_owned()))?;
+        Ok(out.f_reshape([b, t, h])?)
+    }
+
+    /// Sums per-shard partial outputs on the model device (the all-reduce).
+    fn all_reduce(&self, parts: Vec<Tensor>) -> Result<Tensor> {
+        let dev = self.device();
+        let mut it = parts.into_iter();
+        let mut acc = it.next().ok_or_else(|| Error::InvalidArgument("no shards".to_owned()))?.f_to_device(dev)?;
+        for p in it {
+            acc = acc.f_add(&p.f_to_device(dev)?)?;
+        }
+        Ok(acc)
+    }
+
+    /// One shard's attention for layer `l`: its heads' contribution to o_proj's output.
+    fn attention(&self, s: &Shard, l: usize, x: &Tensor, step: &Step, cache: &mut KvCache) -> Result<Tensor> {
+        let (b, t) = (x.size()[0], step.len);
+        let d = self.dims.head_dim as i64;
+        let (hl, kvl) = (s.heads, s.kv_heads);
+        let g = hl / kvl;
+        let layer = &s.layers[l];
+        let qkv = layer.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
+        let qk = qkv.f_narrow(2, 0, hl + kvl)?;
+        let qk = apply_rope(&qk, &step.cos, &step.sin, self.dims.rotary_dim as i64, d)?;
+        let q = qk.f_narrow(2, 0, hl)?;
+        let k = qk.f_narrow(2, hl, kvl)?.f_transpose(1, 2)?;
+        let v = qkv.f_narrow(2, hl + kvl, kvl)?.f_transpose(1, 2)?;
+        let si = s.index;
+        cache.k[si][l].f_narrow(2, step.start, t)?.f_copy_(&k)?;
+        cache.v[si][l].f_narrow(2, step.start, t)?.f_copy_(&v)?;
+        let keys = cache.k[si][l].f_narrow(2, 0, step.start + t)?;
+        let values = cache.v[si][l].f_narrow(2, 0, step.start + t)?;
+        // Grouped-query attention without copying kv heads: the g query heads of each kv
+        // head become g*t query rows against that head's keys.
+        let qg = if t == 1 {
+            q.f_reshape([b, kvl, g, d])?
+        } else {
+            q.f_reshape([b, t, kvl, g, d])?.f_permute([0, 2, 3, 1, 4])?.f_reshape([b, kvl, g * t, d])?
+        };
+        let mask = match &step.mask {
+            Some(m) if m.device() != s.device => Some(m.f_to_device(s.device)?),
+            Some(m) => Some(m.shallow_clone()),
+            None => None,
+        };
+        let o = Tensor::f_scaled_dot_product_attention(&qg, &keys, &values, mask.as_ref(), 0.0, false, None, false)?;
+        let o = if t == 1 {
+            o.f_reshape([b, 1, hl * d])?
+        } else {
+            o.f_reshape([b, kvl, g, t, d])?.f_permute([0, 3, 1, 2, 4])?.f_reshape([b, t, hl * d])?
+        };
+        layer.o.forward(&o)
+    }
+
+    /// One shard's MLP for layer `l`: its channels' contribution to down_proj's output.
+    fn mlp(&self, s: &Shard, l: usize, x: &Tensor) -> Result<Tensor> {
+        let layer = &s.layers[l];
+        let gu = layer.gate_up.forward(x)?;
+        let il = s.intermediate;
+        let gate = gu.f_narrow(-1, 0, il)?;
+        let up = gu.f_narrow(-1, il, il)?;
+        let h = up.f_mul(&self.dims.act.apply(&gate)?)?;
+        layer.down.forward(&h)
+    }
+
+    /// Runs the shards on `x` (on the model device) and all-reduces their outputs.
+    fn sharded<F>(&self, x: &Tensor, mut f: F) -> Result<Tensor>
+    where
+        F: FnMut(&Shard, &Tensor) -> Result<Tensor>,
+    {
+        if self.shards.len() == 1 {
+            return f(&self.shards[0], x);
+        }
+        let mut parts = Vec::with_capacity(self.shards.len());
+        for s in &self.shards {
+            let xs = if s.device == x.device() { x.shallow_clone() } else { x.f_to_device(s.device)? };
+            parts.push(f(s, &xs)?);
+        }
+        self.all_reduce(parts)
+    }
+
+    /// The decoder stack on `ids` ([B, T]); returns f32 logits for every position, or for
+    /// the last one only (`[B, 1, vocab]`).
+    pub fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
+        let eps = self.dims.eps;
+        let mut h = self.embed(ids)?;
+        for l in 0..self.dims.layers {
+            let n = &self.norms[l];
+            let x = rms_norm(&h, &n.input, eps)?;
+            let mut a = self.sharded(&x, |s, x| self.attention(s, l, x, step, cache))?;
+            if let Some(w) = &n.post_self_attn {
+                a = rms_norm(&a, w, eps)?;
+            }
+            h = h.f_add(&a)?;
+            let x = rms_norm(&h, &n.post_attention, eps)?;
+            let mut m = self.sharded(&x, |s, x| self.mlp(s, l, x))?;
+            if let Some(w) = &n.post_mlp {
+                m = rms_norm(&m, w, eps)?;
+            }
+            h = h.f_add(&m)?;
+        }
+        cache.len = step.start + step.len;
+        let h = if last_only && step.len > 1 { h.f_narrow(1, step.len - 1, 1)? } else { h };
+        let h = rms_norm(&h, &self.final_norm, eps)?;
+        let mut parts = Vec::with_capacity(self.shards.len());
+        for s in &self.shards {
+            let xs = if s.device == h.device() { h.shallow_clone() } else { h.f_to_device(s.device)? };
+            parts.push(xs.f_matmul(&s.lm_head_t)?.f_to_device(self.device())?);
+        }
+        let logits = if parts.len() == 1 { parts.remove(0) } else { Tensor::f_cat(&parts, -1)? };
+        let logits = if self.plan.padded_vocab != self.dims.vocab {
+            logits.f_narrow(-1, 0, self.dims.vocab as i64)?
+        } else {
+            logits
+        };
+        Ok(logits.f_to_kind(Kind::Float)?)
+    }
+}

@@ -1,0 +1,76 @@
+//! The tensor-parallel shard plan: which rows and columns of each weight a shard holds.
+//!
+//! q, k, v and the gate and up halves of `gate_up_proj` are split by output rows along
+//! whole heads (gate and up separately, so each shard keeps matching halves); `o_proj` and
+//! `down_proj` by input columns; the embedding and `lm_head` by vocabulary rows. When the
+//! size exceeds the kv heads and replication is allowed, each kv head is held by
+//! `size / kv` shards. Norms are replicated.
+
+use std::ops::Range;
+
+use crate::error::{Error, Result};
+use crate::model::Dims;
+
+/// How a model of [`Dims`] is split over `size` shards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardPlan {
+    pub size: usize,
+    pub heads_per_shard: usize,
+    pub kv_per_shard: usize,
+    /// How many shards hold each kv head (1 unless replicated).
+    pub kv_replicas: usize,
+    pub intermediate_per_shard: usize,
+    /// The vocabulary after padding to a multiple of the size.
+    pub padded_vocab: usize,
+    pub vocab_per_shard: usize,
+}
+
+impl ShardPlan {
+    /// The plan for `size` shards, or an error naming the broken rule and the legal sizes.
+    /// `kv_replication` and `vocab_padding` are the declaration's (a runtime config allows
+    /// replication and no padding).
+    pub fn new(d: &Dims, size: usize, kv_replication: bool, vocab_padding: usize) -> Result<ShardPlan> {
+        let spec = d.config.spec(&[], &[]);
+        let spec = headcount::ArchSpec { kv_replication, vocab_padding: vocab_padding.max(1) as u64, ..spec };
+        let tp = [size as u64];
+        let errors = headcount::rules::validate(&headcount::ArchSpec { tensor_parallel: &tp, ..spec });
+        if !errors.is_empty() || size == 0 {
+            let reason = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+            let reason = if reason.is_empty() { "the size must be at least 1".to_owned() } else { reason };
+            return Err(Error::TensorParallel { size, reason });
+        }
+        let padded_vocab = spec.padded_vocab().unwrap_or(spec.vocab_size) as usize;
+        let (kv_per_shard, kv_replicas) =
+            if d.kv_heads % size == 0 { (d.kv_heads / size, 1) } else { (1, size / d.kv_heads) };
+        Ok(ShardPlan {
+            size,
+            heads_per_shard: d.heads / size,
+            kv_per_shard,
+            kv_replicas,
+            intermediate_per_shard: d.intermediate / size,
+            padded_vocab,
+            vocab_per_shard: padded_vocab / size,
+        })
+    }
+
+    /// The query heads of shard `s`.
+    pub fn q_heads(&self, s: usize) -> Range<usize> {
+        s * self.heads_per_shard..(s + 1) * self.heads_per_shard
+    }
+
+    /// The kv heads of shard `s` (one replicated head when kv heads are fewer than shards).
+    pub fn kv_heads(&self, s: usize) -> Range<usize> {
+        let first = (s / self.kv_replicas) * self.kv_per_shard;
+        first..first + self.kv_per_shard
+    }
+
+    /// The intermediate (MLP) channels of shard `s`.
+    pub fn intermediate(&self, s: usize) -> Range<usize> {
+        s * self.intermediate_per_shard..(s + 1) * self.intermediate_per_shard
+    }
+
+    /// The (padded) vocabulary rows of shard `s`.
+    pub fn vocab(&self, s: usize) -> Range<usize> {
+        s * self.vocab_per_shard..(s + 1) * self.vocab_per_shard
+    }
+}
