@@ -6,9 +6,11 @@ pub mod error;
 pub mod generate;
 pub mod model;
 pub mod shard;
+pub mod typed;
 
 pub use device::{DType, parse_device};
 pub use error::{Error, Result};
 pub use model::{Dims, Glm, KvCache, LoadOptions, Step};
 pub use shard::ShardPlan;
 pub use generate::{GenerateOptions, Generation, Sampling, generate, logits};
+pub use typed::Model;

@@ -1,0 +1,107 @@
+//! Models of architectures declared in code. The declaration's consts are the truth: a
+//! checkpoint whose config.json disagrees is refused with the differing field named, and
+//! only the tensor-parallel sizes the declaration made legal compile.
+
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::path::Path;
+
+use headcount::{Architecture, Config, SupportsTensorParallel};
+
+use crate::error::{Error, Result};
+use crate::model::{Glm, LoadOptions};
+
+/// A GLM model of the declared architecture `A`.
+pub struct Model<A: Architecture> {
+    glm: Glm,
+    _arch: PhantomData<A>,
+}
+
+impl<A: Architecture> Deref for Model<A> {
+    type Target = Glm;
+    fn deref(&self) -> &Glm {
+        &self.glm
+    }
+}
+
+impl<A: Architecture> Model<A> {
+    /// Loads a checkpoint folder whose config.json must agree with `A`.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        Self::load_parallel(dir, opts, 1)
+    }
+
+    /// Loads a checkpoint split over `N` tensor-parallel shards; `N` must be a size `A`
+    /// declared (`tensor_parallel = [..]`), or this does not compile.
+    pub fn load_sharded<const N: usize>(dir: &Path, opts: &LoadOptions) -> Result<Self>
+    where
+        A: SupportsTensorParallel<N>,
+    {
+        Self::load_parallel(dir, opts, N)
+    }
+
+    /// Seeded random weights of `A`'s shape.
+    pub fn random(opts: &LoadOptions, seed: i64) -> Result<Self> {
+        let glm = Glm::random(&A::config(), &Self::options(opts, 1), seed)?;
+        Ok(Model { glm, _arch: PhantomData })
+    }
+
+    /// Seeded random weights of `A`'s shape over `N` shards.
+    pub fn random_sharded<const N: usize>(opts: &LoadOptions, seed: i64) -> Result<Self>
+    where
+        A: SupportsTensorParallel<N>,
+    {
+        let glm = Glm::random(&A::config(), &Self::options(opts, N), seed)?;
+        Ok(Model { glm, _arch: PhantomData })
+    }
+
+    /// The untyped model.
+    pub fn into_inner(self) -> Glm {
+        self.glm
+    }
+
+    fn options(opts: &LoadOptions, tp: usize) -> LoadOptions {
+        LoadOptions {
+            tensor_parallel: tp,
+            kv_replication: A::KV_REPLICATION,
+            vocab_padding: A::VOCAB_PADDING as usize,
+            ..opts.clone()
+        }
+    }
+
+    fn load_parallel(dir: &Path, opts: &LoadOptions, tp: usize) -> Result<Self> {
+        let config = Config::from_file(dir.join("config.json"))?;
+        check_agrees::<A>(dir, &config)?;
+        let glm = Glm::load_with_config(dir, &config, &Self::options(opts, tp))?;
+        Ok(Model { glm, _arch: PhantomData })
+    }
+}
+
+/// Checks a checkpoint's config.json against a declaration, naming the first field that
+/// differs.
+pub fn check_agrees<A: Architecture>(dir: &Path, c: &Config) -> Result<()> {
+    let declared = A::config();
+    let mismatch = |field: &'static str, checkpoint: String, declared: String| Error::ConfigMismatch {
+        dir: dir.to_owned(),
+        arch: A::NAME,
+        field,
+        checkpoint,
+        declared,
+    };
+    macro_rules! same {
+        ($($f:ident),*) => {$(
+            if c.$f != declared.$f {
+                return Err(mismatch(stringify!($f), format!("{:?}", c.$f), format!("{:?}", declared.$f)));
+            }
+        )*};
+    }
+    if c.family != declared.family {
+        return Err(mismatch("model_type", c.family.model_type().into(), declared.family.model_type().into()));
+    }
+    same!(vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads);
+    if c.resolved_head_dim() != declared.resolved_head_dim() {
+        return Err(mismatch("head_dim", format!("{:?}", c.resolved_head_dim()), format!("{:?}", declared.resolved_head_dim())));
+    }
+    same!(partial_rotary_factor, rope_theta, rms_norm_eps, max_position_embeddings, hidden_act);
+    same!(attention_bias, tie_word_embeddings, pad_token_id, bos_token_id, eos_token_id);
+    Ok(())
+}
