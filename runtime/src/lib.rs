@@ -6,6 +6,7 @@ pub mod error;
 pub mod generate;
 pub mod model;
 pub mod shard;
+pub mod text;
 pub mod typed;
 
 pub use device::{DType, parse_device};
@@ -14,3 +15,4 @@ pub use model::{Dims, Glm, KvCache, LoadOptions, Step};
 pub use shard::ShardPlan;
 pub use generate::{GenerateOptions, Generation, Sampling, generate, logits};
 pub use typed::Model;
+pub use text::{StreamDecoder, TextCodec};

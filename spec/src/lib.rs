@@ -16,6 +16,7 @@
 
 pub mod arch;
 pub mod config;
+pub mod declare;
 pub mod keys;
 pub mod msg;
 pub mod rules;

@@ -1,0 +1,403 @@
+//! `headcount`: check, declare and run GLM checkpoints.
+//!
+//! Exit codes: 0 ok, 1 a rule or input error (the message says which), 2 a usage error.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use headcount::Config;
+use headcount_runtime::{
+    DType, Error, GenerateOptions, Glm, LoadOptions, Result, Sampling, StreamDecoder, TextCodec, generate, logits,
+    parse_device,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "headcount",
+    version,
+    about = "Check, declare and run GLM checkpoints with layouts checked by headcount's rules",
+    long_about = "Check, declare and run GLM checkpoints.\n\n\
+        `check` validates a Hugging Face config.json with the same rules as #[derive(Architecture)]; \
+        `declare` prints the Rust declaration of a config; `run` generates text or ids; \
+        `logits` writes every position's logits; `bench` measures prefill and decode speed.",
+    after_help = "Examples:\n  headcount check config.json --tp 2\n  headcount declare config.json --name MyGlm\n  \
+        headcount run --model examples/addition/model --prompt 12+34=\n  headcount bench --config config.json --new-tokens 32"
+)]
+struct Cli {
+    /// Print only results: no progress, no speed report.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a config.json: every violation with its fix, and the legal tensor-parallel sizes.
+    Check {
+        /// The config.json to check.
+        config: PathBuf,
+        /// Also check this tensor-parallel size (repeatable).
+        #[arg(long = "tp", value_name = "N")]
+        tensor_parallel: Vec<u64>,
+        /// Also check this pipeline-parallel size (repeatable).
+        #[arg(long = "pp", value_name = "N")]
+        pipeline_parallel: Vec<u64>,
+    },
+    /// Print the #[derive(Architecture)] declaration of a config.json.
+    Declare {
+        config: PathBuf,
+        /// Name of the declared type.
+        #[arg(long, default_value = "Model")]
+        name: String,
+    },
+    /// Generate from a prompt (text through tokenizer.json, or ids).
+    Run(RunArgs),
+    /// Write the logits of every position to a safetensors file (tensor `logits`, f32, [1, len, vocab]).
+    Logits {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Comma-separated token ids.
+        #[arg(long, value_delimiter = ',', required = true, allow_negative_numbers = true)]
+        ids: Vec<i64>,
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Measure prefill and decode tokens/s; prints one JSON line.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// Checkpoint folder: config.json plus model.safetensors (or a sharded index).
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Tensor-parallel shards (on CPU: shards in one process; with several GPUs: one per GPU).
+    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
+    tensor_parallel: usize,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "ids"])))]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text (needs tokenizer.json in the model folder).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    ids: Option<Vec<i64>>,
+    /// New tokens at most [default: 64, or fewer if the model's max_position_embeddings
+    /// leaves less room].
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling mass in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Checkpoint folder (or give --config for random weights).
+    #[arg(long, value_name = "DIR", conflicts_with = "config", required_unless_present = "config")]
+    model: Option<PathBuf>,
+    /// A config.json: random weights of that shape.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Override num_hidden_layers of --config (e.g. a few layers of a large model).
+    #[arg(long)]
+    layers: Option<u64>,
+    #[arg(long, default_value_t = 512)]
+    prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// CPU threads for libtorch (default: libtorch's choice).
+    #[arg(long)]
+    threads: Option<i32>,
+    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
+    tensor_parallel: usize,
+    /// Timed repetitions; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(&cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn dispatch(cli: &Cli) -> Result<ExitCode> {
+    match &cli.command {
+        Command::Check { config, tensor_parallel, pipeline_parallel } => check(config, tensor_parallel, pipeline_parallel),
+        Command::Declare { config, name } => declare(config, name),
+        Command::Run(a) => run(a, cli.quiet),
+        Command::Logits { model, ids, out } => write_logits(model, ids, out, cli.quiet),
+        Command::Bench(b) => bench(b, cli.quiet),
+    }
+}
+
+fn check(path: &Path, tp: &[u64], pp: &[u64]) -> Result<ExitCode> {
+    let config = Config::from_file(path)?;
+    let shown = path.display();
+    let legal = config.legal_tensor_parallel();
+    match config.validate_parallel(tp, pp) {
+        Ok(()) => {
+            println!(
+                "{shown}: ok ({}, {} layers, {} heads over {} kv heads, head_dim {}, rotary dim {})",
+                config.family.model_type(),
+                config.num_hidden_layers,
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                config.resolved_head_dim().unwrap_or(0),
+                config.rotary_dim().unwrap_or(0),
+            );
+            print_legal(&config, &legal);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(v) => {
+            let n = v.errors.len();
+            println!("{shown}: {n} layout error{}", if n == 1 { "" } else { "s" });
+            for e in &v.errors {
+                println!("  error: {e}");
+            }
+            print_legal(&config, &legal);
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn print_legal(config: &Config, legal: &[u64]) {
+    if legal.is_empty() {
+        println!("legal tensor_parallel sizes: none until the errors above are fixed");
+        return;
+    }
+    let strict = headcount::ArchSpec { kv_replication: false, ..config.spec(&[], &[]) }.legal_tensor_parallel();
+    let list = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    println!("legal tensor_parallel sizes: {} (without kv replication: {})", list(legal), list(strict.as_slice()));
+}
+
+fn declare(path: &Path, name: &str) -> Result<ExitCode> {
+    if !headcount::declare::is_type_name(name) {
+        return Err(Error::InvalidArgument(format!("--name {name:?} is not a Rust type name")));
+    }
+    let config = Config::from_file(path)?;
+    print!("{}", headcount::declare::declaration(&config, name));
+    if let Err(v) = config.validate() {
+        eprintln!("note: this declaration will not compile until its {} layout error(s) are fixed:", v.errors.len());
+        for e in &v.errors {
+            eprintln!("  error: {e}");
+        }
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn load(m: &ModelArgs, quiet: bool) -> Result<Glm> {
+    let dtype: DType = m.dtype.parse()?;
+    let device = parse_device(&m.device)?;
+    let devices = shard_devices(device, m.tensor_parallel);
+    let opts = LoadOptions {
+        dtype,
+        devices,
+        tensor_parallel: m.tensor_parallel,
+        progress_above_bytes: if quiet { None } else { Some(200 << 20) },
+        ..Default::default()
+    };
+    Glm::load(&m.model, &opts)
+}
+
+/// With several GPUs, one shard per GPU starting at the one asked for; otherwise all shards
+/// on the one device.
+fn shard_devices(device: tch::Device, tp: usize) -> Vec<tch::Device> {
+    match device {
+        tch::Device::Cuda(first) if tp > 1 => {
+            let n = tch::Cuda::device_count() as usize;
+            (0..tp.min(n.saturating_sub(first)).max(1)).map(|i| tch::Device::Cuda(first + i)).collect()
+        }
+        d => vec![d],
+    }
+}
+
+fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
+    let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
+    sampling.validate()?;
+    let codec = TextCodec::from_dir(&a.model.model)?;
+    let ids = match (&a.prompt, &a.ids) {
+        (Some(text), _) => {
+            if text.is_empty() {
+                return Err(Error::InvalidArgument("the prompt is empty".to_owned()));
+            }
+            let codec = codec.as_ref().ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{} has no tokenizer.json, so --prompt cannot be tokenized: give --ids instead",
+                    a.model.model.display()
+                ))
+            })?;
+            codec.encode(text)?
+        }
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => return Err(Error::InvalidArgument("give --prompt or --ids".to_owned())),
+    };
+    if ids.is_empty() {
+        return Err(Error::InvalidArgument("the prompt is empty".to_owned()));
+    }
+    let model = load(&a.model, quiet)?;
+    let eos: Vec<i64> = model.dims.config.eos_token_id.iter().map(|&i| i as i64).collect();
+    let room = model.dims.max_positions.saturating_sub(ids.len());
+    let max_new_tokens = a.max_new_tokens.unwrap_or(64.min(room));
+    let opts = GenerateOptions { max_new_tokens, sampling, eos_token_ids: eos.clone() };
+    let mut stdout = std::io::stdout();
+    let mut stream = StreamDecoder::new();
+    let mut first = true;
+    let mut write_err = None;
+    let g = generate(&model, &[ids], &opts, |_, id| {
+        let piece = match &codec {
+            Some(c) if !(a.prompt.is_none()) => stream.push(c, id).unwrap_or_default(),
+            _ if eos.contains(&id) => String::new(),
+            _ => format!("{}{id}", if first { "" } else { "," }),
+        };
+        first = false;
+        if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
+            write_err.get_or_insert(e);
+        }
+    })?;
+    println!();
+    if let Some(e) = write_err {
+        return Err(Error::Io { path: PathBuf::from("<stdout>"), source: e });
+    }
+    if !quiet {
+        eprintln!(
+            "prefill: {} tokens in {:.1} ms ({:.1} tokens/s); decode: {} tokens in {:.1} ms ({:.1} tokens/s)",
+            g.prefill_tokens,
+            g.prefill_seconds * 1e3,
+            g.prefill_tokens_per_second(),
+            g.decode_tokens,
+            g.decode_seconds * 1e3,
+            g.decode_tokens_per_second(),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_logits(m: &ModelArgs, ids: &[i64], out: &Path, quiet: bool) -> Result<ExitCode> {
+    if ids.is_empty() {
+        return Err(Error::InvalidArgument("--ids is empty".to_owned()));
+    }
+    let model = load(m, quiet)?;
+    let l = logits(&model, ids)?.f_to_device(tch::Device::Cpu)?;
+    tch::Tensor::write_safetensors(&[("logits", &l)], out).map_err(|e| Error::Io {
+        path: out.to_owned(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    if !quiet {
+        eprintln!("wrote logits {:?} to {}", l.size(), out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
+    if let Some(t) = b.threads {
+        if t < 1 {
+            return Err(Error::InvalidArgument(format!("--threads must be at least 1, got {t}")));
+        }
+        tch::set_num_threads(t);
+    }
+    if b.batch == 0 || b.prompt_len == 0 || b.repeat == 0 {
+        return Err(Error::InvalidArgument("--batch, --prompt-len and --repeat must be at least 1".to_owned()));
+    }
+    let dtype: DType = b.dtype.parse()?;
+    let device = parse_device(&b.device)?;
+    let opts = LoadOptions {
+        dtype,
+        devices: shard_devices(device, b.tensor_parallel),
+        tensor_parallel: b.tensor_parallel,
+        progress_above_bytes: if quiet { None } else { Some(200 << 20) },
+        ..Default::default()
+    };
+    let model = match (&b.model, &b.config) {
+        (Some(dir), _) => Glm::load(dir, &opts)?,
+        (None, Some(path)) => {
+            let mut c = Config::from_file(path)?;
+            if let Some(l) = b.layers {
+                c.num_hidden_layers = l;
+            }
+            Glm::random(&c, &opts, 0)?
+        }
+        (None, None) => return Err(Error::InvalidArgument("give --model or --config".to_owned())),
+    };
+    let vocab = model.dims.vocab as i64;
+    // A fixed pseudo-random prompt, the same in every run.
+    let prompts: Vec<Vec<i64>> = (0..b.batch)
+        .map(|r| (0..b.prompt_len).map(|i| ((r * 7919 + i * 104_729 + 13) as i64) % vocab).collect())
+        .collect();
+    let gen_opts = GenerateOptions { max_new_tokens: b.new_tokens, sampling: Sampling::greedy(), eos_token_ids: vec![] };
+    // One untimed warm-up, then the median of the timed runs.
+    generate(&model, &prompts, &GenerateOptions { max_new_tokens: b.new_tokens.min(4), ..gen_opts.clone() }, |_, _| {})?;
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for _ in 0..b.repeat {
+        let g = generate(&model, &prompts, &gen_opts, |_, _| {})?;
+        prefill.push(g.prefill_tokens_per_second());
+        decode.push(g.decode_tokens_per_second());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let line = serde_json::json!({
+        "engine": "headcount",
+        "layers": model.dims.layers,
+        "hidden_size": model.dims.hidden,
+        "parameters": model.dims.parameter_count(),
+        "dtype": dtype.name(),
+        "device": b.device,
+        "threads": tch::get_num_threads(),
+        "batch": b.batch,
+        "prompt_len": b.prompt_len,
+        "new_tokens": b.new_tokens,
+        "tensor_parallel": b.tensor_parallel,
+        "prefill_tokens_per_s": median(&mut prefill),
+        "decode_tokens_per_s": median(&mut decode),
+        "peak_rss_bytes": peak_rss_bytes(),
+    });
+    println!("{line}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Peak resident memory of this process (Linux VmHWM), if known.
+fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,154 @@
+//! The `headcount` program, run for real: each subcommand's success path and its bad-input
+//! paths, with exit codes and messages asserted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn fixture(p: &str) -> String {
+    root().join("tests/fixtures").join(p).display().to_string()
+}
+
+fn headcount(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_headcount")).args(args).output().expect("run headcount")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[track_caller]
+fn expect(o: &Output, code: i32, needle: &str) {
+    let (out, err) = text(o);
+    assert_eq!(o.status.code(), Some(code), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains(needle) || err.contains(needle), "{needle:?} not in\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(!err.contains("panicked") && !err.contains("Exception raised from"), "{err}");
+}
+
+#[test]
+fn check_accepts_glm_4_9b_and_lists_legal_sizes() {
+    let o = headcount(&["check", &fixture("configs/glm-default.json")]);
+    expect(&o, 0, "ok (glm, 40 layers, 32 heads over 2 kv heads, head_dim 128, rotary dim 64)");
+    expect(&o, 0, "legal tensor_parallel sizes: 1, 2, 4, 8, 16, 32 (without kv replication: 1, 2)");
+}
+
+#[test]
+fn check_names_each_transformers_failure_case() {
+    let cases = [
+        ("heads-not-multiple-of-kv.json", "num_attention_heads (7) must be a multiple of num_key_value_heads (2)"),
+        ("kv-heads-exceed-heads.json", "num_key_value_heads (8) must not exceed num_attention_heads (4)"),
+        ("zero-kv-heads.json", "num_key_value_heads must be at least 1, got 0"),
+        ("zero-heads.json", "num_attention_heads must be at least 1, got 0"),
+        ("odd-rotary-dim.json", "an odd number, but GLM rotates channel pairs"),
+        ("fractional-rotary-dim.json", "is not a whole number of rotary channels"),
+        ("pad-token-out-of-vocab.json", "pad_token_id"),
+        ("eos-token-out-of-vocab.json", "eos_token_id"),
+        ("hidden-not-multiple-of-heads.json", "must be a multiple of num_attention_heads"),
+    ];
+    for (file, needle) in cases {
+        let o = headcount(&["check", &fixture(&format!("configs/{file}"))]);
+        expect(&o, 1, needle);
+    }
+}
+
+#[test]
+fn check_with_sizes_and_bad_files() {
+    let o = headcount(&["check", &fixture("configs/glm-default.json"), "--tp", "3", "--pp", "3"]);
+    expect(&o, 1, "tensor_parallel size 3 must divide num_attention_heads (32)");
+    expect(&o, 1, "pipeline_parallel size 3 must divide num_hidden_layers (40)");
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("config.json");
+    std::fs::write(&bad, "{\"model_type\": \"glm\",").unwrap();
+    expect(&headcount(&["check", bad.to_str().unwrap()]), 1, "not valid JSON");
+    expect(&headcount(&["check", "/nonexistent/config.json"]), 1, "cannot read");
+    std::fs::write(&bad, "{\"model_type\": \"llama\"}").unwrap();
+    expect(&headcount(&["check", bad.to_str().unwrap()]), 1, "model_type \"llama\" is not supported");
+}
+
+#[test]
+fn declare_prints_a_declaration() {
+    let o = headcount(&["declare", &fixture("configs/glm-default.json"), "--name", "Glm4_9B"]);
+    expect(&o, 0, "#[derive(headcount::Architecture)]");
+    expect(&o, 0, "num_key_value_heads = 2,");
+    expect(&o, 0, "pub struct Glm4_9B;");
+    expect(&headcount(&["declare", &fixture("configs/glm-default.json"), "--name", "9lives"]), 1, "not a Rust type name");
+    expect(&headcount(&["declare", &fixture("configs/heads-not-multiple-of-kv.json")]), 1, "will not compile");
+}
+
+#[test]
+fn run_generates_ids_and_reports_speed() {
+    let o = headcount(&["run", "--model", &fixture("glm-gqa2"), "--ids", "5,6,7", "--max-new-tokens", "4"]);
+    expect(&o, 0, "tokens/s");
+    let (out, _) = text(&o);
+    let ids: Vec<i64> = out.trim().split(',').map(|s| s.parse().unwrap()).collect();
+    assert_eq!(ids.len(), 4, "{out}");
+    // Quiet mode prints the same tokens and nothing on stderr.
+    let q = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5,6,7", "--max-new-tokens", "4"]);
+    assert_eq!(text(&q).0, out);
+    assert_eq!(text(&q).1, "");
+    // Sampling with a seed is repeatable.
+    let s1 = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5", "--temperature", "1.0", "--top-k", "20", "--top-p", "0.9", "--seed", "7"]);
+    let s2 = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5", "--temperature", "1.0", "--top-k", "20", "--top-p", "0.9", "--seed", "7"]);
+    assert_eq!(s1.status.code(), Some(0));
+    assert_eq!(text(&s1).0, text(&s2).0);
+}
+
+#[test]
+fn run_rejects_bad_input_with_clear_errors() {
+    let m = fixture("glm-gqa2");
+    expect(&headcount(&["run", "--model", &m, "--ids", "5,600"]), 1, "token id 600 (prompt 0, position 1) is outside the vocabulary");
+    expect(&headcount(&["run", "--model", &m, "--ids", "-3"]), 1, "token id -3");
+    expect(&headcount(&["run", "--model", "/nonexistent/model", "--ids", "1"]), 1, "/nonexistent/model");
+    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--device", "tpu"]), 1, "unknown device \"tpu\"");
+    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--device", "cuda:0"]), 1, "CUDA is not available");
+    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--dtype", "int8"]), 1, "unknown dtype");
+    expect(&headcount(&["run", "--model", &m, "--prompt", ""]), 1, "the prompt is empty");
+    expect(&headcount(&["run", "--model", &m, "--prompt", "hello"]), 1, "has no tokenizer.json");
+    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--temperature", "NaN"]), 1, "temperature must be");
+    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--top-p", "0"]), 1, "top-p must be in (0, 1]");
+    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--max-new-tokens", "1000"]), 1, "more than max_position_embeddings (64)");
+    // Usage errors exit 2.
+    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--max-new-tokens", "-5"]), 2, "'-5'");
+    expect(&headcount(&["run", "--model", &m]), 2, "--ids");
+    expect(&headcount(&["frobnicate"]), 2, "unrecognized subcommand");
+}
+
+#[test]
+fn logits_writes_every_position() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("logits.safetensors");
+    let o = headcount(&["logits", "--model", &fixture("glm-gqa2"), "--ids", "3,4,5,6", "--out", out.to_str().unwrap()]);
+    expect(&o, 0, "wrote logits [1, 4, 128]");
+    let t = tch::Tensor::read_safetensors(&out).unwrap();
+    assert_eq!(t[0].0, "logits");
+    assert_eq!(t[0].1.size(), vec![1, 4, 128]);
+    assert_eq!(t[0].1.kind(), tch::Kind::Float);
+    expect(&headcount(&["logits", "--model", &fixture("glm-gqa2"), "--ids", "999", "--out", out.to_str().unwrap()]), 1, "outside the vocabulary");
+}
+
+#[test]
+fn bench_prints_one_json_line() {
+    let o = headcount(&[
+        "bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--prompt-len", "16", "--new-tokens", "4", "--batch", "2",
+        "--threads", "1", "--repeat", "1",
+    ]);
+    expect(&o, 0, "decode_tokens_per_s");
+    let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    assert!(v["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["threads"], 1);
+    assert_eq!(v["batch"], 2);
+    expect(&headcount(&["bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--threads", "0"]), 1, "--threads must be at least 1");
+    expect(&headcount(&["bench", "--config", &fixture("configs/zero-heads.json")]), 1, "num_attention_heads must be at least 1");
+}
+
+#[test]
+fn tensor_parallel_flag_runs_shards_and_rejects_illegal_sizes() {
+    let one = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5,6,7", "--max-new-tokens", "4"]);
+    let two = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5,6,7", "--max-new-tokens", "4", "--tp", "2"]);
+    assert_eq!(two.status.code(), Some(0), "{:?}", text(&two));
+    assert_eq!(text(&one).0, text(&two).0);
+    expect(&headcount(&["run", "--model", &fixture("glm-gqa2"), "--ids", "5", "--tp", "3"]), 1, "tensor-parallel size 3 is not legal");
+}

@@ -1,0 +1,98 @@
+//! Writes the `#[derive(Architecture)]` declaration of a config (`headcount declare`).
+
+use std::fmt::Write;
+
+use crate::config::Config;
+use crate::keys;
+
+fn float(x: f64) -> String {
+    if x.is_nan() {
+        "f64::NAN".to_owned()
+    } else if x.is_infinite() {
+        if x > 0.0 { "f64::INFINITY".to_owned() } else { "f64::NEG_INFINITY".to_owned() }
+    } else {
+        // Debug prints the shortest text that reads back as the same f64, always with a
+        // '.' or an exponent, so it is a float literal.
+        format!("{x:?}")
+    }
+}
+
+/// Whether `name` can name a Rust type.
+pub fn is_type_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name != "_"
+}
+
+/// The declaration of `config` as a unit struct named `name`, declaring the tensor-parallel
+/// sizes the layout allows without kv replication (up to 8).
+pub fn declaration(config: &Config, name: &str) -> String {
+    let c = config;
+    let mut s = String::new();
+    let tp: Vec<u64> = {
+        let spec = crate::ArchSpec { kv_replication: false, ..c.spec(&[], &[]) };
+        let legal = spec.legal_tensor_parallel();
+        let v: Vec<u64> = legal.as_slice().iter().copied().filter(|&t| t <= 8).collect();
+        if v.is_empty() { vec![1] } else { v }
+    };
+    let _ = writeln!(s, "#[derive(headcount::Architecture)]");
+    let _ = writeln!(s, "#[arch(");
+    let _ = writeln!(s, "    {} = {},", keys::FAMILY, c.family.model_type());
+    let mut kv = |k: &str, v: String| {
+        let _ = writeln!(s, "    {k} = {v},");
+    };
+    kv(keys::VOCAB_SIZE, c.vocab_size.to_string());
+    kv(keys::HIDDEN_SIZE, c.hidden_size.to_string());
+    kv(keys::INTERMEDIATE_SIZE, c.intermediate_size.to_string());
+    kv(keys::NUM_HIDDEN_LAYERS, c.num_hidden_layers.to_string());
+    kv(keys::NUM_ATTENTION_HEADS, c.num_attention_heads.to_string());
+    kv(keys::NUM_KEY_VALUE_HEADS, c.num_key_value_heads.to_string());
+    if let Some(d) = c.head_dim {
+        kv(keys::HEAD_DIM, d.to_string());
+    }
+    kv(keys::PARTIAL_ROTARY_FACTOR, float(c.partial_rotary_factor));
+    kv(keys::ROPE_THETA, float(c.rope_theta));
+    kv(keys::RMS_NORM_EPS, float(c.rms_norm_eps));
+    kv(keys::MAX_POSITION_EMBEDDINGS, c.max_position_embeddings.to_string());
+    kv(keys::HIDDEN_ACT, format!("{:?}", c.hidden_act));
+    kv(keys::ATTENTION_BIAS, c.attention_bias.to_string());
+    kv(keys::TIE_WORD_EMBEDDINGS, c.tie_word_embeddings.to_string());
+    if let Some(id) = c.pad_token_id {
+        kv(keys::PAD_TOKEN_ID, id.to_string());
+    }
+    if let Some(id) = c.bos_token_id {
+        kv(keys::BOS_TOKEN_ID, id.to_string());
+    }
+    if !c.eos_token_id.is_empty() {
+        let ids: Vec<String> = c.eos_token_id.iter().map(u64::to_string).collect();
+        kv(keys::EOS_TOKEN_ID, format!("[{}]", ids.join(", ")));
+    }
+    let sizes: Vec<String> = tp.iter().map(u64::to_string).collect();
+    kv(keys::TENSOR_PARALLEL, format!("[{}]", sizes.join(", ")));
+    let _ = writeln!(s, ")]");
+    let _ = writeln!(s, "pub struct {name};");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_names() {
+        assert!(is_type_name("Glm4_9B"));
+        assert!(!is_type_name("9B"));
+        assert!(!is_type_name("a-b"));
+        assert!(!is_type_name(""));
+    }
+
+    #[test]
+    fn default_config_declares_its_legal_sizes() {
+        let d = declaration(&Config::default(), "Glm4_9B");
+        assert!(d.contains("num_key_value_heads = 2,"), "{d}");
+        assert!(d.contains("rms_norm_eps = 1.5625e-7,"), "{d}");
+        assert!(d.contains("tensor_parallel = [1, 2],"), "{d}");
+        assert!(d.ends_with("pub struct Glm4_9B;\n"));
+    }
+}
