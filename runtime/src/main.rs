@@ -252,26 +252,31 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.validate()?;
     let codec = TextCodec::from_dir(&a.model.model)?;
-    let ids = match (&a.prompt, &a.ids) {
-        (Some(text), _) => {
-            if text.is_empty() {
-                return Err(Error::InvalidArgument("the prompt is empty".to_owned()));
-            }
-            let codec = codec.as_ref().ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "{} has no tokenizer.json, so --prompt cannot be tokenized: give --ids instead",
-                    a.model.model.display()
-                ))
-            })?;
-            codec.encode(text)?
-        }
-        (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err(Error::InvalidArgument("give --prompt or --ids".to_owned())),
-    };
-    if ids.is_empty() {
+    if a.prompt.as_deref() == Some("") || a.ids.as_ref().is_some_and(Vec::is_empty) {
         return Err(Error::InvalidArgument("the prompt is empty".to_owned()));
     }
+    if a.prompt.is_some() && codec.is_none() {
+        return Err(Error::InvalidArgument(format!(
+            "{} has no tokenizer.json, so --prompt cannot be tokenized: give --ids instead",
+            a.model.model.display()
+        )));
+    }
     let model = load(&a.model, quiet)?;
+    let ids = match (&a.prompt, &a.ids, &codec) {
+        (Some(text), _, Some(codec)) => {
+            let mut ids = codec.encode(text)?;
+            // Models trained with a bos token expect it first; add it when the tokenizer
+            // does not.
+            if let Some(bos) = model.dims.config.bos_token_id.map(|b| b as i64) {
+                if ids.first() != Some(&bos) {
+                    ids.insert(0, bos);
+                }
+            }
+            ids
+        }
+        (_, Some(ids), _) => ids.clone(),
+        _ => return Err(Error::InvalidArgument("give --prompt or --ids".to_owned())),
+    };
     let eos: Vec<i64> = model.dims.config.eos_token_id.iter().map(|&i| i as i64).collect();
     let room = model.dims.max_positions.saturating_sub(ids.len());
     let max_new_tokens = a.max_new_tokens.unwrap_or(64.min(room));
