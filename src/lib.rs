@@ -21,8 +21,8 @@
 
 pub use headcount_macros::Architecture;
 pub use headcount_spec::{
-    Architecture, ArchSpec, Config, ConfigError, Family, LayoutError, SupportsPipelineParallel,
-    SupportsTensorParallel, ValidationError, keys, rules,
+    ArchSpec, Architecture, Config, ConfigError, Family, LayoutError, SupportsPipelineParallel, SupportsTensorParallel,
+    ValidationError, keys, rules,
 };
 
 /// The rules crate, for code that needs more than the re-exports.

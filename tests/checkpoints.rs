@@ -50,13 +50,22 @@ fn wrong_shape_names_tensor_and_both_shapes() {
     let (_t, dir) = copy_fixture("glm-gqa2");
     let ts: Vec<_> = tensors(&dir)
         .into_iter()
-        .map(|(n, t)| if n == "model.layers.0.self_attn.k_proj.weight" { (n, Tensor::zeros([16, 32], (Kind::Float, tch::Device::Cpu))) } else { (n, t) })
+        .map(|(n, t)| {
+            if n == "model.layers.0.self_attn.k_proj.weight" {
+                (n, Tensor::zeros([16, 32], (Kind::Float, tch::Device::Cpu)))
+            } else {
+                (n, t)
+            }
+        })
         .collect();
     write(&dir, &ts);
     let e = load_err(&dir);
     assert!(matches!(&e, Error::ShapeMismatch { .. }), "{e}");
     let m = e.to_string();
-    assert!(m.contains("model.layers.0.self_attn.k_proj.weight") && m.contains("[16, 32]") && m.contains("[32, 32]"), "{m}");
+    assert!(
+        m.contains("model.layers.0.self_attn.k_proj.weight") && m.contains("[16, 32]") && m.contains("[32, 32]"),
+        "{m}"
+    );
 }
 
 #[test]
@@ -122,7 +131,8 @@ fn lying_headers_are_refused_without_allocating_their_claims() {
 fn sharded_index_problems_name_the_file_or_tensor() {
     // A shard the index names is gone.
     let (_t, dir) = copy_fixture("glm-sharded");
-    let index: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
     let first = index["weight_map"].as_object().unwrap().values().next().unwrap().as_str().unwrap().to_owned();
     fs::remove_file(dir.join(&first)).unwrap();
     let e = load_err(&dir);
@@ -130,7 +140,8 @@ fn sharded_index_problems_name_the_file_or_tensor() {
 
     // The same tensor stored in two shards.
     let (_t2, dir) = copy_fixture("glm-sharded");
-    let mut files: Vec<String> = index["weight_map"].as_object().unwrap().values().map(|v| v.as_str().unwrap().to_owned()).collect();
+    let mut files: Vec<String> =
+        index["weight_map"].as_object().unwrap().values().map(|v| v.as_str().unwrap().to_owned()).collect();
     files.sort();
     files.dedup();
     let a = Tensor::read_safetensors(dir.join(&files[0])).unwrap();

@@ -30,7 +30,11 @@ fn sharded_logits_and_tokens_equal_unsharded() {
             // Shards sum partial dot products in another order than one matmul does: allow
             // 1e-5 per unit of logit magnitude (f32 keeps about 1.2e-7 relative).
             let scale = want.abs().max().double_value(&[]).max(1.0);
-            println!("{} tp={tp} (kv replicas {}): max abs diff {d:.2e}, max |logit| {scale:.1}", name(&dir), m.plan.kv_replicas);
+            println!(
+                "{} tp={tp} (kv replicas {}): max abs diff {d:.2e}, max |logit| {scale:.1}",
+                name(&dir),
+                m.plan.kv_replicas
+            );
             assert!(d <= 1e-5 * scale, "{} tp {tp}: {d}", name(&dir));
             let tokens = generate(&m, std::slice::from_ref(ids), &opts, |_, _| {}).unwrap().tokens;
             assert_eq!(tokens, want_tokens, "{} tp {tp}", name(&dir));
@@ -62,7 +66,12 @@ fn shard_shapes_follow_the_plan() {
                 total += s.parameter_count();
             }
             // Norms are replicated outside the shards; kv heads replicated kv_replicas times.
-            let norms: i64 = d.weight_shapes().iter().filter(|(n, _)| n.contains("norm")).map(|(_, s)| s.iter().product::<i64>()).sum();
+            let norms: i64 = d
+                .weight_shapes()
+                .iter()
+                .filter(|(n, _)| n.contains("norm"))
+                .map(|(_, s)| s.iter().product::<i64>())
+                .sum();
             let kv_params_per_layer = 2 * (d.kv_heads * d.head_dim * d.hidden) as i64
                 + if d.attention_bias { 2 * (d.kv_heads * d.head_dim) as i64 } else { 0 };
             let replicated = (p.kv_replicas as i64 - 1) * kv_params_per_layer * d.layers as i64;

@@ -72,7 +72,8 @@ impl Checkpoint {
                     end: base + info.data_offsets.1,
                 };
                 if let Some(prev) = tensors.get(&name) {
-                    let first = files.get(prev.file).map(|(p, _): &(PathBuf, Mmap)| p.clone()).unwrap_or_else(|| path.clone());
+                    let first =
+                        files.get(prev.file).map(|(p, _): &(PathBuf, Mmap)| p.clone()).unwrap_or_else(|| path.clone());
                     return Err(Error::DuplicateTensor { name, first, second: path });
                 }
                 tensors.insert(name, entry);
@@ -104,7 +105,12 @@ impl Checkpoint {
         }
         let same = e.shape.len() == expected.len() && e.shape.iter().zip(expected).all(|(a, b)| *a as i64 == *b);
         if !same {
-            return Err(Error::ShapeMismatch { name: name.to_owned(), file, got: e.shape.clone(), expected: expected.to_vec() });
+            return Err(Error::ShapeMismatch {
+                name: name.to_owned(),
+                file,
+                got: e.shape.clone(),
+                expected: expected.to_vec(),
+            });
         }
         Ok(e)
     }
@@ -112,7 +118,8 @@ impl Checkpoint {
     /// Loads rows `[row_start, row_start + rows)` of a tensor (its first dimension; all of it
     /// for `None`) into `kind` on `device`. Only those rows' bytes are read.
     pub fn load_rows(&self, name: &str, rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
-        let e = self.tensors.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_owned(), expected: vec![] })?;
+        let e =
+            self.tensors.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_owned(), expected: vec![] })?;
         let file = &self.files[e.file];
         let src_kind = kind_of(e.dtype).ok_or_else(|| Error::UnsupportedDtype {
             name: name.to_owned(),
@@ -134,7 +141,8 @@ impl Checkpoint {
                 *first = n as i64;
             }
         }
-        let bytes = file.1.get(start..end).ok_or_else(|| bad(&file.0, format!("{name}: data past the end of the file")))?;
+        let bytes =
+            file.1.get(start..end).ok_or_else(|| bad(&file.0, format!("{name}: data past the end of the file")))?;
         let expected_bytes = shape.iter().product::<i64>() as usize * elt;
         if bytes.len() != expected_bytes {
             return Err(bad(&file.0, format!("{name}: {} bytes of data for shape {:?}", bytes.len(), e.shape)));
@@ -158,18 +166,17 @@ fn kind_of(d: Dtype) -> Option<Kind> {
 /// The shard file names of an index, in first-seen order, each once.
 fn read_index(path: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(path, format!("not valid JSON: {e}")))?;
-    let map = v
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| bad(path, "no \"weight_map\" object"))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(path, format!("not valid JSON: {e}")))?;
+    let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad(path, "no \"weight_map\" object"))?;
     let mut files = Vec::new();
     let mut seen = HashMap::new();
     for (tensor, file) in map {
         let f = file.as_str().ok_or_else(|| bad(path, format!("weight_map[{tensor:?}] is not a file name")))?;
         if f.contains('/') || f.contains('\\') || f == ".." || f.is_empty() {
-            return Err(bad(path, format!("weight_map[{tensor:?}] = {f:?} is not a file name in the checkpoint folder")));
+            return Err(bad(
+                path,
+                format!("weight_map[{tensor:?}] = {f:?} is not a file name in the checkpoint folder"),
+            ));
         }
         if seen.insert(f.to_owned(), ()).is_none() {
             files.push(f.to_owned());

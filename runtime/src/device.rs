@@ -69,9 +69,8 @@ pub fn parse_device(s: &str) -> Result<Device> {
     let index = if s == "cuda" {
         0
     } else if let Some(n) = s.strip_prefix("cuda:") {
-        n.parse::<usize>().map_err(|_| {
-            Error::Device(format!("unknown device {s:?}: use cpu, cuda or cuda:N with N a GPU index"))
-        })?
+        n.parse::<usize>()
+            .map_err(|_| Error::Device(format!("unknown device {s:?}: use cpu, cuda or cuda:N with N a GPU index")))?
     } else {
         return Err(Error::Device(format!("unknown device {s:?}: use cpu, cuda or cuda:N")));
     };

@@ -97,7 +97,11 @@ pub fn check_prompts(model: &Glm, prompts: &[Vec<i64>], max_new_tokens: usize) -
     }
     let need = longest.saturating_add(max_new_tokens);
     if need > model.dims.max_positions {
-        return Err(Error::TooLong { what: "the prompt plus the new tokens", len: need, max: model.dims.max_positions });
+        return Err(Error::TooLong {
+            what: "the prompt plus the new tokens",
+            len: need,
+            max: model.dims.max_positions,
+        });
     }
     Ok(longest)
 }

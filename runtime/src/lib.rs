@@ -11,8 +11,8 @@ pub mod typed;
 
 pub use device::{DType, parse_device};
 pub use error::{Error, Result};
+pub use generate::{GenerateOptions, Generation, Sampling, generate, logits};
 pub use model::{Dims, Glm, KvCache, LoadOptions, Step};
 pub use shard::ShardPlan;
-pub use generate::{GenerateOptions, Generation, Sampling, generate, logits};
-pub use typed::Model;
 pub use text::{StreamDecoder, TextCodec};
+pub use typed::Model;

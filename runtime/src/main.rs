@@ -158,7 +158,9 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: &Cli) -> Result<ExitCode> {
     match &cli.command {
-        Command::Check { config, tensor_parallel, pipeline_parallel } => check(config, tensor_parallel, pipeline_parallel),
+        Command::Check { config, tensor_parallel, pipeline_parallel } => {
+            check(config, tensor_parallel, pipeline_parallel)
+        }
         Command::Declare { config, name } => declare(config, name),
         Command::Run(a) => run(a, cli.quiet),
         Command::Logits { model, ids, out } => write_logits(model, ids, out, cli.quiet),
@@ -267,10 +269,10 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
             let mut ids = codec.encode(text)?;
             // Models trained with a bos token expect it first; add it when the tokenizer
             // does not.
-            if let Some(bos) = model.dims.config.bos_token_id.map(|b| b as i64) {
-                if ids.first() != Some(&bos) {
-                    ids.insert(0, bos);
-                }
+            if let Some(bos) = model.dims.config.bos_token_id.map(|b| b as i64)
+                && ids.first() != Some(&bos)
+            {
+                ids.insert(0, bos);
             }
             ids
         }
@@ -287,7 +289,7 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     let mut write_err = None;
     let g = generate(&model, &[ids], &opts, |_, id| {
         let piece = match &codec {
-            Some(c) if !(a.prompt.is_none()) => stream.push(c, id).unwrap_or_default(),
+            Some(c) if a.prompt.is_some() => stream.push(c, id).unwrap_or_default(),
             _ if eos.contains(&id) => String::new(),
             _ => format!("{}{id}", if first { "" } else { "," }),
         };
@@ -320,10 +322,8 @@ fn write_logits(m: &ModelArgs, ids: &[i64], out: &Path, quiet: bool) -> Result<E
     }
     let model = load(m, quiet)?;
     let l = logits(&model, ids)?.f_to_device(tch::Device::Cpu)?;
-    tch::Tensor::write_safetensors(&[("logits", &l)], out).map_err(|e| Error::Io {
-        path: out.to_owned(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    tch::Tensor::write_safetensors(&[("logits", &l)], out)
+        .map_err(|e| Error::Io { path: out.to_owned(), source: std::io::Error::other(e.to_string()) })?;
     if !quiet {
         eprintln!("wrote logits {:?} to {}", l.size(), out.display());
     }
@@ -365,9 +365,15 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     let prompts: Vec<Vec<i64>> = (0..b.batch)
         .map(|r| (0..b.prompt_len).map(|i| ((r * 7919 + i * 104_729 + 13) as i64) % vocab).collect())
         .collect();
-    let gen_opts = GenerateOptions { max_new_tokens: b.new_tokens, sampling: Sampling::greedy(), eos_token_ids: vec![] };
+    let gen_opts =
+        GenerateOptions { max_new_tokens: b.new_tokens, sampling: Sampling::greedy(), eos_token_ids: vec![] };
     // One untimed warm-up, then the median of the timed runs.
-    generate(&model, &prompts, &GenerateOptions { max_new_tokens: b.new_tokens.min(4), ..gen_opts.clone() }, |_, _| {})?;
+    generate(
+        &model,
+        &prompts,
+        &GenerateOptions { max_new_tokens: b.new_tokens.min(4), ..gen_opts.clone() },
+        |_, _| {},
+    )?;
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for _ in 0..b.repeat {

@@ -146,7 +146,9 @@ impl Rope {
     pub fn new(d: &Dims, len: usize, device: Device) -> Result<Rope> {
         let r = d.rotary_dim as i64;
         let opts = (Kind::Float, device);
-        let exponents = Tensor::f_arange_start_step(0, r, 2, (Kind::Int64, device))?.f_to_kind(Kind::Float)?.f_div_scalar(r as f64)?;
+        let exponents = Tensor::f_arange_start_step(0, r, 2, (Kind::Int64, device))?
+            .f_to_kind(Kind::Float)?
+            .f_div_scalar(r as f64)?;
         let inv_freq = Tensor::f_scalar_tensor(d.rope_theta, opts)?.f_pow(&exponents)?.f_reciprocal()?;
         let pos = Tensor::f_arange(len as i64, (Kind::Int64, device))?.f_to_kind(Kind::Float)?;
         let freqs = pos.f_outer(&inv_freq)?; // [len, r/2]
@@ -167,11 +169,7 @@ fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, rotary: i64, head_dim: i64
     pairs.extend([rotary / 2, 2]);
     let swapped = rot.f_reshape(&pairs)?.f_flip([-1])?.f_reshape(&s)?;
     let out = rot.f_mul(cos)?.f_add(&swapped.f_mul(sin)?)?;
-    if rotary == head_dim {
-        Ok(out)
-    } else {
-        Ok(Tensor::f_cat(&[out, x.f_narrow(3, rotary, head_dim - rotary)?], 3)?)
-    }
+    if rotary == head_dim { Ok(out) } else { Ok(Tensor::f_cat(&[out, x.f_narrow(3, rotary, head_dim - rotary)?], 3)?) }
 }
 
 // ---- building blocks ----------------------------------------------------------------------
@@ -310,11 +308,25 @@ impl Default for LoadOptions {
 /// A source of weights: a checkpoint, or seeded random values.
 trait WeightSource {
     /// Rows `rows` (all for `None`) of a stored tensor, as `kind` on `device`.
-    fn rows(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor>;
+    fn rows(
+        &mut self,
+        name: &str,
+        shape: &[i64],
+        rows: Option<(usize, usize)>,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor>;
 }
 
 impl WeightSource for (&Checkpoint, Progress) {
-    fn rows(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
+    fn rows(
+        &mut self,
+        name: &str,
+        shape: &[i64],
+        rows: Option<(usize, usize)>,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor> {
         self.0.check(name, shape)?;
         let t = self.0.load_rows(name, rows, kind, device)?;
         self.1.tick(name, t.numel() * t.kind().elt_size_in_bytes());
@@ -326,7 +338,14 @@ impl WeightSource for (&Checkpoint, Progress) {
 struct RandomSource;
 
 impl WeightSource for RandomSource {
-    fn rows(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
+    fn rows(
+        &mut self,
+        name: &str,
+        shape: &[i64],
+        rows: Option<(usize, usize)>,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor> {
         let mut s = shape.to_vec();
         if let (Some((_, n)), Some(first)) = (rows, s.first_mut()) {
             *first = n as i64;
@@ -378,7 +397,9 @@ impl Glm {
         // Every stored tensor must be one the model has.
         let expected: std::collections::HashSet<String> = dims.weight_shapes().into_iter().map(|(n, _)| n).collect();
         for (name, e) in &ckpt.tensors {
-            if !expected.contains(name) && !(dims.tie_embeddings && name == "lm_head.weight") {
+            // A tied checkpoint may still store lm_head.weight (the embedding again).
+            let tied_head = dims.tie_embeddings && name == "lm_head.weight";
+            if !expected.contains(name) && !tied_head {
                 return Err(Error::UnexpectedTensor { name: name.clone(), file: ckpt.file_of(e).to_owned() });
             }
         }
@@ -444,12 +465,20 @@ impl Glm {
                 let q_rows = (qh.start * d, qh.len() * d);
                 let kv_rows = (kvh.start * d, kvh.len() * d);
                 let w = Tensor::f_cat(
-                    &[rows(src, "self_attn.q_proj.weight", q_rows)?, rows(src, "self_attn.k_proj.weight", kv_rows)?, rows(src, "self_attn.v_proj.weight", kv_rows)?],
+                    &[
+                        rows(src, "self_attn.q_proj.weight", q_rows)?,
+                        rows(src, "self_attn.k_proj.weight", kv_rows)?,
+                        rows(src, "self_attn.v_proj.weight", kv_rows)?,
+                    ],
                     0,
                 )?;
                 let b = if dims.attention_bias {
                     Some(Tensor::f_cat(
-                        &[rows(src, "self_attn.q_proj.bias", q_rows)?, rows(src, "self_attn.k_proj.bias", kv_rows)?, rows(src, "self_attn.v_proj.bias", kv_rows)?],
+                        &[
+                            rows(src, "self_attn.q_proj.bias", q_rows)?,
+                            rows(src, "self_attn.k_proj.bias", kv_rows)?,
+                            rows(src, "self_attn.v_proj.bias", kv_rows)?,
+                        ],
                         0,
                     )?)
                 } else {

@@ -41,7 +41,7 @@ impl ShardPlan {
         }
         let padded_vocab = spec.padded_vocab().unwrap_or(spec.vocab_size) as usize;
         let (kv_per_shard, kv_replicas) =
-            if d.kv_heads % size == 0 { (d.kv_heads / size, 1) } else { (1, size / d.kv_heads) };
+            if d.kv_heads.is_multiple_of(size) { (d.kv_heads / size, 1) } else { (1, size / d.kv_heads) };
         Ok(ShardPlan {
             size,
             heads_per_shard: d.heads / size,

@@ -33,9 +33,7 @@ impl TextCodec {
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[i64]) -> Result<String> {
         let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect();
-        self.inner
-            .decode(&ids, true)
-            .map_err(|e| Error::InvalidArgument(format!("cannot decode tokens: {e}")))
+        self.inner.decode(&ids, true).map_err(|e| Error::InvalidArgument(format!("cannot decode tokens: {e}")))
     }
 
     /// The id of a token string (e.g. "<bos>"), if the vocabulary has it.

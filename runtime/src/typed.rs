@@ -99,7 +99,11 @@ pub fn check_agrees<A: Architecture>(dir: &Path, c: &Config) -> Result<()> {
     }
     same!(vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads);
     if c.resolved_head_dim() != declared.resolved_head_dim() {
-        return Err(mismatch("head_dim", format!("{:?}", c.resolved_head_dim()), format!("{:?}", declared.resolved_head_dim())));
+        return Err(mismatch(
+            "head_dim",
+            format!("{:?}", c.resolved_head_dim()),
+            format!("{:?}", declared.resolved_head_dim()),
+        ));
     }
     same!(partial_rotary_factor, rope_theta, rms_norm_eps, max_position_embeddings, hidden_act);
     same!(attention_bias, tie_word_embeddings, pad_token_id, bos_token_id, eos_token_id);

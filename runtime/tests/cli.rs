@@ -74,7 +74,11 @@ fn declare_prints_a_declaration() {
     expect(&o, 0, "#[derive(headcount::Architecture)]");
     expect(&o, 0, "num_key_value_heads = 2,");
     expect(&o, 0, "pub struct Glm4_9B;");
-    expect(&headcount(&["declare", &fixture("configs/glm-default.json"), "--name", "9lives"]), 1, "not a Rust type name");
+    expect(
+        &headcount(&["declare", &fixture("configs/glm-default.json"), "--name", "9lives"]),
+        1,
+        "not a Rust type name",
+    );
     expect(&headcount(&["declare", &fixture("configs/heads-not-multiple-of-kv.json")]), 1, "will not compile");
 }
 
@@ -90,8 +94,38 @@ fn run_generates_ids_and_reports_speed() {
     assert_eq!(text(&q).0, out);
     assert_eq!(text(&q).1, "");
     // Sampling with a seed is repeatable.
-    let s1 = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5", "--temperature", "1.0", "--top-k", "20", "--top-p", "0.9", "--seed", "7"]);
-    let s2 = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5", "--temperature", "1.0", "--top-k", "20", "--top-p", "0.9", "--seed", "7"]);
+    let s1 = headcount(&[
+        "run",
+        "-q",
+        "--model",
+        &fixture("glm-gqa2"),
+        "--ids",
+        "5",
+        "--temperature",
+        "1.0",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+    ]);
+    let s2 = headcount(&[
+        "run",
+        "-q",
+        "--model",
+        &fixture("glm-gqa2"),
+        "--ids",
+        "5",
+        "--temperature",
+        "1.0",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+    ]);
     assert_eq!(s1.status.code(), Some(0));
     assert_eq!(text(&s1).0, text(&s2).0);
 }
@@ -99,7 +133,11 @@ fn run_generates_ids_and_reports_speed() {
 #[test]
 fn run_rejects_bad_input_with_clear_errors() {
     let m = fixture("glm-gqa2");
-    expect(&headcount(&["run", "--model", &m, "--ids", "5,600"]), 1, "token id 600 (prompt 0, position 1) is outside the vocabulary");
+    expect(
+        &headcount(&["run", "--model", &m, "--ids", "5,600"]),
+        1,
+        "token id 600 (prompt 0, position 1) is outside the vocabulary",
+    );
     expect(&headcount(&["run", "--model", &m, "--ids", "-3"]), 1, "token id -3");
     expect(&headcount(&["run", "--model", "/nonexistent/model", "--ids", "1"]), 1, "/nonexistent/model");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--device", "tpu"]), 1, "unknown device \"tpu\"");
@@ -109,7 +147,11 @@ fn run_rejects_bad_input_with_clear_errors() {
     expect(&headcount(&["run", "--model", &m, "--prompt", "hello"]), 1, "has no tokenizer.json");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--temperature", "NaN"]), 1, "temperature must be");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--top-p", "0"]), 1, "top-p must be in (0, 1]");
-    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--max-new-tokens", "1000"]), 1, "more than max_position_embeddings (64)");
+    expect(
+        &headcount(&["run", "--model", &m, "--ids", "1", "--max-new-tokens", "1000"]),
+        1,
+        "more than max_position_embeddings (64)",
+    );
     // Usage errors exit 2.
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--max-new-tokens", "-5"]), 2, "'-5'");
     expect(&headcount(&["run", "--model", &m]), 2, "--ids");
@@ -126,29 +168,67 @@ fn logits_writes_every_position() {
     assert_eq!(t[0].0, "logits");
     assert_eq!(t[0].1.size(), vec![1, 4, 128]);
     assert_eq!(t[0].1.kind(), tch::Kind::Float);
-    expect(&headcount(&["logits", "--model", &fixture("glm-gqa2"), "--ids", "999", "--out", out.to_str().unwrap()]), 1, "outside the vocabulary");
+    expect(
+        &headcount(&["logits", "--model", &fixture("glm-gqa2"), "--ids", "999", "--out", out.to_str().unwrap()]),
+        1,
+        "outside the vocabulary",
+    );
 }
 
 #[test]
 fn bench_prints_one_json_line() {
     let o = headcount(&[
-        "bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--prompt-len", "16", "--new-tokens", "4", "--batch", "2",
-        "--threads", "1", "--repeat", "1",
+        "bench",
+        "--config",
+        &fixture("configs/tiny-glm-gqa2.json"),
+        "--prompt-len",
+        "16",
+        "--new-tokens",
+        "4",
+        "--batch",
+        "2",
+        "--threads",
+        "1",
+        "--repeat",
+        "1",
     ]);
     expect(&o, 0, "decode_tokens_per_s");
     let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
     assert!(v["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(v["threads"], 1);
     assert_eq!(v["batch"], 2);
-    expect(&headcount(&["bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--threads", "0"]), 1, "--threads must be at least 1");
-    expect(&headcount(&["bench", "--config", &fixture("configs/zero-heads.json")]), 1, "num_attention_heads must be at least 1");
+    expect(
+        &headcount(&["bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--threads", "0"]),
+        1,
+        "--threads must be at least 1",
+    );
+    expect(
+        &headcount(&["bench", "--config", &fixture("configs/zero-heads.json")]),
+        1,
+        "num_attention_heads must be at least 1",
+    );
 }
 
 #[test]
 fn tensor_parallel_flag_runs_shards_and_rejects_illegal_sizes() {
     let one = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5,6,7", "--max-new-tokens", "4"]);
-    let two = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5,6,7", "--max-new-tokens", "4", "--tp", "2"]);
+    let two = headcount(&[
+        "run",
+        "-q",
+        "--model",
+        &fixture("glm-gqa2"),
+        "--ids",
+        "5,6,7",
+        "--max-new-tokens",
+        "4",
+        "--tp",
+        "2",
+    ]);
     assert_eq!(two.status.code(), Some(0), "{:?}", text(&two));
     assert_eq!(text(&one).0, text(&two).0);
-    expect(&headcount(&["run", "--model", &fixture("glm-gqa2"), "--ids", "5", "--tp", "3"]), 1, "tensor-parallel size 3 is not legal");
+    expect(
+        &headcount(&["run", "--model", &fixture("glm-gqa2"), "--ids", "5", "--tp", "3"]),
+        1,
+        "tensor-parallel size 3 is not legal",
+    );
 }

@@ -39,10 +39,9 @@ pub trait Architecture: 'static {
     const UNEVEN_PIPELINE: bool;
 
     /// Query heads per kv head.
-    const GROUP_SIZE: usize = if Self::NUM_KEY_VALUE_HEADS == 0 {
-        0
-    } else {
-        Self::NUM_ATTENTION_HEADS / Self::NUM_KEY_VALUE_HEADS
+    const GROUP_SIZE: usize = match Self::NUM_ATTENTION_HEADS.checked_div(Self::NUM_KEY_VALUE_HEADS) {
+        Some(g) => g,
+        None => 0,
     };
 
     /// Every value, as the rules see it.

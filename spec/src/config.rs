@@ -165,8 +165,7 @@ impl Config {
     /// Reads a config.json file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Io { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_owned(), source })?;
         Config::from_json_str(&text)
     }
 
@@ -190,8 +189,7 @@ impl Config {
             match k.as_str() {
                 keys::MODEL_TYPE => {
                     let s = v.as_str().ok_or_else(|| field_err(&k, "a string", &v))?;
-                    c.family = Family::from_model_type(s)
-                        .ok_or_else(|| ConfigError::UnknownModelType(s.to_owned()))?;
+                    c.family = Family::from_model_type(s).ok_or_else(|| ConfigError::UnknownModelType(s.to_owned()))?;
                 }
                 keys::VOCAB_SIZE => c.vocab_size = get_u64(&k, &v)?,
                 keys::HIDDEN_SIZE => c.hidden_size = get_u64(&k, &v)?,
@@ -230,9 +228,7 @@ impl Config {
                 },
                 keys::RMS_NORM_EPS => c.rms_norm_eps = get_f64(&k, &v)?,
                 keys::MAX_POSITION_EMBEDDINGS => c.max_position_embeddings = get_u64(&k, &v)?,
-                keys::HIDDEN_ACT => {
-                    c.hidden_act = v.as_str().ok_or_else(|| field_err(&k, "a string", &v))?.to_owned()
-                }
+                keys::HIDDEN_ACT => c.hidden_act = v.as_str().ok_or_else(|| field_err(&k, "a string", &v))?.to_owned(),
                 keys::ATTENTION_BIAS => c.attention_bias = get_bool(&k, &v)?,
                 keys::TIE_WORD_EMBEDDINGS => c.tie_word_embeddings = get_bool(&k, &v)?,
                 keys::PAD_TOKEN_ID => c.pad_token_id = get_opt_id(&k, &v)?,
@@ -245,18 +241,13 @@ impl Config {
                     Value::Array(items) => {
                         c.eos_token_id = items
                             .iter()
-                            .map(|i| {
-                                i.as_u64().ok_or_else(|| {
-                                    field_err(&k, "a token id or a list of token ids", &v)
-                                })
-                            })
+                            .map(|i| i.as_u64().ok_or_else(|| field_err(&k, "a token id or a list of token ids", &v)))
                             .collect::<Result<_, _>>()?;
                         c.eos_is_scalar = false;
                     }
                     _ => {
-                        c.eos_token_id = vec![
-                            v.as_u64().ok_or_else(|| field_err(&k, "a token id or a list of token ids", &v))?,
-                        ];
+                        c.eos_token_id =
+                            vec![v.as_u64().ok_or_else(|| field_err(&k, "a token id or a list of token ids", &v))?];
                         c.eos_is_scalar = true;
                     }
                 },
@@ -271,14 +262,14 @@ impl Config {
         match rope_params {
             Some(mut p) => {
                 c.rope_layout = RopeLayout::Parameters;
-                if let Some(t) = p.get("rope_type").or_else(|| p.get("type")) {
-                    if t.as_str() != Some("default") {
-                        return Err(ConfigError::Unsupported {
-                            field: "rope_parameters.rope_type".to_owned(),
-                            value: shown(t),
-                            reason: "only the default rotary embedding is implemented",
-                        });
-                    }
+                if let Some(t) = p.get("rope_type").or_else(|| p.get("type"))
+                    && t.as_str() != Some("default")
+                {
+                    return Err(ConfigError::Unsupported {
+                        field: "rope_parameters.rope_type".to_owned(),
+                        value: shown(t),
+                        reason: "only the default rotary embedding is implemented",
+                    });
                 }
                 if let Some(v) = p.remove(keys::ROPE_THETA) {
                     c.rope_theta = get_f64("rope_parameters.rope_theta", &v)?;

@@ -8,6 +8,15 @@
 /// and ends in `...`.
 pub const MSG_CAPACITY: usize = 1024;
 
+/// How [`Msg`] rounds the last of twelve significant digits.
+#[derive(Clone, Copy)]
+enum Round {
+    Nearest,
+    /// Up, unless twelve digits hold the value (then exactly those digits).
+    UpUnlessShort,
+    Up,
+}
+
 /// A message being written by `const fn` code.
 #[derive(Clone, Copy)]
 pub struct Msg {
@@ -62,10 +71,26 @@ impl Msg {
         self
     }
 
-    /// Appends a float the way a person writes it: up to nine significant digits,
+    /// Appends a float the way a person writes it: up to twelve significant digits,
     /// trailing zeros dropped, scientific notation for very large or small magnitudes.
     pub const fn float(self, v: f64) -> Self {
-        if v != v {
+        self.float_rounded(v, Round::Nearest)
+    }
+
+    /// Like [`Msg::float`], but the last printed digit is rounded up (away from zero), so the
+    /// printed number is never below `v`: a suggested value stays legal when copied back.
+    pub const fn float_up(self, v: f64) -> Self {
+        self.float_rounded(v, Round::UpUnlessShort)
+    }
+
+    /// Like [`Msg::float_up`], but rounds up even a value that twelve digits hold exactly.
+    pub const fn float_above(self, v: f64) -> Self {
+        self.float_rounded(v, Round::Up)
+    }
+
+    const fn float_rounded(self, v: f64, round: Round) -> Self {
+        const DIGITS: usize = 12;
+        if v.is_nan() {
             return self.push("NaN");
         }
         if v == f64::INFINITY {
@@ -94,20 +119,29 @@ impl Msg {
             s *= 10.0;
             exp -= 1;
         }
-        // Nine significant digits, rounded.
-        let mut sig = (s * 1e8 + 0.5) as u64;
-        if sig >= 1_000_000_000 {
+        // Twelve significant digits, rounded.
+        let scaled = s * 1e11;
+        let whole = scaled as u64;
+        let mut sig = match round {
+            Round::Nearest => (scaled + 0.5) as u64,
+            Round::UpUnlessShort if scaled - (whole as f64) < 1e-3 => whole,
+            Round::UpUnlessShort => whole + 1,
+            // One unit above the nearest: at least half a unit above v, whatever the
+            // scaling above lost.
+            Round::Up => (scaled + 0.5) as u64 + 1,
+        };
+        if sig >= 1_000_000_000_000 {
             sig /= 10;
             exp += 1;
         }
-        let mut digits = [0u8; 9];
-        let mut i = 9;
+        let mut digits = [0u8; DIGITS];
+        let mut i = DIGITS;
         while i > 0 {
             i -= 1;
             digits[i] = b'0' + (sig % 10) as u8;
             sig /= 10;
         }
-        let mut last = 9;
+        let mut last = DIGITS;
         while last > 1 && digits[last - 1] == b'0' {
             last -= 1;
         }
@@ -116,7 +150,7 @@ impl Msg {
                 let int_digits = exp as usize + 1;
                 let mut k = 0;
                 while k < int_digits {
-                    m = m.byte(if k < 9 { digits[k] } else { b'0' });
+                    m = m.byte(if k < DIGITS { digits[k] } else { b'0' });
                     k += 1;
                 }
                 if last > int_digits {

@@ -92,9 +92,7 @@ impl<'a> ArchSpec<'a> {
         match self.head_dim {
             Some(d) => Some(d),
             None => {
-                if self.num_attention_heads != 0
-                    && self.hidden_size % self.num_attention_heads == 0
-                {
+                if self.num_attention_heads != 0 && self.hidden_size.is_multiple_of(self.num_attention_heads) {
                     Some(self.hidden_size / self.num_attention_heads)
                 } else {
                     None
@@ -125,10 +123,10 @@ impl<'a> ArchSpec<'a> {
     /// Whether one tensor-parallel size satisfies every tensor-parallel rule.
     pub const fn tensor_parallel_ok(&self, tp: u64) -> bool {
         let (h, kv) = (self.num_attention_heads, self.num_key_value_heads);
-        if tp == 0 || h % tp != 0 || self.intermediate_size % tp != 0 {
+        if tp == 0 || h % tp != 0 || !self.intermediate_size.is_multiple_of(tp) {
             return false;
         }
-        if !(kv % tp == 0 || (self.kv_replication && kv != 0 && tp % kv == 0)) {
+        if !(kv % tp == 0 || (self.kv_replication && kv != 0 && tp.is_multiple_of(kv))) {
             return false;
         }
         match self.padded_vocab() {
@@ -156,14 +154,21 @@ impl<'a> ArchSpec<'a> {
     }
 }
 
-/// `n * factor` when it is a whole number exactly (no rounding).
+/// `n * factor` when it is a whole number, or `None`.
+///
+/// Never rounded to a neighbour: the whole part is the truncation transformers takes
+/// (`int(head_dim * factor)`), and it counts only when the product exceeds it by no more
+/// than float noise (1e-9 relative). So 16 * 0.3 = 4.8 is not whole, while 3 * (2/3 written
+/// as 0.666666666667) is 2, as transformers also computes it.
 pub const fn exact_product(n: u64, factor: f64) -> Option<u64> {
     let r = n as f64 * factor;
-    if !(r >= 0.0) || r > 9.0e15 {
+    if r.is_nan() || r < 0.0 || r > 9.0e15 {
         return None;
     }
     let w = r as u64;
-    if w as f64 == r { Some(w) } else { None }
+    let excess = r - w as f64;
+    let tolerance = if r > 1.0 { r * 1e-9 } else { 1e-9 };
+    if excess <= tolerance { Some(w) } else { None }
 }
 
 /// Capacity of a [`SizeList`].
@@ -217,7 +222,7 @@ pub const fn divisors(n: u64) -> SizeList {
     }
     let mut d = 1;
     while d <= n {
-        if n % d == 0 {
+        if n.is_multiple_of(d) {
             out = out.with(d);
         }
         d += 1;
@@ -340,8 +345,7 @@ impl LayoutError {
             | LayoutError::TensorParallelKv { tp, .. }
             | LayoutError::TensorParallelIntermediate { tp, .. }
             | LayoutError::TensorParallelVocab { tp, .. } => Some(*tp),
-            LayoutError::PipelineExceedsLayers { pp, .. }
-            | LayoutError::PipelineUneven { pp, .. } => Some(*pp),
+            LayoutError::PipelineExceedsLayers { pp, .. } | LayoutError::PipelineUneven { pp, .. } => Some(*pp),
             LayoutError::TokenOutOfVocab { id, .. } => Some(*id),
             _ => None,
         }
@@ -352,16 +356,15 @@ impl LayoutError {
         let m = Msg::new();
         match *self {
             LayoutError::NotPositive { field } => m.push(field).push(" must be at least 1, got 0"),
-            LayoutError::KvExceedsHeads { heads, kv } => divisors(heads)
-                .write(
-                    m.push("num_key_value_heads (")
-                        .num(kv)
-                        .push(") must not exceed num_attention_heads (")
-                        .num(heads)
-                        .push("): legal num_key_value_heads for ")
-                        .num(heads)
-                        .push(" heads are "),
-                ),
+            LayoutError::KvExceedsHeads { heads, kv } => divisors(heads).write(
+                m.push("num_key_value_heads (")
+                    .num(kv)
+                    .push(") must not exceed num_attention_heads (")
+                    .num(heads)
+                    .push("): legal num_key_value_heads for ")
+                    .num(heads)
+                    .push(" heads are "),
+            ),
             LayoutError::HeadsNotMultipleOfKv { heads, kv } => {
                 let lower = heads / kv * kv;
                 let m = m
@@ -371,12 +374,8 @@ impl LayoutError {
                     .num(kv)
                     .push("): nearest legal num_attention_heads are ");
                 let m = if lower > 0 { m.num(lower).push(" and ") } else { m };
-                divisors(heads).write(
-                    m.num(lower + kv)
-                        .push("; legal num_key_value_heads for ")
-                        .num(heads)
-                        .push(" heads are "),
-                )
+                divisors(heads)
+                    .write(m.num(lower + kv).push("; legal num_key_value_heads for ").num(heads).push(" heads are "))
             }
             LayoutError::HiddenNotMultipleOfHeads { hidden, heads } => {
                 let lower = hidden / heads * heads;
@@ -389,10 +388,9 @@ impl LayoutError {
                 let m = if lower > 0 { m.num(lower).push(" or ") } else { m };
                 m.num(lower + heads)
             }
-            LayoutError::RotaryFactorRange { factor } => m
-                .push("partial_rotary_factor (")
-                .float(factor)
-                .push(") must be greater than 0 and at most 1"),
+            LayoutError::RotaryFactorRange { factor } => {
+                m.push("partial_rotary_factor (").float(factor).push(") must be greater than 0 and at most 1")
+            }
             LayoutError::RotaryNotWhole { head_dim, factor } => rotary_hint(
                 m.push("head_dim (")
                     .num(head_dim)
@@ -415,20 +413,12 @@ impl LayoutError {
                 head_dim,
                 rotary as f64,
             ),
-            LayoutError::TokenOutOfVocab { field, id, vocab } => m
-                .push(field)
-                .push(" (")
-                .num(id)
-                .push(") must be less than vocab_size (")
-                .num(vocab)
-                .push(")"),
+            LayoutError::TokenOutOfVocab { field, id, vocab } => {
+                m.push(field).push(" (").num(id).push(") must be less than vocab_size (").num(vocab).push(")")
+            }
             LayoutError::TensorParallelZero => m.push("tensor_parallel size must be at least 1, got 0"),
             LayoutError::TensorParallelHeads { tp, heads, legal } => legal_tail(
-                m.push("tensor_parallel size ")
-                    .num(tp)
-                    .push(" must divide num_attention_heads (")
-                    .num(heads)
-                    .push(")"),
+                m.push("tensor_parallel size ").num(tp).push(" must divide num_attention_heads (").num(heads).push(")"),
                 legal,
             ),
             LayoutError::TensorParallelKv { tp, kv, replication, legal } => {
@@ -469,14 +459,13 @@ impl LayoutError {
                 .push(" must not exceed num_hidden_layers (")
                 .num(layers)
                 .push(")"),
-            LayoutError::PipelineUneven { pp, layers, legal } => legal
-                .write(
-                    m.push("pipeline_parallel size ")
-                        .num(pp)
-                        .push(" must divide num_hidden_layers (")
-                        .num(layers)
-                        .push(") unless uneven_pipeline = true; legal pipeline_parallel sizes are "),
-                ),
+            LayoutError::PipelineUneven { pp, layers, legal } => legal.write(
+                m.push("pipeline_parallel size ")
+                    .num(pp)
+                    .push(" must divide num_hidden_layers (")
+                    .num(layers)
+                    .push(") unless uneven_pipeline = true; legal pipeline_parallel sizes are "),
+            ),
             LayoutError::NotPositiveFloat { field, value } => {
                 m.push(field).push(" (").float(value).push(") must be a positive number")
             }
@@ -511,6 +500,16 @@ const fn legal_tail(m: Msg, legal: SizeList) -> Msg {
     if legal.as_slice().is_empty() { m.push("none") } else { legal.write(m) }
 }
 
+/// Writes a factor giving `channels` of `head_dim` whose printed digits, copied back,
+/// give exactly `channels` (never a float just below it that transformers truncates).
+const fn suggest_factor(m: Msg, channels: u64, head_dim: u64) -> Msg {
+    let f = channels as f64 / head_dim as f64;
+    match exact_product(head_dim, f) {
+        Some(c) if c == channels => m.float_up(f),
+        _ => m.float_above(f),
+    }
+}
+
 /// The even rotary channel counts nearest to `channels`, as factors of `head_dim`.
 const fn rotary_hint(m: Msg, head_dim: u64, channels: f64) -> Msg {
     if head_dim < 2 {
@@ -520,21 +519,21 @@ const fn rotary_hint(m: Msg, head_dim: u64, channels: f64) -> Msg {
     let below = {
         let f = if channels < 0.0 { 0 } else { channels as u64 };
         let e = f - f % 2;
-        if e as f64 == channels { if e >= 2 { e - 2 } else { 0 } } else { e }
+        if e as f64 == channels { e.saturating_sub(2) } else { e }
     };
     let above = below + 2;
     let below = if below > head_dim { head_dim - head_dim % 2 } else { below };
     let mut m = m.push(": use partial_rotary_factor ");
     let mut wrote = false;
     if below >= 2 {
-        m = m.float(below as f64 / head_dim as f64).push(" (").num(below).push(" channels)");
+        m = suggest_factor(m, below, head_dim).push(" (").num(below).push(" channels)");
         wrote = true;
     }
     if above <= head_dim && above != below {
         if wrote {
             m = m.push(" or ");
         }
-        m = m.float(above as f64 / head_dim as f64).push(" (").num(above).push(" channels)");
+        m = suggest_factor(m, above, head_dim).push(" (").num(above).push(" channels)");
     }
     m
 }
@@ -649,14 +648,8 @@ pub const fn grouped_query(s: &ArchSpec, out: &mut Errors) {
 
 /// Rule 3: head_dim is given, or hidden_size divides by the heads.
 pub const fn head_dim(s: &ArchSpec, out: &mut Errors) {
-    if s.head_dim.is_none()
-        && s.num_attention_heads != 0
-        && s.hidden_size % s.num_attention_heads != 0
-    {
-        out.push(LayoutError::HiddenNotMultipleOfHeads {
-            hidden: s.hidden_size,
-            heads: s.num_attention_heads,
-        });
+    if s.head_dim.is_none() && s.num_attention_heads != 0 && !s.hidden_size.is_multiple_of(s.num_attention_heads) {
+        out.push(LayoutError::HiddenNotMultipleOfHeads { hidden: s.hidden_size, heads: s.num_attention_heads });
     }
 }
 
@@ -673,7 +666,7 @@ pub const fn rotary(s: &ArchSpec, out: &mut Errors) {
     };
     match exact_product(hd, f) {
         None => out.push(LayoutError::RotaryNotWhole { head_dim: hd, factor: f }),
-        Some(r) if r == 0 => out.push(LayoutError::RotaryNotWhole { head_dim: hd, factor: f }),
+        Some(0) => out.push(LayoutError::RotaryNotWhole { head_dim: hd, factor: f }),
         Some(r) if r % 2 != 0 => out.push(LayoutError::RotaryOdd { head_dim: hd, factor: f, rotary: r }),
         Some(_) => {}
     }
@@ -685,15 +678,15 @@ pub const fn token_ids(s: &ArchSpec, out: &mut Errors) {
     if v == 0 {
         return;
     }
-    if let Some(id) = s.pad_token_id {
-        if id >= v {
-            out.push(LayoutError::TokenOutOfVocab { field: keys::PAD_TOKEN_ID, id, vocab: v });
-        }
+    if let Some(id) = s.pad_token_id
+        && id >= v
+    {
+        out.push(LayoutError::TokenOutOfVocab { field: keys::PAD_TOKEN_ID, id, vocab: v });
     }
-    if let Some(id) = s.bos_token_id {
-        if id >= v {
-            out.push(LayoutError::TokenOutOfVocab { field: keys::BOS_TOKEN_ID, id, vocab: v });
-        }
+    if let Some(id) = s.bos_token_id
+        && id >= v
+    {
+        out.push(LayoutError::TokenOutOfVocab { field: keys::BOS_TOKEN_ID, id, vocab: v });
     }
     let mut i = 0;
     while i < s.eos_token_ids.len() {
@@ -728,15 +721,11 @@ pub const fn tensor_parallel(s: &ArchSpec, out: &mut Errors) {
         if h % tp != 0 {
             out.push(LayoutError::TensorParallelHeads { tp, heads: h, legal });
         }
-        if !(kv % tp == 0 || (s.kv_replication && tp % kv == 0)) {
+        if !(kv % tp == 0 || (s.kv_replication && tp.is_multiple_of(kv))) {
             out.push(LayoutError::TensorParallelKv { tp, kv, replication: s.kv_replication, legal });
         }
-        if s.intermediate_size % tp != 0 {
-            out.push(LayoutError::TensorParallelIntermediate {
-                tp,
-                intermediate: s.intermediate_size,
-                legal,
-            });
+        if !s.intermediate_size.is_multiple_of(tp) {
+            out.push(LayoutError::TensorParallelIntermediate { tp, intermediate: s.intermediate_size, legal });
         }
         let padded = match s.padded_vocab() {
             Some(p) => p,
@@ -761,7 +750,7 @@ pub const fn pipeline_parallel(s: &ArchSpec, out: &mut Errors) {
             continue;
         } else if pp > layers {
             out.push(LayoutError::PipelineExceedsLayers { pp, layers });
-        } else if !s.uneven_pipeline && layers % pp != 0 {
+        } else if !s.uneven_pipeline && !layers.is_multiple_of(pp) {
             out.push(LayoutError::PipelineUneven { pp, layers, legal: divisors(layers) });
         }
     }
@@ -794,14 +783,22 @@ pub const fn sizes(s: &ArchSpec, out: &mut Errors) {
     let checks: [(&'static str, u64, u64); 4] = [
         (keys::VOCAB_SIZE, s.vocab_size, s.hidden_size),
         (keys::INTERMEDIATE_SIZE, s.intermediate_size.saturating_mul(2), s.hidden_size),
-        (keys::NUM_ATTENTION_HEADS, s.num_attention_heads, match s.head_dim {
-            Some(d) => d,
-            None => 1,
-        }),
-        (keys::MAX_POSITION_EMBEDDINGS, s.max_position_embeddings, match s.resolved_head_dim() {
-            Some(d) => d,
-            None => 1,
-        }),
+        (
+            keys::NUM_ATTENTION_HEADS,
+            s.num_attention_heads,
+            match s.head_dim {
+                Some(d) => d,
+                None => 1,
+            },
+        ),
+        (
+            keys::MAX_POSITION_EMBEDDINGS,
+            s.max_position_embeddings,
+            match s.resolved_head_dim() {
+                Some(d) => d,
+                None => 1,
+            },
+        ),
     ];
     let mut i = 0;
     while i < checks.len() {
@@ -813,12 +810,12 @@ pub const fn sizes(s: &ArchSpec, out: &mut Errors) {
         i += 1;
     }
     // The attention projections: heads * head_dim rows of hidden_size columns.
-    if let Some(hd) = s.resolved_head_dim() {
-        if let Some(rows) = s.num_attention_heads.checked_mul(hd) {
-            match rows.checked_mul(s.hidden_size) {
-                Some(n) if n <= LIMIT => {}
-                _ => out.push(LayoutError::SizeOverflow { what: keys::HIDDEN_SIZE, a: rows, b: s.hidden_size }),
-            }
+    if let Some(hd) = s.resolved_head_dim()
+        && let Some(rows) = s.num_attention_heads.checked_mul(hd)
+    {
+        match rows.checked_mul(s.hidden_size) {
+            Some(n) if n <= LIMIT => {}
+            _ => out.push(LayoutError::SizeOverflow { what: keys::HIDDEN_SIZE, a: rows, b: s.hidden_size }),
         }
     }
 }
@@ -834,31 +831,64 @@ pub struct Rule {
 
 /// Every rule, in the order messages are reported.
 pub const RULES: [Rule; 9] = [
-    Rule { name: "counts", run: counts, fields: &[
-        keys::VOCAB_SIZE, keys::HIDDEN_SIZE, keys::INTERMEDIATE_SIZE, keys::NUM_HIDDEN_LAYERS,
-        keys::NUM_ATTENTION_HEADS, keys::NUM_KEY_VALUE_HEADS, keys::HEAD_DIM,
-        keys::MAX_POSITION_EMBEDDINGS, keys::VOCAB_PADDING,
-    ] },
+    Rule {
+        name: "counts",
+        run: counts,
+        fields: &[
+            keys::VOCAB_SIZE,
+            keys::HIDDEN_SIZE,
+            keys::INTERMEDIATE_SIZE,
+            keys::NUM_HIDDEN_LAYERS,
+            keys::NUM_ATTENTION_HEADS,
+            keys::NUM_KEY_VALUE_HEADS,
+            keys::HEAD_DIM,
+            keys::MAX_POSITION_EMBEDDINGS,
+            keys::VOCAB_PADDING,
+        ],
+    },
     Rule { name: "grouped_query", run: grouped_query, fields: &[keys::NUM_ATTENTION_HEADS, keys::NUM_KEY_VALUE_HEADS] },
     Rule { name: "head_dim", run: head_dim, fields: &[keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS, keys::HEAD_DIM] },
-    Rule { name: "rotary", run: rotary, fields: &[
-        keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS, keys::HEAD_DIM, keys::PARTIAL_ROTARY_FACTOR,
-    ] },
-    Rule { name: "token_ids", run: token_ids, fields: &[
-        keys::VOCAB_SIZE, keys::PAD_TOKEN_ID, keys::BOS_TOKEN_ID, keys::EOS_TOKEN_ID,
-    ] },
-    Rule { name: "tensor_parallel", run: tensor_parallel, fields: &[
-        keys::NUM_ATTENTION_HEADS, keys::NUM_KEY_VALUE_HEADS, keys::INTERMEDIATE_SIZE,
-        keys::VOCAB_SIZE, keys::TENSOR_PARALLEL, keys::KV_REPLICATION, keys::VOCAB_PADDING,
-    ] },
-    Rule { name: "pipeline_parallel", run: pipeline_parallel, fields: &[
-        keys::NUM_HIDDEN_LAYERS, keys::PIPELINE_PARALLEL, keys::UNEVEN_PIPELINE,
-    ] },
+    Rule {
+        name: "rotary",
+        run: rotary,
+        fields: &[keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS, keys::HEAD_DIM, keys::PARTIAL_ROTARY_FACTOR],
+    },
+    Rule {
+        name: "token_ids",
+        run: token_ids,
+        fields: &[keys::VOCAB_SIZE, keys::PAD_TOKEN_ID, keys::BOS_TOKEN_ID, keys::EOS_TOKEN_ID],
+    },
+    Rule {
+        name: "tensor_parallel",
+        run: tensor_parallel,
+        fields: &[
+            keys::NUM_ATTENTION_HEADS,
+            keys::NUM_KEY_VALUE_HEADS,
+            keys::INTERMEDIATE_SIZE,
+            keys::VOCAB_SIZE,
+            keys::TENSOR_PARALLEL,
+            keys::KV_REPLICATION,
+            keys::VOCAB_PADDING,
+        ],
+    },
+    Rule {
+        name: "pipeline_parallel",
+        run: pipeline_parallel,
+        fields: &[keys::NUM_HIDDEN_LAYERS, keys::PIPELINE_PARALLEL, keys::UNEVEN_PIPELINE],
+    },
     Rule { name: "scalars", run: scalars, fields: &[keys::ROPE_THETA, keys::RMS_NORM_EPS, keys::HIDDEN_ACT] },
-    Rule { name: "sizes", run: sizes, fields: &[
-        keys::VOCAB_SIZE, keys::HIDDEN_SIZE, keys::INTERMEDIATE_SIZE, keys::NUM_ATTENTION_HEADS,
-        keys::HEAD_DIM, keys::MAX_POSITION_EMBEDDINGS,
-    ] },
+    Rule {
+        name: "sizes",
+        run: sizes,
+        fields: &[
+            keys::VOCAB_SIZE,
+            keys::HIDDEN_SIZE,
+            keys::INTERMEDIATE_SIZE,
+            keys::NUM_ATTENTION_HEADS,
+            keys::HEAD_DIM,
+            keys::MAX_POSITION_EMBEDDINGS,
+        ],
+    },
 ];
 
 /// Runs every rule; the complete list of violations.

@@ -44,7 +44,9 @@ fn rows(t: &Tensor) -> Vec<Vec<i64>> {
 /// Reads `reference.safetensors` of a fixture.
 pub fn reference(dir: &Path) -> Reference {
     let named = Tensor::read_safetensors(dir.join("reference.safetensors")).expect("reference.safetensors");
-    let get = |n: &str| named.iter().find(|(k, _)| k == n).map(|(_, t)| t.shallow_clone()).unwrap_or_else(|| panic!("{n} missing"));
+    let get = |n: &str| {
+        named.iter().find(|(k, _)| k == n).map(|(_, t)| t.shallow_clone()).unwrap_or_else(|| panic!("{n} missing"))
+    };
     Reference {
         input_ids: rows(&get("input_ids")),
         logits: get("logits"),

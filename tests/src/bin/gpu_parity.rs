@@ -34,7 +34,11 @@ fn main() -> ExitCode {
                     let d = max_abs_diff(&l.to_device(tch::Device::Cpu), &cpu);
                     let ok = d <= tol;
                     failed += usize::from(!ok);
-                    println!("{:<20} {label:<20} max abs diff vs cpu f32 {d:.3e} (tolerance {tol:.1e}) {}", name(&dir), if ok { "ok" } else { "FAIL" });
+                    println!(
+                        "{:<20} {label:<20} max abs diff vs cpu f32 {d:.3e} (tolerance {tol:.1e}) {}",
+                        name(&dir),
+                        if ok { "ok" } else { "FAIL" }
+                    );
                 }
                 Err(e) => {
                     failed += 1;

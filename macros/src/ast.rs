@@ -1,0 +1,89 @@
+//! The declaration as small typed values. Each value keeps its original tokens so that an
+//! error can point at exactly what the user wrote.
+
+use headcount_spec::Family;
+use proc_macro2::TokenStream;
+use syn::{Attribute, Data, DeriveInput, Ident, LitStr};
+
+use crate::attr;
+use crate::ctxt::Ctxt;
+
+/// The derive input: the type's name and the keys of its `#[arch(...)]` attributes.
+pub(crate) struct Input<'a> {
+    pub ident: &'a Ident,
+    /// The `#[arch(...)]` attributes, in order.
+    pub attrs: Vec<&'a Attribute>,
+    /// Every well-formed key, each at most once.
+    pub entries: Vec<Entry>,
+    /// Every known key written, well-formed or not, and every key an unknown one seems
+    /// meant for: none of these is also reported missing.
+    pub seen: Vec<&'static str>,
+    /// Whether `impl Architecture for Name` can be written (the type has no generics).
+    pub can_impl: bool,
+}
+
+/// One `key = value` of the attribute.
+pub(crate) struct Entry {
+    pub key: &'static str,
+    /// The value as written (the key itself for a bare flag such as `kv_replication`).
+    pub tokens: TokenStream,
+    pub value: Value,
+}
+
+/// A number: a literal the macro evaluates, or an expression the compiler evaluates.
+#[derive(Clone)]
+pub(crate) enum Num<T> {
+    Lit(T),
+    Expr(TokenStream),
+}
+
+impl<T: Copy> Num<T> {
+    pub fn lit(&self) -> Option<T> {
+        match self {
+            Num::Lit(v) => Some(*v),
+            Num::Expr(_) => None,
+        }
+    }
+}
+
+/// One element of a list value (eos_token_id, tensor_parallel, pipeline_parallel).
+#[derive(Clone)]
+pub(crate) struct Elem {
+    pub num: Num<u64>,
+    /// The element as written; empty for values read from config.json.
+    pub tokens: TokenStream,
+}
+
+/// A typed value, as written or as resolved from config.json and defaults.
+#[derive(Clone)]
+pub(crate) enum Value {
+    Family(Family),
+    Int(Num<u64>),
+    Float(Num<f64>),
+    Bool(bool),
+    Str(String),
+    List(Vec<Elem>),
+    Path(LitStr),
+    /// An optional value left out: no pad or bos token, head_dim derived.
+    Absent,
+}
+
+impl<'a> Input<'a> {
+    pub fn from_syn(node: &'a DeriveInput, cx: &Ctxt) -> Input<'a> {
+        let mut can_impl = true;
+        let shape = "#[derive(Architecture)] needs a struct without generic parameters, \
+                     such as `pub struct Glm4_9B;`";
+        match &node.data {
+            Data::Struct(_) => {}
+            Data::Enum(e) => cx.error_spanned_by(e.enum_token, format!("{shape}, found an enum")),
+            Data::Union(u) => cx.error_spanned_by(u.union_token, format!("{shape}, found a union")),
+        }
+        if !node.generics.params.is_empty() || node.generics.where_clause.is_some() {
+            cx.error_spanned_by(&node.generics, format!("{shape}, found generic parameters"));
+            can_impl = false;
+        }
+        let attrs: Vec<&Attribute> = node.attrs.iter().filter(|a| a.path().is_ident("arch")).collect();
+        let (entries, seen) = attr::parse(&attrs, cx);
+        Input { ident: &node.ident, attrs, entries, seen, can_impl }
+    }
+}

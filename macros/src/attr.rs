@@ -1,0 +1,448 @@
+//! Parsing `#[arch(key = value, ...)]`: the known keys and the simple checks that need one
+//! value only (its kind, its sign, whether it fits 64 bits). Every mistake is recorded and
+//! parsing goes on with the next key.
+
+use headcount_spec::{Family, keys};
+use proc_macro2::TokenTree;
+use quote::ToTokens;
+use syn::ext::IdentExt;
+use syn::parse::ParseStream;
+use syn::parse::discouraged::Speculative;
+use syn::{Attribute, Expr, ExprLit, ExprUnary, Ident, Lit, Token, UnOp};
+
+use crate::ast::{Elem, Entry, Num, Value};
+use crate::ctxt::Ctxt;
+
+/// What a key accepts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kind {
+    /// `glm` or `glm4`.
+    Family,
+    /// A positive integer: a literal or any expression of the key's integer type.
+    Count,
+    /// A token id (a non-negative integer), literal or expression.
+    TokenId,
+    /// A number: float or integer literal, or an `f64` expression.
+    Float,
+    /// `true` or `false` (a bare key means `true`).
+    Bool,
+    /// A string literal.
+    Str,
+    /// One token id or a list of them.
+    TokenIds,
+    /// A non-empty list of integer literals (each becomes a marker-trait impl).
+    Sizes,
+    /// A path to an HF config.json.
+    Path,
+}
+
+/// Every key the attribute accepts; the names are those of HF config.json.
+pub(crate) const KEYS: [(&str, Kind); 24] = [
+    (keys::FAMILY, Kind::Family),
+    (keys::VOCAB_SIZE, Kind::Count),
+    (keys::HIDDEN_SIZE, Kind::Count),
+    (keys::INTERMEDIATE_SIZE, Kind::Count),
+    (keys::NUM_HIDDEN_LAYERS, Kind::Count),
+    (keys::NUM_ATTENTION_HEADS, Kind::Count),
+    (keys::NUM_KEY_VALUE_HEADS, Kind::Count),
+    (keys::HEAD_DIM, Kind::Count),
+    (keys::PARTIAL_ROTARY_FACTOR, Kind::Float),
+    (keys::ROPE_THETA, Kind::Float),
+    (keys::RMS_NORM_EPS, Kind::Float),
+    (keys::MAX_POSITION_EMBEDDINGS, Kind::Count),
+    (keys::HIDDEN_ACT, Kind::Str),
+    (keys::ATTENTION_BIAS, Kind::Bool),
+    (keys::TIE_WORD_EMBEDDINGS, Kind::Bool),
+    (keys::PAD_TOKEN_ID, Kind::TokenId),
+    (keys::BOS_TOKEN_ID, Kind::TokenId),
+    (keys::EOS_TOKEN_ID, Kind::TokenIds),
+    (keys::TENSOR_PARALLEL, Kind::Sizes),
+    (keys::PIPELINE_PARALLEL, Kind::Sizes),
+    (keys::KV_REPLICATION, Kind::Bool),
+    (keys::VOCAB_PADDING, Kind::Count),
+    (keys::UNEVEN_PIPELINE, Kind::Bool),
+    (keys::FROM_CONFIG, Kind::Path),
+];
+
+/// The keys a declaration must give unless it reads `from_config`.
+pub(crate) const REQUIRED: [&str; 6] = [
+    keys::VOCAB_SIZE,
+    keys::HIDDEN_SIZE,
+    keys::INTERMEDIATE_SIZE,
+    keys::NUM_HIDDEN_LAYERS,
+    keys::NUM_ATTENTION_HEADS,
+    keys::NUM_KEY_VALUE_HEADS,
+];
+
+/// A `key = value` (or bare `key`) before its value is typed.
+struct RawEntry {
+    key: Ident,
+    value: Option<Expr>,
+}
+
+/// Parses every `#[arch(...)]` attribute into typed entries, and lists every known key
+/// written (well-formed or not). A key given twice, even in two attributes, is an error.
+pub(crate) fn parse(attrs: &[&Attribute], cx: &Ctxt) -> (Vec<Entry>, Vec<&'static str>) {
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut seen: Vec<&'static str> = Vec::new();
+    let mut meant: Vec<&'static str> = Vec::new();
+    for attr in attrs {
+        let raw = match attr.parse_args_with(|input: ParseStream| Ok(raw_entries(input, cx))) {
+            Ok(raw) => raw,
+            Err(e) => {
+                cx.syn_error(e);
+                continue;
+            }
+        };
+        for r in raw {
+            let Some(key) = known_key(&r.key, cx) else {
+                // A near miss names a key the user meant to write: that key is then not
+                // also reported missing.
+                meant.extend(closest_key(&r.key.unraw().to_string()));
+                continue;
+            };
+            if seen.contains(&key) {
+                cx.error_spanned_by(&r.key, format!("duplicate key `{key}`: each key may be given once"));
+                continue;
+            }
+            seen.push(key);
+            if let Some(entry) = typed(key, r, cx) {
+                entries.push(entry);
+            }
+        }
+    }
+    for key in meant {
+        if !seen.contains(&key) {
+            seen.push(key);
+        }
+    }
+    (entries, seen)
+}
+
+/// Splits the attribute into entries. A malformed entry is reported and skipped up to the
+/// next comma, so one typo does not hide the rest of the declaration.
+fn raw_entries(input: ParseStream, cx: &Ctxt) -> Vec<RawEntry> {
+    let mut out = Vec::new();
+    while !input.is_empty() {
+        let fork = input.fork();
+        match raw_entry(&fork) {
+            Ok(entry) => {
+                input.advance_to(&fork);
+                out.push(entry);
+            }
+            Err(e) => {
+                cx.syn_error(e);
+                while !input.is_empty() && !input.peek(Token![,]) {
+                    if input.parse::<TokenTree>().is_err() {
+                        return out;
+                    }
+                }
+            }
+        }
+        if input.parse::<Option<Token![,]>>().is_err() {
+            break;
+        }
+    }
+    out
+}
+
+fn raw_entry(input: ParseStream) -> syn::Result<RawEntry> {
+    let key = Ident::parse_any(input)?;
+    let value = if input.peek(Token![=]) {
+        input.parse::<Token![=]>()?;
+        if input.is_empty() || input.peek(Token![,]) {
+            return Err(input.error(format!("`{}` needs a value after `=`", key.unraw())));
+        }
+        Some(input.parse::<Expr>()?)
+    } else {
+        None
+    };
+    if !input.is_empty() && !input.peek(Token![,]) {
+        return Err(input.error(match value {
+            Some(_) => "expected `,` after the value",
+            None => "expected `=` after the key",
+        }));
+    }
+    Ok(RawEntry { key, value })
+}
+
+fn known_key(ident: &Ident, cx: &Ctxt) -> Option<&'static str> {
+    let name = ident.unraw().to_string();
+    if let Some((key, _)) = KEYS.iter().find(|(k, _)| *k == name) {
+        return Some(key);
+    }
+    let msg = match closest_key(&name) {
+        Some(k) => format!("unknown key `{name}`: did you mean `{k}`?"),
+        None => format!(
+            "unknown key `{name}`: the keys are those of HF config.json ({}) and {}",
+            KEYS[1..18].iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
+            KEYS[18..].iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
+        ),
+    };
+    cx.error_spanned_by(ident, msg);
+    None
+}
+
+/// The known key `name` most likely meant: one it abbreviates (`num_kv_heads`,
+/// `num_layers`), else one within a couple of typos (`rope_thetta`); the nearest by edit
+/// distance either way.
+pub(crate) fn closest_key(name: &str) -> Option<&'static str> {
+    let nearest = |keys: &mut dyn Iterator<Item = &'static str>| keys.min_by_key(|k| edit_distance(name, k));
+    let abbreviates = |k: &&'static str| name.chars().count() >= 3 && is_subsequence(name, k);
+    nearest(&mut KEYS.iter().map(|(k, _)| *k).filter(abbreviates)).or_else(|| {
+        let typos = name.chars().count().div_ceil(4).max(2);
+        nearest(&mut KEYS.iter().map(|(k, _)| *k).filter(|k| edit_distance(name, k) <= typos))
+    })
+}
+
+/// Whether every character of `short` appears in `long`, in order.
+fn is_subsequence(short: &str, long: &str) -> bool {
+    let mut rest = long.chars();
+    short.chars().all(|c| rest.any(|l| l == c))
+}
+
+/// Levenshtein distance over characters.
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.chars().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+fn kind_of(key: &str) -> Kind {
+    KEYS.iter().find(|(k, _)| *k == key).map(|(_, kind)| *kind).unwrap_or(Kind::Count)
+}
+
+/// Types one value by its key's kind; `None` (with an error recorded) when it does not fit.
+fn typed(key: &'static str, raw: RawEntry, cx: &Ctxt) -> Option<Entry> {
+    let kind = kind_of(key);
+    let Some(expr) = raw.value else {
+        if kind == Kind::Bool {
+            let tokens = raw.key.to_token_stream();
+            return Some(Entry { key, tokens, value: Value::Bool(true) });
+        }
+        cx.error_spanned_by(&raw.key, format!("`{key}` needs a value: `{key} = ...`"));
+        return None;
+    };
+    let expr = ungroup(expr);
+    let tokens = expr.to_token_stream();
+    let value = match kind {
+        Kind::Family => family(key, &expr),
+        Kind::Count => integer(key, &expr, Sign::Count).map(|n| Some(Value::Int(n))),
+        Kind::TokenId => integer(key, &expr, Sign::TokenId).map(|n| Some(Value::Int(n))),
+        Kind::Float => float(key, &expr).map(|n| Some(Value::Float(n))),
+        Kind::Bool => boolean(key, &expr),
+        Kind::Str => string(key, &expr),
+        Kind::TokenIds => token_ids(key, &expr, cx),
+        Kind::Sizes => sizes(key, &expr, cx),
+        Kind::Path => match &expr {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(Some(Value::Path(s.clone()))),
+            other => Err(format!("{key} expects a string literal path, found {}", found(other))),
+        },
+    };
+    match value {
+        Ok(Some(value)) => Some(Entry { key, tokens, value }),
+        // The error was already recorded (list elements report their own).
+        Ok(None) => None,
+        Err(msg) => {
+            cx.error_spanned_by(&tokens, msg);
+            None
+        }
+    }
+}
+
+/// Strips the invisible groups that `macro_rules!` puts around `$x:expr`.
+fn ungroup(expr: Expr) -> Expr {
+    match expr {
+        Expr::Group(g) => ungroup(*g.expr),
+        other => other,
+    }
+}
+
+/// How a negative number is worded.
+#[derive(Clone, Copy)]
+enum Sign {
+    Count,
+    TokenId,
+    Size,
+}
+
+/// A short description of what was written instead of the expected kind.
+fn found(expr: &Expr) -> String {
+    match expr {
+        Expr::Lit(ExprLit { lit, .. }) => match lit {
+            Lit::Str(_) => "a string literal".to_owned(),
+            Lit::Int(i) => format!("the integer `{}`", i.token()),
+            Lit::Float(f) => format!("the float `{}`", f.token()),
+            Lit::Bool(b) => format!("`{}`", b.value()),
+            Lit::Char(_) => "a character literal".to_owned(),
+            Lit::Byte(_) => "a byte literal".to_owned(),
+            Lit::ByteStr(_) | Lit::CStr(_) => "a byte string literal".to_owned(),
+            _ => "a literal of another kind".to_owned(),
+        },
+        Expr::Array(_) => "a list".to_owned(),
+        Expr::Unary(ExprUnary { op: UnOp::Neg(_), .. }) => "a negative number".to_owned(),
+        Expr::Path(p) if p.path.get_ident().is_some() => format!("`{}`", p.to_token_stream()),
+        _ => "an expression".to_owned(),
+    }
+}
+
+/// A negated integer or float literal: `-2`, `-0.5`.
+fn negated_literal(expr: &Expr) -> Option<&Lit> {
+    match expr {
+        Expr::Unary(ExprUnary { op: UnOp::Neg(_), expr, .. }) => match &**expr {
+            Expr::Lit(ExprLit { lit: lit @ (Lit::Int(_) | Lit::Float(_)), .. }) => Some(lit),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn integer(key: &str, expr: &Expr, sign: Sign) -> Result<Num<u64>, String> {
+    let what = match sign {
+        Sign::Count | Sign::Size => "an integer (a literal, a const or a const expression)",
+        Sign::TokenId => "a token id (an integer literal, a const or a const expression)",
+    };
+    match expr {
+        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => match i.base10_digits().parse::<u64>() {
+            Ok(v) => Ok(Num::Lit(v)),
+            Err(_) => Err(format!("{key} ({}) is too large: the largest value is {}", i.base10_digits(), u64::MAX)),
+        },
+        Expr::Lit(_) | Expr::Array(_) => Err(format!("{key} expects {what}, found {}", found(expr))),
+        _ => {
+            if let Some(lit) = negated_literal(expr) {
+                let shown = lit.to_token_stream();
+                return Err(match sign {
+                    Sign::Count => format!("{key} must be at least 1, got -{shown}"),
+                    Sign::TokenId => format!("{key} must be a non-negative token id, got -{shown}"),
+                    Sign::Size => format!("{key} size must be at least 1, got -{shown}"),
+                });
+            }
+            Ok(Num::Expr(expr.to_token_stream()))
+        }
+    }
+}
+
+fn float(key: &str, expr: &Expr) -> Result<Num<f64>, String> {
+    let literal = |lit: &Lit| -> Option<f64> {
+        match lit {
+            // The digits exactly as written (underscores and suffix removed): no rounding
+            // beyond the one of reading a decimal into an f64.
+            Lit::Float(f) => f.base10_digits().parse::<f64>().ok(),
+            Lit::Int(i) => i.base10_digits().parse::<f64>().ok(),
+            _ => None,
+        }
+    };
+    match expr {
+        Expr::Lit(ExprLit { lit: lit @ (Lit::Int(_) | Lit::Float(_)), .. }) => match literal(lit) {
+            Some(v) if v.is_finite() => Ok(Num::Lit(v)),
+            _ => Err(format!("{key} ({}) is not a finite number", lit.to_token_stream())),
+        },
+        Expr::Lit(_) | Expr::Array(_) => Err(format!("{key} expects a number, found {}", found(expr))),
+        _ => match negated_literal(expr).and_then(literal) {
+            Some(v) if v.is_finite() => Ok(Num::Lit(-v)),
+            Some(_) => Err(format!("{key} is not a finite number")),
+            None => Ok(Num::Expr(expr.to_token_stream())),
+        },
+    }
+}
+
+fn boolean(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    match expr {
+        Expr::Lit(ExprLit { lit: Lit::Bool(b), .. }) => Ok(Some(Value::Bool(b.value()))),
+        other => Err(format!("{key} expects `true` or `false`, found {}", found(other))),
+    }
+}
+
+fn string(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    match expr {
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(Some(Value::Str(s.value()))),
+        other => Err(format!("{key} expects a string literal such as \"silu\", found {}", found(other))),
+    }
+}
+
+fn family(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    let name = match expr {
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident().map(|i| i.unraw().to_string()),
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Some(s.value()),
+        _ => None,
+    };
+    match name.as_deref().and_then(Family::from_model_type) {
+        Some(f) => Ok(Some(Value::Family(f))),
+        None => Err(match name {
+            Some(n) => format!("unknown {key} `{n}`: use `glm` (GlmForCausalLM) or `glm4` (Glm4ForCausalLM)"),
+            None => format!("{key} expects `glm` or `glm4`, found {}", found(expr)),
+        }),
+    }
+}
+
+/// `eos_token_id = 2` or `eos_token_id = [2, 3]`; elements may be const expressions.
+fn token_ids(key: &str, expr: &Expr, cx: &Ctxt) -> Result<Option<Value>, String> {
+    let elems: Vec<&Expr> = match expr {
+        Expr::Array(a) => a.elems.iter().collect(),
+        other => vec![other],
+    };
+    let mut out = Vec::new();
+    let mut ok = true;
+    for e in elems {
+        let e = ungroup(e.clone());
+        match integer(key, &e, Sign::TokenId) {
+            Ok(num) => out.push(Elem { num, tokens: e.to_token_stream() }),
+            Err(msg) => {
+                cx.error_spanned_by(&e, msg);
+                ok = false;
+            }
+        }
+    }
+    Ok(ok.then_some(Value::List(out)))
+}
+
+/// `tensor_parallel = [1, 2]`: integer literals only, each listed once, at least one.
+fn sizes(key: &str, expr: &Expr, cx: &Ctxt) -> Result<Option<Value>, String> {
+    let Expr::Array(array) = expr else {
+        return Err(format!("{key} expects a list of sizes such as [1, 2], found {}", found(expr)));
+    };
+    if array.elems.is_empty() {
+        return Err(format!("{key} must list at least one size, such as [1]"));
+    }
+    let marker = if key == keys::TENSOR_PARALLEL { "SupportsTensorParallel" } else { "SupportsPipelineParallel" };
+    let mut out: Vec<Elem> = Vec::new();
+    let mut ok = true;
+    for e in &array.elems {
+        let e = ungroup(e.clone());
+        let tokens = e.to_token_stream();
+        match integer(key, &e, Sign::Size) {
+            Ok(Num::Lit(v)) => {
+                if out.iter().any(|x| x.num.lit() == Some(v)) {
+                    cx.error_spanned_by(&tokens, format!("{key} size {v} is listed twice"));
+                    ok = false;
+                } else {
+                    out.push(Elem { num: Num::Lit(v), tokens });
+                }
+            }
+            Ok(Num::Expr(_)) => {
+                cx.error_spanned_by(
+                    &tokens,
+                    format!(
+                        "{key} sizes must be integer literals: each one becomes an impl of \
+                         `{marker}<N>`, and N must be a literal"
+                    ),
+                );
+                ok = false;
+            }
+            Err(msg) => {
+                cx.error_spanned_by(&tokens, msg);
+                ok = false;
+            }
+        }
+    }
+    Ok(ok.then_some(Value::List(out)))
+}

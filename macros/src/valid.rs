@@ -1,0 +1,375 @@
+//! Checks across keys: required keys, `from_config`, and the layout rules.
+//!
+//! The rules are those of `headcount_spec::rules`, run here on every value the macro can
+//! read (literals, config.json, defaults). A rule that reads a const path or an expression
+//! is left to the compiler: the expansion emits an item-level `const _` that runs it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use headcount_spec::rules::{self, Errors, Rule};
+use headcount_spec::{ArchSpec, Config, ConfigError, Family, LayoutError, keys};
+use proc_macro2::{Span, TokenStream};
+use syn::LitStr;
+
+use crate::ast::{Elem, Entry, Input, Num, Value};
+use crate::attr::{KEYS, REQUIRED};
+use crate::ctxt::Ctxt;
+
+/// Finds the source file a span lies in (the compiler knows; unit tests do not).
+pub(crate) type Locate<'a> = &'a dyn Fn(Span) -> Option<PathBuf>;
+
+/// Where a resolved value came from.
+pub(crate) enum Origin {
+    /// Written in the attribute; errors point at these tokens.
+    Given(TokenStream),
+    /// Read from the `from_config` file.
+    Config,
+    /// Not written: the default.
+    Default,
+}
+
+pub(crate) struct Resolved {
+    pub value: Value,
+    pub origin: Origin,
+}
+
+/// A rule the compiler evaluates, and the value its error should point at.
+pub(crate) struct Deferred {
+    pub rule: &'static str,
+    pub tokens: TokenStream,
+}
+
+/// The declaration after defaults and config.json are applied.
+pub(crate) struct Layout {
+    pub family: Family,
+    /// Every key with a usable value. A key missing here was missing or malformed (and
+    /// reported); the expansion writes a placeholder for it.
+    pub values: BTreeMap<&'static str, Resolved>,
+    /// head_dim as given or derived, when the macro can compute it.
+    pub head_dim: Option<u64>,
+    /// The rotary dimension, when the macro can compute it.
+    pub rotary_dim: Option<u64>,
+    pub deferred: Vec<Deferred>,
+    /// The config.json read at compile time (so a change to it rebuilds the crate).
+    pub config_file: Option<PathBuf>,
+}
+
+impl Layout {
+    pub fn value(&self, key: &str) -> Option<&Value> {
+        self.values.get(key).map(|r| &r.value)
+    }
+
+    /// `Some(true)` when the macro knows the value, `Some(false)` when the compiler must
+    /// evaluate it, `None` when it is missing or malformed.
+    fn literal(&self, key: &str) -> Option<bool> {
+        Some(match self.value(key)? {
+            Value::Int(n) => n.lit().is_some(),
+            Value::Float(n) => n.lit().is_some(),
+            Value::List(items) => items.iter().all(|e| e.num.lit().is_some()),
+            _ => true,
+        })
+    }
+
+    fn given(&self, key: &str) -> Option<&TokenStream> {
+        match &self.values.get(key)?.origin {
+            Origin::Given(tokens) => Some(tokens),
+            _ => None,
+        }
+    }
+
+    /// A literal integer; `None` also for an optional value left out.
+    fn u64(&self, key: &str) -> Option<u64> {
+        match self.value(key)? {
+            Value::Int(n) => n.lit(),
+            _ => None,
+        }
+    }
+
+    fn f64(&self, key: &str) -> Option<f64> {
+        match self.value(key)? {
+            Value::Float(n) => n.lit(),
+            _ => None,
+        }
+    }
+
+    fn bool(&self, key: &str) -> bool {
+        matches!(self.value(key), Some(Value::Bool(true)))
+    }
+
+    fn list(&self, key: &str) -> Vec<u64> {
+        match self.value(key) {
+            Some(Value::List(items)) => items.iter().filter_map(|e| e.num.lit()).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Whether the layout came from defaults only, a config.json, or a config.json that could
+/// not be read (then values not written in the attribute are unknown).
+enum Base {
+    Defaults,
+    Config(Box<Config>),
+    Unreadable,
+}
+
+pub(crate) fn check(input: &Input, cx: &Ctxt, locate: Locate) -> Layout {
+    let given: BTreeMap<&str, &Entry> = input.entries.iter().map(|e| (e.key, e)).collect();
+    let from_config = given.get(keys::FROM_CONFIG).and_then(|e| match &e.value {
+        Value::Path(lit) => Some(lit),
+        _ => None,
+    });
+    let mut config_file = None;
+    let base = match from_config {
+        None => Base::Defaults,
+        Some(lit) => match load(lit, locate) {
+            Ok((config, path)) => {
+                config_file = Some(path);
+                Base::Config(Box::new(config))
+            }
+            Err(e) => {
+                cx.syn_error(e);
+                Base::Unreadable
+            }
+        },
+    };
+    let no_config = input.seen.iter().all(|k| *k != keys::FROM_CONFIG);
+    if no_config {
+        missing_keys(input, cx);
+    }
+
+    let family = match (given.get(keys::FAMILY).map(|e| &e.value), &base) {
+        (Some(Value::Family(f)), _) => *f,
+        (_, Base::Config(c)) => c.family,
+        _ => Family::Glm,
+    };
+    let mut values = BTreeMap::new();
+    for (key, _) in KEYS {
+        if key == keys::FAMILY || key == keys::FROM_CONFIG {
+            continue;
+        }
+        let resolved = if let Some(e) = given.get(key) {
+            Some(Resolved { value: e.value.clone(), origin: Origin::Given(e.tokens.clone()) })
+        } else if input.seen.contains(&key) {
+            None
+        } else {
+            let from_file = match &base {
+                Base::Config(c) => config_value(c, key).map(Ok),
+                // Unknown: no rule that reads it is run.
+                Base::Unreadable => config_value(&Config::default(), key).map(|_| Err(())),
+                Base::Defaults => None,
+            };
+            match from_file {
+                Some(Ok(value)) => Some(Resolved { value, origin: Origin::Config }),
+                Some(Err(())) => None,
+                None => default_value(key).map(|value| Resolved { value, origin: Origin::Default }),
+            }
+        };
+        if let Some(r) = resolved {
+            values.insert(key, r);
+        }
+    }
+
+    let mut layout = Layout { family, values, head_dim: None, rotary_dim: None, deferred: Vec::new(), config_file };
+    run_rules(&mut layout, input, from_config, cx);
+    layout
+}
+
+/// One error listing every required key not given (there is no config.json to read them).
+fn missing_keys(input: &Input, cx: &Ctxt) {
+    let missing: Vec<&str> = REQUIRED.iter().copied().filter(|k| !input.seen.contains(k)).collect();
+    if missing.is_empty() {
+        return;
+    }
+    let msg = if input.attrs.is_empty() {
+        format!(
+            "#[derive(Architecture)] needs an #[arch(...)] attribute with {}, or from_config = \"config.json\"",
+            missing.join(", ")
+        )
+    } else {
+        let s = if missing.len() == 1 { "" } else { "s" };
+        format!("missing key{s} {}: required unless from_config = \"config.json\" is given", missing.join(", "))
+    };
+    cx.error_spanned_by(input.ident, msg);
+}
+
+/// Reads `from_config` relative to the crate root. The crate root is CARGO_MANIFEST_DIR,
+/// or, when the file is not there, the package that holds the declaring source file
+/// (trybuild compiles test files inside a generated package).
+fn load(lit: &LitStr, locate: Locate) -> syn::Result<(Config, PathBuf)> {
+    let rel = lit.value();
+    let mut candidates = Vec::new();
+    if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
+        candidates.push(PathBuf::from(dir).join(&rel));
+    }
+    if let Some(root) = locate(lit.span()).as_deref().and_then(package_root) {
+        candidates.push(root.join(&rel));
+    }
+    let path =
+        candidates.iter().find(|p| p.is_file()).or(candidates.first()).cloned().unwrap_or_else(|| PathBuf::from(&rel));
+    match Config::from_file(&path) {
+        Ok(config) => Ok((config, path)),
+        Err(ConfigError::Io { source, .. }) => Err(syn::Error::new(
+            lit.span(),
+            format!("from_config: cannot read \"{rel}\" (relative to the crate root): {source}"),
+        )),
+        Err(e) => Err(syn::Error::new(lit.span(), format!("from_config \"{rel}\": {e}"))),
+    }
+}
+
+/// The nearest folder at or above `file` with a Cargo.toml.
+fn package_root(file: &Path) -> Option<PathBuf> {
+    let file = if file.is_absolute() { file.to_owned() } else { std::env::current_dir().ok()?.join(file) };
+    file.ancestors().skip(1).find(|d| d.join("Cargo.toml").is_file()).map(Path::to_owned)
+}
+
+/// A key's value in config.json; `None` for declaration-only keys.
+fn config_value(c: &Config, key: &str) -> Option<Value> {
+    let int = |v: u64| Value::Int(Num::Lit(v));
+    let float = |v: f64| Value::Float(Num::Lit(v));
+    let opt = |v: Option<u64>| v.map_or(Value::Absent, int);
+    Some(match key {
+        keys::VOCAB_SIZE => int(c.vocab_size),
+        keys::HIDDEN_SIZE => int(c.hidden_size),
+        keys::INTERMEDIATE_SIZE => int(c.intermediate_size),
+        keys::NUM_HIDDEN_LAYERS => int(c.num_hidden_layers),
+        keys::NUM_ATTENTION_HEADS => int(c.num_attention_heads),
+        keys::NUM_KEY_VALUE_HEADS => int(c.num_key_value_heads),
+        keys::HEAD_DIM => opt(c.head_dim),
+        keys::PARTIAL_ROTARY_FACTOR => float(c.partial_rotary_factor),
+        keys::ROPE_THETA => float(c.rope_theta),
+        keys::RMS_NORM_EPS => float(c.rms_norm_eps),
+        keys::MAX_POSITION_EMBEDDINGS => int(c.max_position_embeddings),
+        keys::HIDDEN_ACT => Value::Str(c.hidden_act.clone()),
+        keys::ATTENTION_BIAS => Value::Bool(c.attention_bias),
+        keys::TIE_WORD_EMBEDDINGS => Value::Bool(c.tie_word_embeddings),
+        keys::PAD_TOKEN_ID => opt(c.pad_token_id),
+        keys::BOS_TOKEN_ID => opt(c.bos_token_id),
+        keys::EOS_TOKEN_ID => {
+            Value::List(c.eos_token_id.iter().map(|&v| Elem { num: Num::Lit(v), tokens: TokenStream::new() }).collect())
+        }
+        _ => return None,
+    })
+}
+
+/// The value of a key not written and not read from config.json; `None` for required keys.
+/// transformers' GlmConfig defaults (`Config::default()`) for the model's scalars; no pad,
+/// bos or eos token and a derived head_dim for a declaration; one device for parallelism.
+fn default_value(key: &str) -> Option<Value> {
+    let d = Config::default();
+    Some(match key {
+        keys::PARTIAL_ROTARY_FACTOR => Value::Float(Num::Lit(d.partial_rotary_factor)),
+        keys::ROPE_THETA => Value::Float(Num::Lit(d.rope_theta)),
+        keys::RMS_NORM_EPS => Value::Float(Num::Lit(d.rms_norm_eps)),
+        keys::MAX_POSITION_EMBEDDINGS => Value::Int(Num::Lit(d.max_position_embeddings)),
+        keys::HIDDEN_ACT => Value::Str(d.hidden_act),
+        keys::ATTENTION_BIAS => Value::Bool(d.attention_bias),
+        keys::TIE_WORD_EMBEDDINGS => Value::Bool(d.tie_word_embeddings),
+        keys::HEAD_DIM | keys::PAD_TOKEN_ID | keys::BOS_TOKEN_ID => Value::Absent,
+        keys::EOS_TOKEN_ID => Value::List(Vec::new()),
+        keys::TENSOR_PARALLEL | keys::PIPELINE_PARALLEL => {
+            Value::List(vec![Elem { num: Num::Lit(1), tokens: TokenStream::new() }])
+        }
+        keys::KV_REPLICATION | keys::UNEVEN_PIPELINE => Value::Bool(false),
+        keys::VOCAB_PADDING => Value::Int(Num::Lit(1)),
+        _ => return None,
+    })
+}
+
+/// Runs every rule whose values the macro knows; defers the others to the compiler.
+fn run_rules(layout: &mut Layout, input: &Input, from_config: Option<&LitStr>, cx: &Ctxt) {
+    let eos = layout.list(keys::EOS_TOKEN_ID);
+    let tp = layout.list(keys::TENSOR_PARALLEL);
+    let pp = layout.list(keys::PIPELINE_PARALLEL);
+    let act = match layout.value(keys::HIDDEN_ACT) {
+        Some(Value::Str(s)) => s.clone(),
+        _ => String::new(),
+    };
+    // Values the macro cannot read are placeholders: no rule that reads one is run here.
+    let spec = ArchSpec {
+        vocab_size: layout.u64(keys::VOCAB_SIZE).unwrap_or(1),
+        hidden_size: layout.u64(keys::HIDDEN_SIZE).unwrap_or(1),
+        intermediate_size: layout.u64(keys::INTERMEDIATE_SIZE).unwrap_or(1),
+        num_hidden_layers: layout.u64(keys::NUM_HIDDEN_LAYERS).unwrap_or(1),
+        num_attention_heads: layout.u64(keys::NUM_ATTENTION_HEADS).unwrap_or(1),
+        num_key_value_heads: layout.u64(keys::NUM_KEY_VALUE_HEADS).unwrap_or(1),
+        head_dim: layout.u64(keys::HEAD_DIM),
+        partial_rotary_factor: layout.f64(keys::PARTIAL_ROTARY_FACTOR).unwrap_or(0.5),
+        rope_theta: layout.f64(keys::ROPE_THETA).unwrap_or(1.0),
+        rms_norm_eps: layout.f64(keys::RMS_NORM_EPS).unwrap_or(1.0),
+        max_position_embeddings: layout.u64(keys::MAX_POSITION_EMBEDDINGS).unwrap_or(1),
+        hidden_act: &act,
+        pad_token_id: layout.u64(keys::PAD_TOKEN_ID),
+        bos_token_id: layout.u64(keys::BOS_TOKEN_ID),
+        eos_token_ids: &eos,
+        tensor_parallel: &tp,
+        pipeline_parallel: &pp,
+        kv_replication: layout.bool(keys::KV_REPLICATION),
+        vocab_padding: layout.u64(keys::VOCAB_PADDING).unwrap_or(1),
+        uneven_pipeline: layout.bool(keys::UNEVEN_PIPELINE),
+    };
+    let known = |keys: &[&str]| keys.iter().all(|k| layout.literal(k) == Some(true));
+    let dims = [keys::HEAD_DIM, keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS];
+    let head_dim = if known(&dims) { spec.resolved_head_dim() } else { None };
+    let rotary_dim = if known(&dims) && known(&[keys::PARTIAL_ROTARY_FACTOR]) { spec.rotary_dim() } else { None };
+    layout.head_dim = head_dim;
+    layout.rotary_dim = rotary_dim;
+
+    let mut deferred = Vec::new();
+    for rule in &rules::RULES {
+        let states: Vec<Option<bool>> = rule.fields.iter().map(|k| layout.literal(k)).collect();
+        if states.contains(&None) {
+            // A value is missing or malformed, and already reported.
+            continue;
+        }
+        if states.iter().all(|s| *s == Some(true)) {
+            let mut errors = Errors::new();
+            (rule.run)(&spec, &mut errors);
+            for e in errors.iter() {
+                report(layout, input, rule, from_config, &e, cx);
+            }
+        } else if let Some(tokens) =
+            rule.fields.iter().find(|k| layout.literal(k) == Some(false)).and_then(|k| layout.given(k))
+        {
+            deferred.push(Deferred { rule: rule.name, tokens: tokens.clone() });
+        }
+    }
+    layout.deferred = deferred;
+}
+
+/// Reports one rule violation at the value it is about: the list element for a list key,
+/// the value as written; for a value not written (read from config.json or a default),
+/// the other value written that the violation involves (an override of the file, a
+/// head_dim that the default rotary factor does not fit), else the `from_config` string.
+fn report(layout: &Layout, input: &Input, rule: &Rule, from_config: Option<&LitStr>, e: &LayoutError, cx: &Ctxt) {
+    let key = e.field();
+    let msg = e.to_string();
+    if let Some(tokens) = layout.given(key) {
+        let element = match (e.element(), layout.value(key)) {
+            (Some(v), Some(Value::List(items))) => items.iter().find(|i| i.num.lit() == Some(v)).map(|i| &i.tokens),
+            _ => None,
+        };
+        cx.error_spanned_by(element.unwrap_or(tokens), msg);
+    } else if let Some(tokens) = involved(e, rule).iter().find_map(|k| layout.given(k)) {
+        cx.error_spanned_by(tokens, msg);
+    } else if let Some(lit) = from_config {
+        cx.error_spanned_by(lit, format!("from_config: {msg}"));
+    } else {
+        cx.error_spanned_by(input.ident, msg);
+    }
+}
+
+/// The keys besides `field()` whose values a violation depends on, nearest first.
+fn involved(e: &LayoutError, rule: &Rule) -> Vec<&'static str> {
+    match e {
+        LayoutError::KvExceedsHeads { .. } => vec![keys::NUM_ATTENTION_HEADS],
+        LayoutError::HeadsNotMultipleOfKv { .. } => vec![keys::NUM_KEY_VALUE_HEADS],
+        LayoutError::HiddenNotMultipleOfHeads { .. } => vec![keys::NUM_ATTENTION_HEADS],
+        LayoutError::RotaryNotWhole { .. } | LayoutError::RotaryOdd { .. } => {
+            vec![keys::HEAD_DIM, keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS]
+        }
+        LayoutError::TokenOutOfVocab { .. } => vec![keys::VOCAB_SIZE],
+        LayoutError::SizeOverflow { .. } => rule.fields.iter().rev().copied().collect(),
+        _ => Vec::new(),
+    }
+}

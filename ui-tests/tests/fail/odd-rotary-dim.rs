@@ -1,0 +1,10 @@
+// Rule 4: 10 * 0.5 = 5 rotary channels; transformers silently rotates 6.
+#[derive(headcount::Architecture)]
+#[arch(
+    vocab_size = 32_000, hidden_size = 256, intermediate_size = 512, num_hidden_layers = 4,
+    num_attention_heads = 8, num_key_value_heads = 2, head_dim = 10,
+    partial_rotary_factor = 0.5,
+)]
+pub struct Tiny;
+
+fn main() {}

@@ -1,0 +1,10 @@
+// Rule 7: more stages than layers.
+#[derive(headcount::Architecture)]
+#[arch(
+    vocab_size = 32_000, hidden_size = 256, intermediate_size = 512, num_hidden_layers = 4,
+    num_attention_heads = 8, num_key_value_heads = 2, head_dim = 32,
+    pipeline_parallel = [8], uneven_pipeline = true,
+)]
+pub struct Tiny;
+
+fn main() {}

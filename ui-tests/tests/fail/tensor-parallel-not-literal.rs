@@ -1,0 +1,13 @@
+// Each size becomes `impl SupportsTensorParallel<N>`, so sizes must be literals.
+
+const TP: u64 = 2;
+
+#[derive(headcount::Architecture)]
+#[arch(
+    vocab_size = 32_000, hidden_size = 256, intermediate_size = 512, num_hidden_layers = 4,
+    num_attention_heads = 8, num_key_value_heads = 2, head_dim = 32,
+    tensor_parallel = [1, TP],
+)]
+pub struct Tiny;
+
+fn main() {}
