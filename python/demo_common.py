@@ -64,18 +64,26 @@ def reserved_problems() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     return pairs[:HELDOUT_SIZE], pairs[HELDOUT_SIZE:]
 
 
-@torch.no_grad()
 def greedy_answers(model, tok: Tokenizer, pairs, batch_size: int = 250) -> list[str]:
-    """transformers' greedy generate, batched with left padding, max 5 new tokens, stop at <eos>."""
+    return greedy_answers_for_prompts(model, tok, [problem_text(a, b)[0] for a, b in pairs], batch_size)
+
+
+@torch.no_grad()
+def greedy_answers_for_prompts(model, tok: Tokenizer, prompts: list[str], batch_size: int = 250) -> list[str]:
+    """transformers' greedy generate on "<bos>" + prompt, max 5 new tokens, stop at <eos>.
+
+    Prompts go in batches of batch_size, left-padded with <pad> and an attention_mask
+    (batch_size=1: one by one, no padding). The answer is the decoded text before the first
+    <eos>; special tokens are kept, so a stray <pad> makes the answer wrong.
+    """
     model.eval()
     out: list[str] = []
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        prompts = [[BOS_ID] + tok.encode(problem_text(a, b)[0]).ids for a, b in chunk]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
+    for start in range(0, len(prompts), batch_size):
+        chunk = [[BOS_ID] + tok.encode(p).ids for p in prompts[start : start + batch_size]]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), PAD_ID, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, p in enumerate(chunk):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         gen = model.generate(

@@ -334,26 +334,31 @@ impl WeightSource for (&Checkpoint, Progress) {
     }
 }
 
-/// Random weights of the right shapes: normal(0, 0.02) for matrices, ones for norms.
-struct RandomSource;
+/// Random weights of the right shapes: normal(0, 0.02) for matrices, ones for norms. Each
+/// tensor is drawn whole from a generator seeded by its name, then sliced, so a sharded
+/// random model holds exactly the slices of the unsharded one.
+struct RandomSource {
+    seed: i64,
+}
 
 impl WeightSource for RandomSource {
-    fn rows(
-        &mut self,
-        name: &str,
-        shape: &[i64],
-        rows: Option<(usize, usize)>,
-        kind: Kind,
-        device: Device,
-    ) -> Result<Tensor> {
-        let mut s = shape.to_vec();
-        if let (Some((_, n)), Some(first)) = (rows, s.first_mut()) {
-            *first = n as i64;
-        }
+    fn rows(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
         if name.ends_with("layernorm.weight") || name == "model.norm.weight" {
+            let mut s = shape.to_vec();
+            if let (Some((_, n)), Some(first)) = (rows, s.first_mut()) {
+                *first = n as i64;
+            }
             return Ok(Tensor::f_ones(&s, (kind, device))?);
         }
-        Ok(Tensor::f_randn(&s, (Kind::Float, device))?.f_mul_scalar(0.02)?.f_to_kind(kind)?)
+        // FNV-1a of the name, mixed with the seed.
+        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        tch::manual_seed((h ^ self.seed as u64) as i64 & i64::MAX);
+        let full = Tensor::f_randn(shape, (Kind::Float, Device::Cpu))?.f_mul_scalar(0.02)?;
+        let part = match rows {
+            Some((start, n)) => full.f_narrow(0, start as i64, n as i64)?,
+            None => full,
+        };
+        Ok(part.f_to_kind(kind)?.f_to_device(device)?)
     }
 }
 
@@ -416,8 +421,7 @@ impl Glm {
     /// A model with seeded random weights (benchmarks, shapes without a checkpoint).
     pub fn random(config: &Config, opts: &LoadOptions, seed: i64) -> Result<Glm> {
         let dims = Dims::new(config)?;
-        tch::manual_seed(seed);
-        Glm::build(dims, opts, &mut RandomSource)
+        Glm::build(dims, opts, &mut RandomSource { seed })
     }
 
     fn build(dims: Dims, opts: &LoadOptions, src: &mut dyn WeightSource) -> Result<Glm> {

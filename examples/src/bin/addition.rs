@@ -1,0 +1,177 @@
+//! The addition demo, a model binary generated from a declaration: answers sums given on
+//! the command line with the small GLM that transformers trained (python/train_demo.py).
+//!
+//! ```text
+//! addition 123+456 70+8          answer these sums
+//! addition                       a few sums, then the held-out accuracy and tokens/s
+//! addition --heldout [--json]    only the held-out evaluation
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use headcount::Architecture;
+use headcount_examples::{AdditionGlm, addition_model_dir};
+use headcount_runtime::{Error, GenerateOptions, LoadOptions, Model, Result, Sampling, TextCodec, generate};
+
+const MAX_NEW_TOKENS: usize = 5;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+struct Demo {
+    model: Model<AdditionGlm>,
+    codec: TextCodec,
+    bos: i64,
+    eos: Vec<i64>,
+}
+
+impl Demo {
+    fn load() -> Result<Demo> {
+        let dir = addition_model_dir();
+        let model = Model::<AdditionGlm>::load(&dir, &LoadOptions::default())?;
+        let codec = TextCodec::from_dir(&dir)?
+            .ok_or_else(|| Error::InvalidArgument(format!("{} has no tokenizer.json", dir.display())))?;
+        let bos = AdditionGlm::BOS_TOKEN_ID.unwrap_or(1) as i64;
+        let eos = AdditionGlm::EOS_TOKEN_IDS.iter().map(|&i| i as i64).collect();
+        Ok(Demo { model, codec, bos, eos })
+    }
+
+    /// Greedy answers for prompts like "123+456=", all in one left-padded batch.
+    fn answer(&self, prompts: &[String]) -> Result<(Vec<String>, headcount_runtime::Generation)> {
+        let mut batch = Vec::with_capacity(prompts.len());
+        for p in prompts {
+            let mut ids = vec![self.bos];
+            ids.extend(self.codec.encode(p)?);
+            batch.push(ids);
+        }
+        let opts = GenerateOptions {
+            max_new_tokens: MAX_NEW_TOKENS,
+            sampling: Sampling::greedy(),
+            eos_token_ids: self.eos.clone(),
+        };
+        let g = generate(&self.model, &batch, &opts, |_, _| {})?;
+        let answers = g
+            .tokens
+            .iter()
+            .map(|t| {
+                let before_eos: Vec<i64> = t.iter().copied().take_while(|id| !self.eos.contains(id)).collect();
+                self.codec.decode(&before_eos)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((answers, g))
+    }
+}
+
+/// "123+456" or "123+456=" → the prompt "123+456=".
+fn parse_sum(s: &str) -> Result<String> {
+    let t = s.trim().trim_end_matches('=');
+    let ok = t.split_once('+').is_some_and(|(a, b)| {
+        let num = |x: &str| !x.is_empty() && x.len() <= 4 && x.bytes().all(|c| c.is_ascii_digit());
+        num(a) && num(b)
+    });
+    if !ok {
+        return Err(Error::InvalidArgument(format!(
+            "{s:?} is not a sum like 123+456 (two whole numbers of at most 4 digits; the model was trained on 0..=999)"
+        )));
+    }
+    Ok(format!("{t}="))
+}
+
+struct Heldout {
+    prompts: Vec<String>,
+    expected: Vec<String>,
+    transformers: Vec<String>,
+    transformers_accuracy: f64,
+}
+
+fn read_heldout() -> Result<Heldout> {
+    let path = addition_model_dir().join("heldout.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let bad = |why: &str| Error::BadFile { file: path.clone(), reason: why.to_owned() };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&e.to_string()))?;
+    let problems = v["problems"].as_array().ok_or_else(|| bad("no \"problems\" list"))?;
+    let field = |p: &serde_json::Value, k: &str| {
+        p[k].as_str().map(str::to_owned).ok_or_else(|| bad(&format!("a problem lacks {k:?}")))
+    };
+    let mut h = Heldout { prompts: vec![], expected: vec![], transformers: vec![], transformers_accuracy: 0.0 };
+    for p in problems {
+        h.prompts.push(field(p, "prompt")?);
+        h.expected.push(field(p, "expected")?);
+        h.transformers.push(field(p, "transformers")?);
+    }
+    h.transformers_accuracy = v["accuracy"].as_f64().ok_or_else(|| bad("no \"accuracy\""))?;
+    Ok(h)
+}
+
+fn run() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json = args.iter().any(|a| a == "--json");
+    let heldout_only = args.iter().any(|a| a == "--heldout");
+    if let Some(flag) = args.iter().find(|a| a.starts_with("--") && *a != "--json" && *a != "--heldout") {
+        return Err(Error::InvalidArgument(format!("unknown flag {flag}: use sums like 123+456, --heldout or --json")));
+    }
+    let sums: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    let prompts = sums.iter().map(|s| parse_sum(s)).collect::<Result<Vec<_>>>()?;
+    let demo = Demo::load()?;
+    if !prompts.is_empty() {
+        let (answers, _) = demo.answer(&prompts)?;
+        for (p, a) in prompts.iter().zip(answers) {
+            println!("{p}{a}");
+        }
+        return Ok(());
+    }
+    if !heldout_only {
+        let examples: Vec<String> =
+            ["123+456", "999+1", "58+907", "0+0", "404+303"].iter().map(|s| format!("{s}=")).collect();
+        let (answers, _) = demo.answer(&examples)?;
+        println!(
+            "A {}-layer GLM trained by transformers on addition, run by headcount:",
+            AdditionGlm::NUM_HIDDEN_LAYERS
+        );
+        for (p, a) in examples.iter().zip(answers) {
+            println!("  {p}{a}");
+        }
+    }
+    let h = read_heldout()?;
+    let t = Instant::now();
+    let (answers, g) = demo.answer(&h.prompts)?;
+    let secs = t.elapsed().as_secs_f64();
+    let correct = answers.iter().zip(&h.expected).filter(|(a, e)| a == e).count();
+    let agree = answers.iter().zip(&h.transformers).filter(|(a, t)| a == t).count();
+    let n = h.prompts.len();
+    let accuracy = correct as f64 / n as f64;
+    if json {
+        let out = serde_json::json!({
+            "problems": n,
+            "correct": correct,
+            "accuracy": accuracy,
+            "transformers_accuracy": h.transformers_accuracy,
+            "agree_with_transformers": agree,
+            "answers": answers,
+            "prefill_tokens_per_s": g.prefill_tokens_per_second(),
+            "decode_tokens_per_s": g.decode_tokens_per_second(),
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "held-out: {correct}/{n} correct ({:.1}%), transformers {:.1}%; same answer as transformers on {agree}/{n}",
+            100.0 * accuracy,
+            100.0 * h.transformers_accuracy
+        );
+        println!(
+            "speed: {n} problems in one batch in {:.0} ms; prefill {:.0} tokens/s, decode {:.0} tokens/s",
+            secs * 1e3,
+            g.prefill_tokens_per_second(),
+            g.decode_tokens_per_second()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! The demo model's acceptance test: headcount's greedy answers on the 500 held-out problems
+//! equal transformers' answers exactly, and reach the same accuracy (>= 99%).
+
+use std::process::Command;
+
+#[test]
+fn heldout_answers_match_transformers() {
+    let out = Command::new(env!("CARGO_BIN_EXE_addition")).args(["--heldout", "--json"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = v["problems"].as_u64().unwrap();
+    assert_eq!(n, 500);
+    assert_eq!(v["agree_with_transformers"].as_u64().unwrap(), n, "answers differ from transformers'");
+    let ours = v["accuracy"].as_f64().unwrap();
+    let theirs = v["transformers_accuracy"].as_f64().unwrap();
+    assert!((ours - theirs).abs() < 1e-12, "accuracy {ours} vs transformers {theirs}");
+    assert!(ours >= 0.99, "accuracy {ours}");
+}
+
+#[test]
+fn sums_on_the_command_line_and_bad_input() {
+    let out = Command::new(env!("CARGO_BIN_EXE_addition")).args(["123+456", "70+8="]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "123+456=579\n70+8=78\n");
+    let bad = Command::new(env!("CARGO_BIN_EXE_addition")).args(["12*3"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a sum like 123+456"));
+}
+
+#[test]
+fn tensor_parallel_example_matches_unsharded() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tensor-parallel")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    for line in text.lines() {
+        let diff: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(diff <= 1e-5, "{line}");
+    }
+}
