@@ -107,6 +107,8 @@ fn cached_logits(model: &Glm, ids: &[i64]) -> Tensor {
             len: 1,
             cos: rope.cos.index_select(0, &idx).view([1, 1, 1, -1]),
             sin: rope.sin.index_select(0, &idx).view([1, 1, 1, -1]),
+            // Alternate the two rotary paths: rotation matrices and elementwise.
+            rot: if i % 2 == 0 { Some(rope.rotations(&idx, tch::Kind::Float).unwrap()) } else { None },
             mask: None,
         };
         out.push(model.forward(&Tensor::from_slice(&[*id]).view([1, 1]), &step, &mut cache, true).unwrap());

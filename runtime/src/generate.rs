@@ -138,6 +138,16 @@ impl Layout {
         Ok((cos.f_to_kind(kind)?, sin.f_to_kind(kind)?))
     }
 
+    /// Rotation matrices for the one-token step at cache slot `slot`: [B, D, D] (the
+    /// cos/sin tensors returned are empty placeholders).
+    fn rotations_at(&self, rope: &Rope, slot: i64, kind: Kind, device: Device) -> Result<(Tensor, Tensor, Tensor)> {
+        let pos: Vec<i64> = self.pads.iter().map(|&p| if slot >= p { slot - p } else { 1 }).collect();
+        let pos = Tensor::f_from_slice(&pos)?.f_to_device(device)?;
+        let rot = rope.rotations(&pos, kind)?;
+        let empty = Tensor::f_zeros([0], (kind, device))?;
+        Ok((empty.shallow_clone(), empty, rot))
+    }
+
     /// The attention mask for query slots `[start, start + len)` over keys `[0, start + len)`.
     fn mask(&self, start: i64, len: i64, device: Device) -> Result<Option<Tensor>> {
         let total = start + len;
@@ -203,7 +213,7 @@ pub fn generate(
     let t0 = Instant::now();
     let ids = Tensor::f_from_slice(&flat)?.f_reshape([b as i64, longest as i64])?.f_to_device(device)?;
     let (cos, sin) = layout.rope_at(&rope, 0, longest as i64, kind, device)?;
-    let step = Step { start: 0, len: longest as i64, cos, sin, mask: layout.mask(0, longest as i64, device)? };
+    let step = Step { start: 0, len: longest as i64, cos, sin, rot: None, mask: layout.mask(0, longest as i64, device)? };
     let logits = model.forward(&ids, &step, &mut cache, true)?;
     let mut next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
     let mut done = vec![false; b];
@@ -225,8 +235,8 @@ pub fn generate(
             break;
         }
         let start = (longest + step_i) as i64;
-        let (cos, sin) = layout.rope_at(&rope, start, 1, kind, device)?;
-        let step = Step { start, len: 1, cos, sin, mask: layout.mask(start, 1, device)? };
+        let (cos, sin, rot) = layout.rotations_at(&rope, start, kind, device)?;
+        let step = Step { start, len: 1, cos, sin, rot: Some(rot), mask: layout.mask(start, 1, device)? };
         let ids = next.f_reshape([b as i64, 1])?;
         let logits = model.forward(&ids, &step, &mut cache, true)?;
         next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
@@ -279,7 +289,7 @@ pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
     let rope = Rope::new(&model.dims, ids.len(), device)?;
     let mut cache = model.new_cache(1, ids.len())?;
     let (cos, sin) = layout.rope_at(&rope, 0, t, model.dtype.kind(), device)?;
-    let step = Step { start: 0, len: t, cos, sin, mask: layout.mask(0, t, device)? };
+    let step = Step { start: 0, len: t, cos, sin, rot: None, mask: layout.mask(0, t, device)? };
     let x = Tensor::f_from_slice(ids)?.f_reshape([1, t])?.f_to_device(device)?;
     model.forward(&x, &step, &mut cache, false)
 }
