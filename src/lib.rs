@@ -33,3 +33,8 @@ pub use headcount_spec as spec;
 pub mod __private {
     pub use headcount_spec::rules::{ArchSpec, Errors, assert_rule};
 }
+
+/// The README's Rust examples, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -192,7 +192,10 @@ fn check(path: &Path, tp: &[u64], pp: &[u64]) -> Result<ExitCode> {
             for e in &v.errors {
                 println!("  error: {e}");
             }
-            print_legal(&config, &legal);
+            // Sizes asked for with --tp can fail on their own; then the layout itself is
+            // fine and its legal sizes still help.
+            let layout_ok = config.validate().is_ok();
+            print_legal(&config, if layout_ok { &legal } else { &[] });
             Ok(ExitCode::from(1))
         }
     }
