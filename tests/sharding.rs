@@ -79,3 +79,82 @@ fn shard_shapes_follow_the_plan() {
         }
     }
 }
+
+/// GLM-4-9B's head counts (32 query heads, 2 kv heads), scaled down in width so that every
+/// legal size runs here: with replication the sizes 1, 2, 4, 8, 16 and 32 run and equal the
+/// unsharded model; without it only 1 and 2 are legal; every other size up to 64 is refused.
+/// (ui-tests/tests/fail/glm4-9b-tensor-parallel-table.rs shows the same table at compile
+/// time.)
+#[derive(headcount::Architecture)]
+#[arch(
+    vocab_size = 256, hidden_size = 64, intermediate_size = 64, num_hidden_layers = 2,
+    num_attention_heads = 32, num_key_value_heads = 2, head_dim = 8, max_position_embeddings = 64,
+    pad_token_id = 0, eos_token_id = [1],
+    kv_replication = true, tensor_parallel = [1, 2, 4, 8, 16, 32],
+)]
+struct Glm4HeadsSmall;
+
+#[test]
+fn glm_4_9b_head_counts_table() {
+    use headcount::Architecture;
+    use headcount_runtime::Model;
+    let config = Glm4HeadsSmall::config();
+    let strict = headcount::ArchSpec { kv_replication: false, ..config.spec(&[], &[]) };
+    assert_eq!(strict.legal_tensor_parallel().as_slice(), &[1, 2]);
+    assert_eq!(config.legal_tensor_parallel(), vec![1, 2, 4, 8, 16, 32]);
+
+    let opts = LoadOptions::default();
+    let ids: Vec<i64> = (0..10).map(|i| (i * 37 + 5) % 256).collect();
+    let base = logits(&Model::<Glm4HeadsSmall>::random(&opts, 3).unwrap(), &ids).unwrap();
+    // The typed API: only the declared sizes compile.
+    let runs = [
+        ("2", logits(&Model::<Glm4HeadsSmall>::random_sharded::<2>(&opts, 3).unwrap(), &ids).unwrap()),
+        ("4", logits(&Model::<Glm4HeadsSmall>::random_sharded::<4>(&opts, 3).unwrap(), &ids).unwrap()),
+        ("8", logits(&Model::<Glm4HeadsSmall>::random_sharded::<8>(&opts, 3).unwrap(), &ids).unwrap()),
+        ("16", logits(&Model::<Glm4HeadsSmall>::random_sharded::<16>(&opts, 3).unwrap(), &ids).unwrap()),
+        ("32", logits(&Model::<Glm4HeadsSmall>::random_sharded::<32>(&opts, 3).unwrap(), &ids).unwrap()),
+    ];
+    for (n, l) in &runs {
+        let d = max_abs_diff(l, &base);
+        assert!(d <= 1e-5, "tp {n}: {d}");
+    }
+    // The untyped API refuses every other size, naming the legal ones.
+    for tp in (0..=64usize).filter(|t| ![1, 2, 4, 8, 16, 32].contains(t)) {
+        let r = Glm::random(&config, &LoadOptions { tensor_parallel: tp, ..Default::default() }, 3);
+        match r {
+            Err(Error::TensorParallel { size, reason }) => {
+                assert_eq!(size, tp);
+                assert!(tp == 0 || reason.contains("legal tensor_parallel sizes for this architecture are 1, 2, 4, 8, 16, 32"), "{reason}");
+            }
+            Err(e) => panic!("tp {tp}: unexpected error {e}"),
+            Ok(_) => panic!("tp {tp} was accepted"),
+        }
+    }
+}
+
+#[test]
+fn declared_model_refuses_a_checkpoint_that_disagrees() {
+    use headcount_runtime::Model;
+    // A declaration of glm-gqa2 with one number changed.
+    #[derive(headcount::Architecture)]
+    #[arch(
+        vocab_size = 128, hidden_size = 32, intermediate_size = 80, num_hidden_layers = 2,
+        num_attention_heads = 4, num_key_value_heads = 1, head_dim = 16, max_position_embeddings = 64,
+        rope_theta = 20_000.0, rms_norm_eps = 1.5625e-7, pad_token_id = 0, bos_token_id = 1, eos_token_id = [2],
+    )]
+    struct WrongKv;
+    let dir = headcount_integration::fixtures_dir().join("glm-gqa2");
+    let e = Model::<WrongKv>::load(&dir, &LoadOptions::default()).err().expect("must refuse");
+    assert!(matches!(e, Error::ConfigMismatch { field: "num_key_value_heads", .. }), "{e}");
+    assert!(e.to_string().contains("num_key_value_heads is 2 in config.json but 1 in the declaration"), "{e}");
+
+    #[derive(headcount::Architecture)]
+    #[arch(
+        vocab_size = 128, hidden_size = 32, intermediate_size = 80, num_hidden_layers = 2,
+        num_attention_heads = 4, num_key_value_heads = 2, head_dim = 16, max_position_embeddings = 64,
+        rope_theta = 20_000.0, rms_norm_eps = 1.5625e-7, pad_token_id = 0, bos_token_id = 1, eos_token_id = [2],
+    )]
+    struct Right;
+    let m = Model::<Right>::load(&dir, &LoadOptions::default()).unwrap();
+    assert_eq!(m.dims.kv_heads, 2);
+}
