@@ -195,11 +195,14 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         4 => prop::collection::vec((any::<Index>(), lie()), 1..4).prop_map(Mutation::Lies),
         1 => small_json().prop_map(Mutation::Metadata),
         1 => prop_oneof![
-            prop::sample::select(vec!["", "{}", "[]", "null", "1", "\"x\"", "{", "{\"a\":", "\u{0}", "{}{}"]).prop_map(str::to_owned),
+            prop::sample::select(vec!["", "{}", "[]", "null", "1", "\"x\"", "{", "{\"a\":", "\u{0}", "{}{}"])
+                .prop_map(str::to_owned),
             "[{}\\[\\]\":, 0-9a-zA-Z_.]{0,40}",
         ].prop_map(Mutation::HeaderText),
         2 => prop_oneof![
-            prop::sample::select(vec![0u64, 1, 2, 7, 8, 2511, 2513, 100_000_000, 100_000_001, 1 << 40, 1 << 60, u64::MAX]),
+            prop::sample::select(vec![
+                0u64, 1, 2, 7, 8, 2511, 2513, 100_000_000, 100_000_001, 1 << 40, 1 << 60, u64::MAX
+            ]),
             any::<u64>(),
         ].prop_map(Mutation::HeaderLength),
         2 => any::<Index>().prop_map(Mutation::Truncate),
@@ -231,10 +234,17 @@ fn apply(original: &[u8], m: &Mutation) -> Vec<u8> {
             let names = tensor_names(&p);
             for (i, l) in lies {
                 let name = &names[i.index(names.len())];
+                let mut set = |key: &str, v: Value| {
+                    let entry = p.header.entry(name.clone()).or_insert_with(|| json!({}));
+                    if !entry.is_object() {
+                        *entry = json!({});
+                    }
+                    entry[key] = v;
+                };
                 match l {
-                    Lie::Dtype(d) => p.header[name]["dtype"] = json!(d),
-                    Lie::Shape(s) => p.header[name]["shape"] = json!(s),
-                    Lie::Offsets(a, b) => p.header[name]["data_offsets"] = json!([a, b]),
+                    Lie::Dtype(d) => set("dtype", json!(d)),
+                    Lie::Shape(s) => set("shape", json!(s)),
+                    Lie::Offsets(a, b) => set("data_offsets", json!([a, b])),
                     Lie::Remove => {
                         p.header.remove(name);
                     }
@@ -243,7 +253,9 @@ fn apply(original: &[u8], m: &Mutation) -> Vec<u8> {
                             p.header.insert(to.clone(), v);
                         }
                     }
-                    Lie::Entry(v) => p.header[name] = v.clone(),
+                    Lie::Entry(v) => {
+                        p.header.insert(name.clone(), v.clone());
+                    }
                 }
             }
             join_parts(&p)
@@ -278,7 +290,8 @@ proptest! {
     #[test]
     fn mutated_safetensors_load_or_name_the_problem(ms in prop::collection::vec(mutation(), 1..3)) {
         let original = gqa2();
-        let names: Vec<String> = tensor_names(&split(&original)).into_iter().chain(["model.safetensors".to_owned()]).collect();
+        let mut names = tensor_names(&split(&original));
+        names.push("model.safetensors".to_owned());
         let mut bytes = original;
         for m in &ms {
             // A later mutation parses the header; only chain onto a parseable one.
@@ -327,11 +340,22 @@ fn huge_claims_in_tiny_files_fail_fast_without_allocating() {
     let f32_bytes = 4u64 << 40;
     let headers: Vec<(&str, Value)> = vec![
         // 2^40 elements whose offsets agree with the claim, in a file of a few hundred bytes.
-        ("2^40 elements", json!({"model.norm.weight": {"dtype": "F32", "shape": [1u64 << 40], "data_offsets": [0, f32_bytes]}})),
+        (
+            "2^40 elements",
+            json!({"model.norm.weight": {"dtype": "F32", "shape": [1u64 << 40], "data_offsets": [0, f32_bytes]}}),
+        ),
         // The same claim with offsets that agree with the file instead.
-        ("2^40 elements, 16 bytes", json!({"model.norm.weight": {"dtype": "F32", "shape": [1u64 << 40], "data_offsets": [0, 16]}})),
+        (
+            "2^40 elements, 16 bytes",
+            json!({"model.norm.weight": {"dtype": "F32", "shape": [1u64 << 40], "data_offsets": [0, 16]}}),
+        ),
         // An element count whose product overflows 64 bits.
-        ("overflowing shape", json!({"model.norm.weight": {"dtype": "F32", "shape": [1u64 << 32, 1u64 << 32, 16], "data_offsets": [0, 16]}})),
+        (
+            "overflowing shape",
+            json!({"model.norm.weight": {
+                "dtype": "F32", "shape": [1u64 << 32, 1u64 << 32, 16], "data_offsets": [0, 16]
+            }}),
+        ),
         // Byte tensors whose offsets add up past usize::MAX (each one consistent on its own).
         (
             "offsets past usize::MAX",
@@ -340,7 +364,10 @@ fn huge_claims_in_tiny_files_fail_fast_without_allocating() {
                     .map_while(|i| {
                         let size = (1u64 << 61) - 1;
                         let end = (i + 1).checked_mul(size)?;
-                        Some((format!("t{i}"), json!({"dtype": "U8", "shape": [size], "data_offsets": [i * size, end]})))
+                        Some((
+                            format!("t{i}"),
+                            json!({"dtype": "U8", "shape": [size], "data_offsets": [i * size, end]}),
+                        ))
                     })
                     .collect(),
             ),
@@ -363,7 +390,9 @@ fn huge_claims_in_tiny_files_fail_fast_without_allocating() {
 fn absurd_header_length_and_tiny_files() {
     let (_tmp, dir) = copy_fixture("glm-gqa2");
     let p = dir.join("model.safetensors");
-    for bytes in [vec![], vec![0u8; 3], u64::MAX.to_le_bytes().to_vec(), [&(1u64 << 60).to_le_bytes()[..], b"{}"].concat()] {
+    for bytes in
+        [vec![], vec![0u8; 3], u64::MAX.to_le_bytes().to_vec(), [&(1u64 << 60).to_le_bytes()[..], b"{}"].concat()]
+    {
         fs::write(&p, &bytes).expect("write");
         let e = load(&dir).0.err().expect("not a checkpoint");
         assert!(matches!(e, Error::BadFile { .. } | Error::Io { .. }), "{e}");
@@ -486,7 +515,7 @@ fn apply_shard(dir: &Path, m: &ShardMutation) -> bool {
         }
         ShardMutation::TruncateIndex(i) => {
             let text = fs::read(dir.join(INDEX)).unwrap_or_default();
-            let cut = i.index(text.len());
+            let cut = i.index(text.len() + 1);
             fs::write(dir.join(INDEX), &text[..cut]).expect("write index");
             true
         }
@@ -560,4 +589,62 @@ fn a_tensor_in_two_shards_is_named() {
     duplicate_tensor(&dir, 0, 0);
     let e = load(&dir).0.err().expect("refused");
     assert!(matches!(e, Error::DuplicateTensor { .. }), "{e}");
+}
+
+// ---- config.json against a real checkpoint ------------------------------------------------
+
+const COUNT_KEYS: [&str; 8] = [
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+];
+
+proptest! {
+    #![proptest_config(proptest_config(64))]
+
+    /// A config.json whose sizes disagree with the checkpoint, however large (a layout the
+    /// rules accept, such as 2^40 layers), fails on the first missing or mis-shaped tensor
+    /// without building anything of the claimed size.
+    #[test]
+    fn config_sizes_against_the_checkpoint(
+        changes in prop::collection::vec((0..COUNT_KEYS.len(), extreme_size()), 1..3),
+    ) {
+        let (_tmp, dir) = copy_fixture("glm-gqa2");
+        let p = dir.join("config.json");
+        let mut v: Value = serde_json::from_str(&fs::read_to_string(&p).expect("config")).expect("json");
+        for (k, n) in &changes {
+            v[COUNT_KEYS[*k]] = json!(n);
+        }
+        fs::write(&p, v.to_string()).expect("write");
+        let mut names = tensor_names(&split(&gqa2()));
+        names.extend(COUNT_KEYS.map(str::to_owned));
+        names.push("model.safetensors".to_owned());
+        let result = load(&dir);
+        if let Err(e) = &result.0 {
+            // Layout errors name a key; checkpoint errors a file or tensor (the layer index
+            // of a missing layer is part of its name).
+            let msg = e.to_string();
+            prop_assert!(e.is_input_error(), "{}", msg);
+            prop_assert!(names.iter().any(|n| msg.contains(n.as_str())) || msg.contains("model.layers."), "{}", msg);
+        }
+        prop_assert!(result.1 < QUICK, "took {:?}", result.1);
+    }
+}
+
+#[test]
+fn a_trillion_layers_in_config_json_fail_on_the_first_missing_layer() {
+    let (_tmp, dir) = copy_fixture("glm-gqa2");
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&fs::read_to_string(&p).expect("config")).expect("json");
+    v["num_hidden_layers"] = json!(1u64 << 40);
+    fs::write(&p, v.to_string()).expect("write");
+    let (r, took) = load(&dir);
+    let e = r.err().expect("refused");
+    assert!(matches!(&e, Error::MissingTensor { name, .. } if name == "model.layers.2.input_layernorm.weight"), "{e}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
 }

@@ -124,7 +124,11 @@ fn glm_4_9b_head_counts_table() {
         match r {
             Err(Error::TensorParallel { size, reason }) => {
                 assert_eq!(size, tp);
-                assert!(tp == 0 || reason.contains("legal tensor_parallel sizes for this architecture are 1, 2, 4, 8, 16, 32"), "{reason}");
+                assert!(
+                    tp == 0
+                        || reason.contains("legal tensor_parallel sizes for this architecture are 1, 2, 4, 8, 16, 32"),
+                    "{reason}"
+                );
             }
             Err(e) => panic!("tp {tp}: unexpected error {e}"),
             Ok(_) => panic!("tp {tp} was accepted"),

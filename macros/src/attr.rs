@@ -206,6 +206,7 @@ pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     let mut cur = vec![0; b.len() + 1];
+    // cannot fire: prev and cur have b.len() + 1 entries and j < b.len().
     for (i, ca) in a.chars().enumerate() {
         cur[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {

@@ -23,5 +23,6 @@ use proc_macro::TokenStream;
 /// for each declared size. Every layout mistake is a compile error at the value.
 #[proc_macro_derive(Architecture, attributes(arch))]
 pub fn derive_architecture(input: TokenStream) -> TokenStream {
+    // `Span::unwrap` converts to a compiler span (no Option): it cannot fire inside a macro.
     expand::derive_with(input.into(), &|span| span.unwrap().local_file()).into()
 }

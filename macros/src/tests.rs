@@ -60,6 +60,25 @@ fn glm4_9b_expands_without_errors() {
     assert!(!text.contains(":: spec :: rules ::"), "{text}");
 }
 
+/// Numbers at the edge of u64: the suggestions that would overflow are left out, and the
+/// macro reports errors instead of panicking.
+#[test]
+fn extreme_literals_are_errors_not_panics() {
+    let max = u64::MAX;
+    for attr in [
+        format!("{TINY}, num_attention_heads = {max}, head_dim = 1"),
+        format!(
+            "vocab_size = 4, hidden_size = {max}, intermediate_size = 4, num_hidden_layers = 1, \
+                 num_attention_heads = 2, num_key_value_heads = 2"
+        ),
+        format!("{TINY}, num_hidden_layers = {max}, pipeline_parallel = [7], tensor_parallel = [{max}]"),
+    ] {
+        let out = expand_attr(&attr);
+        assert!(!errors(&out).is_empty(), "{attr}");
+        assert!(has_impl(&out), "{attr}");
+    }
+}
+
 #[test]
 fn floats_are_kept_exactly() {
     for lit in ["0.1", "1.5625e-7", "0.3", "1e-5", "0.333333333333333333333", "10_000.0"] {
@@ -333,8 +352,13 @@ fn mistake() -> impl Strategy<Value = (String, String)> {
     ]
 }
 
+/// `PROPTEST_CASES` when set (to run longer), otherwise `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(300), failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Anything at all: never a panic, always items that parse.
     #[test]
@@ -481,7 +505,7 @@ fn literal() -> impl Strategy<Value = Literal> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(300), failure_persistence: None, ..ProptestConfig::default() })]
 
     /// On literal values the macro reports exactly the violations of `rules::validate`, in
     /// the spec's words.

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -60,8 +61,10 @@ impl Checkpoint {
             // SAFETY: the map is read-only; a file changed underneath us while we run is
             // outside what any loader can defend against (same as every mmap loader).
             let map = unsafe { Mmap::map(&f) }.map_err(|source| Error::Io { path: path.clone(), source })?;
+            check_offsets(&map).map_err(|reason| bad(&path, reason))?;
             let (n, meta) = SafeTensors::read_metadata(&map)
                 .map_err(|e| bad(&path, format!("not a valid safetensors file: {e}")))?;
+            // cannot overflow: safetensors checked 8 + n + every data offset <= the file length.
             let base = 8 + n;
             for (name, info) in meta.tensors() {
                 let entry = TensorEntry {
@@ -85,11 +88,12 @@ impl Checkpoint {
 
     /// The file a tensor is stored in.
     pub fn file_of(&self, e: &TensorEntry) -> &Path {
-        &self.files[e.file].0
+        &self.files[e.file].0 // cannot fire: entries are made by `open` with their file's index
     }
 
     /// Total bytes of tensor data.
     pub fn total_bytes(&self) -> usize {
+        // cannot fire: safetensors checked start <= end, and each range lies inside its file.
         self.tensors.values().map(|e| e.end - e.start).sum()
     }
 
@@ -103,7 +107,8 @@ impl Checkpoint {
         if kind_of(e.dtype).is_none() {
             return Err(Error::UnsupportedDtype { name: name.to_owned(), file, dtype: format!("{:?}", e.dtype) });
         }
-        let same = e.shape.len() == expected.len() && e.shape.iter().zip(expected).all(|(a, b)| *a as i64 == *b);
+        let same = e.shape.len() == expected.len()
+            && e.shape.iter().zip(expected).all(|(a, b)| i64::try_from(*a).is_ok_and(|a| a == *b));
         if !same {
             return Err(Error::ShapeMismatch {
                 name: name.to_owned(),
@@ -120,30 +125,39 @@ impl Checkpoint {
     pub fn load_rows(&self, name: &str, rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
         let e =
             self.tensors.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_owned(), expected: vec![] })?;
-        let file = &self.files[e.file];
+        let file = &self.files[e.file]; // cannot fire: entries are made by `open` with their file's index
         let src_kind = kind_of(e.dtype).ok_or_else(|| Error::UnsupportedDtype {
             name: name.to_owned(),
             file: file.0.clone(),
             dtype: format!("{:?}", e.dtype),
         })?;
         let elt = src_kind.elt_size_in_bytes();
-        let mut shape: Vec<i64> = e.shape.iter().map(|&d| d as i64).collect();
+        // safetensors checked that the element count times the dtype size is the tensor's
+        // byte range inside the file, so every product below fits a usize; `checked` keeps
+        // a mistake here an error rather than a wrap.
+        let too_big = || bad(&file.0, format!("{name}: shape {:?} is too large", e.shape));
+        let mut shape: Vec<i64> =
+            e.shape.iter().map(|&d| i64::try_from(d).map_err(|_| too_big())).collect::<Result<_>>()?;
         let (mut start, mut end) = (e.start, e.end);
         if let Some((r0, n)) = rows {
             let total_rows = e.shape.first().copied().unwrap_or(1);
-            if r0 + n > total_rows {
-                return Err(bad(&file.0, format!("{name}: rows {r0}..{} beyond {total_rows}", r0 + n)));
-            }
-            let row_bytes: usize = e.shape.iter().skip(1).product::<usize>() * elt;
-            start += r0 * row_bytes;
-            end = start + n * row_bytes;
+            let stop = r0.checked_add(n).filter(|&stop| stop <= total_rows);
+            let Some(stop) = stop else {
+                return Err(bad(&file.0, format!("{name}: rows {r0}..{r0}+{n} beyond {total_rows}")));
+            };
+            let row_bytes = e.shape.iter().skip(1).try_fold(elt, |acc, &d| acc.checked_mul(d)).ok_or_else(too_big)?;
+            start = r0.checked_mul(row_bytes).and_then(|o| start.checked_add(o)).ok_or_else(too_big)?;
+            end = (stop - r0).checked_mul(row_bytes).and_then(|len| start.checked_add(len)).ok_or_else(too_big)?;
             if let Some(first) = shape.first_mut() {
-                *first = n as i64;
+                *first = i64::try_from(n).map_err(|_| too_big())?;
             }
         }
         let bytes =
             file.1.get(start..end).ok_or_else(|| bad(&file.0, format!("{name}: data past the end of the file")))?;
-        let expected_bytes = shape.iter().product::<i64>() as usize * elt;
+        let expected_bytes = shape
+            .iter()
+            .try_fold(elt, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+            .ok_or_else(too_big)?;
         if bytes.len() != expected_bytes {
             return Err(bad(&file.0, format!("{name}: {} bytes of data for shape {:?}", bytes.len(), e.shape)));
         }
@@ -151,6 +165,40 @@ impl Checkpoint {
         let t = if src_kind == kind { t } else { t.f_to_kind(kind)? };
         Ok(if device == Device::Cpu { t } else { t.f_to_device(device)? })
     }
+}
+
+/// The largest header safetensors reads (its own limit).
+const MAX_HEADER_BYTES: usize = 100_000_000;
+
+/// Refuses tensors whose `data_offsets` end past the file's data, before safetensors sees
+/// the header: its own check adds the claimed data size to the header size unchecked, an
+/// overflow panic (debug builds) for offsets near `usize::MAX`. Anything this cannot read is
+/// left to safetensors' checks.
+fn check_offsets(bytes: &[u8]) -> std::result::Result<(), String> {
+    let Some(prefix) = bytes.get(..8) else { return Ok(()) };
+    let mut len = [0u8; 8];
+    len.copy_from_slice(prefix);
+    let header_len = match usize::try_from(u64::from_le_bytes(len)) {
+        Ok(n) if n <= MAX_HEADER_BYTES => n,
+        _ => return Ok(()),
+    };
+    let Some(header) = bytes.get(8..8 + header_len) else { return Ok(()) };
+    let data_len = bytes.len() - 8 - header_len; // cannot fire: the header lies inside `bytes`
+    let Ok(serde_json::Value::Object(entries)) = serde_json::from_slice::<serde_json::Value>(header) else {
+        return Ok(());
+    };
+    for (name, entry) in &entries {
+        let end = entry.get("data_offsets").and_then(|o| o.get(1)).and_then(serde_json::Value::as_u64);
+        if let Some(end) = end
+            && end > data_len as u64
+        {
+            return Err(format!(
+                "not a valid safetensors file: tensor {name} claims data up to byte {end}, \
+                 but the file holds {data_len} bytes of data"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The float dtypes the runtime reads.
@@ -165,7 +213,14 @@ fn kind_of(d: Dtype) -> Option<Kind> {
 
 /// The shard file names of an index, in first-seen order, each once.
 fn read_index(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+    // An index lists names only (kilobytes); read no more than a config.json may hold.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(headcount::config::MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+        .map_err(|source| Error::Io { path: path.to_owned(), source })?;
+    if text.len() as u64 > headcount::config::MAX_CONFIG_BYTES {
+        return Err(bad(path, "larger than any index: not a model.safetensors.index.json"));
+    }
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(path, format!("not valid JSON: {e}")))?;
     let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad(path, "no \"weight_map\" object"))?;
     let mut files = Vec::new();

@@ -80,7 +80,7 @@ pub fn parse_device(s: &str) -> Result<Device> {
             "device {s:?} was asked for, but CUDA is not available on this machine (no GPU, or a CPU-only libtorch)"
         )));
     }
-    let count = tch::Cuda::device_count() as usize;
+    let count = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
     if index >= count {
         return Err(Error::Device(format!(
             "device {s:?} does not exist: this machine has {count} CUDA device{}",

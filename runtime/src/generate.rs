@@ -11,9 +11,11 @@ use crate::model::{Glm, Rope, Step};
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampling {
-    /// 0 means greedy (argmax); otherwise logits are divided by it.
+    /// 0 means greedy (argmax); otherwise logits are divided by it. Any positive finite
+    /// value works: a tiny one (1e-30, even the smallest double) picks the most likely token
+    /// as greedy does, a huge one approaches uniform sampling. See [`select`].
     pub temperature: f64,
-    /// Keep only the k most likely tokens (0 = all).
+    /// Keep only the k most likely tokens (0, or any k at or above the vocabulary = all).
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches p (1 = all).
     pub top_p: f64,
@@ -82,6 +84,7 @@ pub fn check_prompts(model: &Glm, prompts: &[Vec<i64>], max_new_tokens: usize) -
     if prompts.is_empty() {
         return Err(Error::InvalidArgument("no prompt given".to_owned()));
     }
+    // cannot wrap: the rules keep vocab_size * hidden_size within i64.
     let vocab = model.dims.vocab as i64;
     let mut longest = 0;
     for (row, p) in prompts.iter().enumerate() {
@@ -183,12 +186,22 @@ pub fn generate(
     let b = prompts.len();
     let device = model.device();
     let kind = model.dtype.kind();
+    // Positions (longest, capacity, every `as i64` of them below) are at most
+    // max_position_embeddings + 1, which the rules keep within i64; row counts are lengths of
+    // a Vec, within i64 too.
     let capacity = longest + opts.max_new_tokens.max(1);
     let pad_id = 0i64;
     let pads: Vec<i64> = prompts.iter().map(|p| (longest - p.len()) as i64).collect();
     let any_pad = pads.iter().any(|&p| p > 0);
-    let mut flat = Vec::with_capacity(b * longest);
-    let mut valid = Vec::with_capacity(b * capacity);
+    // Padding to the longest row can ask for far more than the prompts hold (a million
+    // one-token rows beside one long row): an error, not an aborting allocation.
+    let too_big = || {
+        Error::InvalidArgument(format!("{b} prompts padded to {longest} tokens do not fit in memory: use fewer rows"))
+    };
+    let mut flat = Vec::new();
+    flat.try_reserve_exact(b.checked_mul(longest).ok_or_else(too_big)?).map_err(|_| too_big())?;
+    let mut valid = Vec::new();
+    valid.try_reserve_exact(b.checked_mul(capacity).ok_or_else(too_big)?).map_err(|_| too_big())?;
     for (p, &pad) in prompts.iter().zip(&pads) {
         flat.extend(std::iter::repeat_n(pad_id, pad as usize));
         flat.extend_from_slice(p);
@@ -203,6 +216,7 @@ pub fn generate(
     let rope = Rope::new(&model.dims, capacity, device)?;
     let mut cache = model.new_cache(b, capacity)?;
     if opts.sampling.temperature > 0.0 {
+        // The seed's bits as libtorch's i64 (which reads them back as a u64): no value lost.
         tch::manual_seed(opts.sampling.seed as i64);
     }
 
@@ -213,7 +227,8 @@ pub fn generate(
     let t0 = Instant::now();
     let ids = Tensor::f_from_slice(&flat)?.f_reshape([b as i64, longest as i64])?.f_to_device(device)?;
     let (cos, sin) = layout.rope_at(&rope, 0, longest as i64, kind, device)?;
-    let step = Step { start: 0, len: longest as i64, cos, sin, rot: None, mask: layout.mask(0, longest as i64, device)? };
+    let step =
+        Step { start: 0, len: longest as i64, cos, sin, rot: None, mask: layout.mask(0, longest as i64, device)? };
     let logits = model.forward(&ids, &step, &mut cache, true)?;
     let mut next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
     let mut done = vec![false; b];
@@ -249,28 +264,42 @@ pub fn generate(
 }
 
 /// Picks one token per row from f32 logits [B, V].
+///
+/// Sampling works in f64 on logits shifted so that each row's largest is 0, then divided by
+/// the temperature: the most likely token keeps weight exp(0) = 1 and every other weight is
+/// finite or exactly 0, so no positive finite temperature can make an infinite or NaN
+/// probability. Temperatures so small that every other weight underflows to 0 (1e-30 and
+/// below, for typical logits) therefore pick the most likely token, as greedy does (exact
+/// ties are still sampled).
 pub fn select(logits: &Tensor, s: &Sampling) -> Result<Tensor> {
     if s.temperature == 0.0 {
         return Ok(logits.f_argmax(-1, false)?);
     }
-    let mut l = logits.f_div_scalar(s.temperature)?;
-    let v = l.size()[1];
-    if s.top_k > 0 && (s.top_k as i64) < v {
-        let (top, _) = l.f_topk(s.top_k as i64, -1, true, true)?;
-        let kth = top.f_narrow(1, s.top_k as i64 - 1, 1)?;
+    let l = logits.f_to_kind(Kind::Double)?;
+    let (max, _) = l.f_max_dim(-1, true)?;
+    let mut l = l.f_sub(&max)?.f_div_scalar(s.temperature)?;
+    let v = l.size2()?.1;
+    // A k at or above the vocabulary keeps every token (and a k beyond i64 never reaches
+    // libtorch as a negative number).
+    if let Ok(k) = i64::try_from(s.top_k)
+        && k > 0
+        && k < v
+    {
+        let (top, _) = l.f_topk(k, -1, true, true)?;
+        let kth = top.f_narrow(1, k - 1, 1)?;
         l = l.f_masked_fill(&l.f_lt_tensor(&kth)?, f64::NEG_INFINITY)?;
     }
     if s.top_p < 1.0 {
         // Drop the least likely tokens whose total probability stays within 1 - p.
         let (sorted, idx) = l.f_sort(-1, false)?;
-        let cum = sorted.f_softmax(-1, Kind::Float)?.f_cumsum(-1, Kind::Float)?;
+        let cum = sorted.f_softmax(-1, Kind::Double)?.f_cumsum(-1, Kind::Double)?;
         let remove = cum.f_le(1.0 - s.top_p)?;
         // Always keep the most likely token.
         let _ = remove.f_narrow(1, v - 1, 1)?.f_fill_(0)?;
         let remove = remove.f_scatter(1, &idx, &remove)?;
         l = l.f_masked_fill(&remove, f64::NEG_INFINITY)?;
     }
-    let probs = l.f_softmax(-1, Kind::Float)?;
+    let probs = l.f_softmax(-1, Kind::Double)?;
     Ok(probs.f_multinomial(1, false)?.f_squeeze_dim(1)?)
 }
 

@@ -246,7 +246,7 @@ fn load(m: &ModelArgs, quiet: bool) -> Result<Glm> {
 fn shard_devices(device: tch::Device, tp: usize) -> Vec<tch::Device> {
     match device {
         tch::Device::Cuda(first) if tp > 1 => {
-            let n = tch::Cuda::device_count() as usize;
+            let n = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
             (0..tp.min(n.saturating_sub(first)).max(1)).map(|i| tch::Device::Cuda(first + i)).collect()
         }
         d => vec![d],
@@ -272,6 +272,7 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
             let mut ids = codec.encode(text)?;
             // Models trained with a bos token expect it first; add it when the tokenizer
             // does not.
+            // cannot wrap: a valid config's ids are below vocab_size, which fits i64.
             if let Some(bos) = model.dims.config.bos_token_id.map(|b| b as i64)
                 && ids.first() != Some(&bos)
             {
@@ -282,6 +283,7 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
         (_, Some(ids), _) => ids.clone(),
         _ => return Err(Error::InvalidArgument("give --prompt or --ids".to_owned())),
     };
+    // cannot wrap: a valid config's ids are below vocab_size, which fits i64.
     let eos: Vec<i64> = model.dims.config.eos_token_id.iter().map(|&i| i as i64).collect();
     let room = model.dims.max_positions.saturating_sub(ids.len());
     let max_new_tokens = a.max_new_tokens.unwrap_or(64.min(room));
@@ -363,11 +365,32 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         }
         (None, None) => return Err(Error::InvalidArgument("give --model or --config".to_owned())),
     };
-    let vocab = model.dims.vocab as i64;
+    // Check the sizes before building the prompts, which they could make arbitrarily large.
+    let need = b.prompt_len.saturating_add(b.new_tokens);
+    if need > model.dims.max_positions {
+        return Err(Error::TooLong {
+            what: "--prompt-len plus --new-tokens",
+            len: need,
+            max: model.dims.max_positions,
+        });
+    }
+    let too_many = || Error::InvalidArgument(format!("--batch {} does not fit in memory", b.batch));
+    let mut prompts: Vec<Vec<i64>> = Vec::new();
+    prompts.try_reserve_exact(b.batch).map_err(|_| too_many())?;
+    b.batch.checked_mul(b.prompt_len).ok_or_else(too_many)?;
     // A fixed pseudo-random prompt, the same in every run.
-    let prompts: Vec<Vec<i64>> = (0..b.batch)
-        .map(|r| (0..b.prompt_len).map(|i| ((r * 7919 + i * 104_729 + 13) as i64) % vocab).collect())
-        .collect();
+    let vocab = model.dims.vocab; // at least 1 in a valid config
+    for r in 0..b.batch {
+        let mut row = Vec::new();
+        row.try_reserve_exact(b.prompt_len).map_err(|_| too_many())?;
+        // cannot wrap: the id is below vocab, which fits i64.
+        row.extend(
+            (0..b.prompt_len)
+                .map(|i| r.wrapping_mul(7919).wrapping_add(i.wrapping_mul(104_729)).wrapping_add(13) % vocab)
+                .map(|id| id as i64),
+        );
+        prompts.push(row);
+    }
     let gen_opts =
         GenerateOptions { max_new_tokens: b.new_tokens, sampling: Sampling::greedy(), eos_token_ids: vec![] };
     // One untimed warm-up, then the median of the timed runs.
@@ -386,7 +409,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        v[v.len() / 2] // cannot fire: --repeat >= 1 was checked, so v is not empty
     };
     let line = serde_json::json!({
         "engine": "headcount",

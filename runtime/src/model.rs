@@ -66,10 +66,17 @@ pub struct Dims {
     pub act: Activation,
 }
 
+// Config sizes are u64 and the model's are usize: the same width on the 64-bit targets
+// libtorch supports, so `as usize` below never truncates.
+const _: () = assert!(usize::BITS == u64::BITS, "headcount's runtime needs a 64-bit target");
+
 impl Dims {
-    /// Validates a config (every rule) and derives the sizes.
+    /// Validates a config (every rule) and derives the sizes. The rules keep every weight's
+    /// element count (so every size below, and the products `weight_shapes` forms) within
+    /// i64: the `as i64` casts of these sizes never wrap.
     pub fn new(config: &Config) -> Result<Dims> {
         config.validate()?;
+        // cannot fire: a valid config has a head_dim (given, or derived by rule 3).
         let hd = config.resolved_head_dim().unwrap_or(0) as usize;
         let act = Activation::from_name(&config.hidden_act)
             .ok_or_else(|| Error::InvalidArgument(format!("hidden_act {:?} is not implemented", config.hidden_act)))?;
@@ -126,9 +133,10 @@ impl Dims {
         out
     }
 
-    /// Total parameters of the unsharded model.
+    /// Total parameters of the unsharded model (saturating: a layer count no checkpoint
+    /// backs can make the sum exceed i64).
     pub fn parameter_count(&self) -> i64 {
-        self.weight_shapes().iter().map(|(_, s)| s.iter().product::<i64>()).sum()
+        self.weight_shapes().iter().map(|(_, s)| s.iter().product::<i64>()).fold(0, i64::saturating_add)
     }
 }
 
@@ -383,7 +391,14 @@ struct RandomSource {
 }
 
 impl WeightSource for RandomSource {
-    fn rows(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>, kind: Kind, device: Device) -> Result<Tensor> {
+    fn rows(
+        &mut self,
+        name: &str,
+        shape: &[i64],
+        rows: Option<(usize, usize)>,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor> {
         if name.ends_with("layernorm.weight") || name == "model.norm.weight" {
             let mut s = shape.to_vec();
             if let (Some((_, n)), Some(first)) = (rows, s.first_mut()) {
@@ -393,6 +408,7 @@ impl WeightSource for RandomSource {
         }
         // FNV-1a of the name, mixed with the seed.
         let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        // Bit reinterpretations of a hash, masked to a non-negative seed: no value matters.
         tch::manual_seed((h ^ self.seed as u64) as i64 & i64::MAX);
         let full = Tensor::f_randn(shape, (Kind::Float, Device::Cpu))?.f_mul_scalar(0.02)?;
         let part = match rows {
@@ -440,6 +456,17 @@ impl Glm {
     pub fn load_with_config(dir: &Path, config: &Config, opts: &LoadOptions) -> Result<Glm> {
         let dims = Dims::new(config)?;
         let ckpt = Checkpoint::open(dir)?;
+        // No rule bounds num_hidden_layers: before listing every weight, name the first layer
+        // the checkpoint lacks, so 2^40 layers cost a few lookups, not 2^40 names. The search
+        // stops within tensors.len() + 1 layers, as each layer needs its own tensor.
+        if dims.layers > ckpt.tensors.len() {
+            let first_missing = (0..dims.layers)
+                .map(|l| format!("model.layers.{l}.input_layernorm.weight"))
+                .find(|name| !ckpt.tensors.contains_key(name));
+            if let Some(name) = first_missing {
+                return Err(Error::MissingTensor { name, expected: vec![dims.hidden as i64] });
+            }
+        }
         // Every stored tensor must be one the model has.
         let expected: std::collections::HashSet<String> = dims.weight_shapes().into_iter().map(|(n, _)| n).collect();
         for (name, e) in &ckpt.tensors {
@@ -472,7 +499,7 @@ impl Glm {
         }
         let plan = ShardPlan::new(&dims, opts.tensor_parallel, opts.kv_replication, opts.vocab_padding)?;
         let kind = opts.dtype.kind();
-        let dev0 = opts.devices[0];
+        let dev0 = opts.devices[0]; // cannot fire: checked non-empty above
         let shapes: std::collections::HashMap<String, Vec<i64>> = dims.weight_shapes().into_iter().collect();
         let shape = |n: &str| shapes.get(n).cloned().unwrap_or_default();
         let d = dims.head_dim;
@@ -496,7 +523,7 @@ impl Glm {
 
         let mut shards = Vec::with_capacity(plan.size);
         for s in 0..plan.size {
-            let dev = opts.devices[s % opts.devices.len()];
+            let dev = opts.devices[s % opts.devices.len()]; // cannot fire: non-empty, index taken modulo
             let qh = plan.q_heads(s);
             let kvh = plan.kv_heads(s);
             let inter = plan.intermediate(s);
@@ -553,7 +580,7 @@ impl Glm {
                 } else {
                     src.rows(name, &shape(name), Some((real.start, real.len())), kind, dev)?
                 };
-                let pad = (vr.len() - real.len()) as i64;
+                let pad = (vr.len() - real.len()) as i64; // cannot wrap: `real` is a part of `vr`
                 if pad > 0 {
                     Ok(Tensor::f_cat(&[t, Tensor::f_zeros([pad, dims.hidden as i64], (kind, dev))?], 0)?)
                 } else {
@@ -584,7 +611,7 @@ impl Glm {
 
     /// The device activations are gathered on (shard 0's).
     pub fn device(&self) -> Device {
-        self.shards[0].device
+        self.shards[0].device // cannot fire: `build` makes plan.size >= 1 shards
     }
 
     /// Allocates a cache for `batch` rows and `capacity` positions.
@@ -648,11 +675,11 @@ impl Glm {
 
     /// One shard's attention for layer `l`: its heads' contribution to o_proj's output.
     fn attention(&self, s: &Shard, l: usize, x: &Tensor, step: &Step, cache: &mut KvCache) -> Result<Tensor> {
-        let (b, t) = (x.size()[0], step.len);
+        let (b, t) = (x.size3()?.0, step.len);
         let d = self.dims.head_dim as i64;
         let (hl, kvl) = (s.heads, s.kv_heads);
-        let g = hl / kvl;
-        let layer = &s.layers[l];
+        let g = hl / kvl; // cannot fire: a shard holds at least one kv head (ShardPlan)
+        let layer = &s.layers[l]; // cannot fire: l < dims.layers, and every shard has that many
         let qkv = layer.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
         let qk = qkv.f_narrow(2, 0, hl + kvl)?;
         let qk = match &step.rot {
@@ -663,11 +690,16 @@ impl Glm {
         let q = qk.f_narrow(2, 0, hl)?;
         let k = qk.f_narrow(2, hl, kvl)?.f_transpose(1, 2)?;
         let v = qkv.f_narrow(2, hl + kvl, kvl)?.f_transpose(1, 2)?;
-        let si = s.index;
-        cache.k[si][l].f_narrow(2, step.start, t)?.f_copy_(&k)?;
-        cache.v[si][l].f_narrow(2, step.start, t)?.f_copy_(&v)?;
-        let keys = cache.k[si][l].f_narrow(2, 0, step.start + t)?;
-        let values = cache.v[si][l].f_narrow(2, 0, step.start + t)?;
+        // `forward` is public: a cache made by another model is an error, not a panic.
+        let (Some(ck), Some(cv)) =
+            (cache.k.get(s.index).and_then(|c| c.get(l)), cache.v.get(s.index).and_then(|c| c.get(l)))
+        else {
+            return Err(Error::InvalidArgument("the KV cache was not made by this model (Glm::new_cache)".to_owned()));
+        };
+        ck.f_narrow(2, step.start, t)?.f_copy_(&k)?;
+        cv.f_narrow(2, step.start, t)?.f_copy_(&v)?;
+        let keys = ck.f_narrow(2, 0, step.start + t)?;
+        let values = cv.f_narrow(2, 0, step.start + t)?;
         // Grouped-query attention without copying kv heads: the g query heads of each kv
         // head become g*t query rows against that head's keys.
         let qg = if t == 1 {
@@ -691,7 +723,7 @@ impl Glm {
 
     /// One shard's MLP for layer `l`: its channels' contribution to down_proj's output.
     fn mlp(&self, s: &Shard, l: usize, x: &Tensor) -> Result<Tensor> {
-        let layer = &s.layers[l];
+        let layer = &s.layers[l]; // cannot fire: l < dims.layers, and every shard has that many
         let gu = layer.gate_up.forward(x)?;
         let il = s.intermediate;
         let gate = gu.f_narrow(-1, 0, il)?;
@@ -706,7 +738,7 @@ impl Glm {
         F: FnMut(&Shard, &Tensor) -> Result<Tensor>,
     {
         if self.shards.len() == 1 {
-            return f(&self.shards[0], x);
+            return f(&self.shards[0], x); // cannot fire: len() == 1
         }
         let mut parts = Vec::with_capacity(self.shards.len());
         for s in &self.shards {
@@ -722,7 +754,7 @@ impl Glm {
         let eps = self.dims.eps;
         let mut h = self.embed(ids)?;
         for l in 0..self.dims.layers {
-            let n = &self.norms[l];
+            let n = &self.norms[l]; // cannot fire: `build` makes one Norms per layer
             let x = rms_norm(&h, &n.input, eps)?;
             let mut a = self.sharded(&x, |s, x| self.attention(s, l, x, step, cache))?;
             if let Some(w) = &n.post_self_attn {

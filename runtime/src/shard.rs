@@ -40,6 +40,7 @@ impl ShardPlan {
             return Err(Error::TensorParallel { size, reason });
         }
         let padded_vocab = spec.padded_vocab().unwrap_or(spec.vocab_size) as usize;
+        // cannot fire: size >= 1 was checked, and a valid config has kv_heads >= 1.
         let (kv_per_shard, kv_replicas) =
             if d.kv_heads.is_multiple_of(size) { (d.kv_heads / size, 1) } else { (1, size / d.kv_heads) };
         Ok(ShardPlan {
@@ -52,6 +53,9 @@ impl ShardPlan {
             vocab_per_shard: padded_vocab / size,
         })
     }
+
+    // The ranges below take `s < size` (the loaders' loop), so they stay within the model's
+    // sizes and never overflow.
 
     /// The query heads of shard `s`.
     pub fn q_heads(&self, s: usize) -> Range<usize> {

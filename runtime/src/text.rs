@@ -1,5 +1,12 @@
 //! Text in and out through a checkpoint's `tokenizer.json` (the `tokenizers` crate).
+//!
+//! `tokenizers` 0.22 panics on some malformed files instead of returning an error (a file
+//! cut inside its `decoder` object, a `Precompiled` normalizer with a bad charsmap), so the
+//! file is checked to be JSON first, and every call into the library runs under
+//! [`guarded`]: its panics come back as typed errors (the panic message is still printed
+//! by the default hook).
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -16,30 +23,50 @@ impl TextCodec {
         if !p.is_file() {
             return Ok(None);
         }
-        let inner = tokenizers::Tokenizer::from_file(&p)
-            .map_err(|e| Error::BadFile { file: p.clone(), reason: format!("not a usable tokenizer: {e}") })?;
+        let bad = |reason: String| Error::BadFile { file: p.clone(), reason };
+        let bytes = std::fs::read(&p).map_err(|source| Error::Io { path: p.clone(), source })?;
+        let text = String::from_utf8(bytes).map_err(|e| bad(format!("not valid UTF-8: {e}")))?;
+        serde_json::from_str::<serde_json::Value>(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let inner = guarded(|| text.parse::<tokenizers::Tokenizer>())
+            .map_err(|panic| bad(format!("not a usable tokenizer: {panic}")))?
+            .map_err(|e| bad(format!("not a usable tokenizer: {e}")))?;
         Ok(Some(TextCodec { inner }))
     }
 
     /// Token ids of `text`, with the special tokens the tokenizer adds (e.g. bos).
     pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
-        let enc = self
-            .inner
-            .encode(text, true)
+        let enc = guarded(|| self.inner.encode(text, true))
+            .map_err(|panic| Error::InvalidArgument(format!("cannot tokenize the prompt: {panic}")))?
             .map_err(|e| Error::InvalidArgument(format!("cannot tokenize the prompt: {e}")))?;
-        Ok(enc.get_ids().iter().map(|&i| i as i64).collect())
+        Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
     }
 
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[i64]) -> Result<String> {
         let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect();
-        self.inner.decode(&ids, true).map_err(|e| Error::InvalidArgument(format!("cannot decode tokens: {e}")))
+        guarded(|| self.inner.decode(&ids, true))
+            .map_err(|panic| Error::InvalidArgument(format!("cannot decode tokens: {panic}")))?
+            .map_err(|e| Error::InvalidArgument(format!("cannot decode tokens: {e}")))
     }
 
     /// The id of a token string (e.g. "<bos>"), if the vocabulary has it.
     pub fn token_id(&self, token: &str) -> Option<i64> {
-        self.inner.token_to_id(token).map(i64::from)
+        guarded(|| self.inner.token_to_id(token)).ok().flatten().map(i64::from)
     }
+}
+
+/// Runs a call into `tokenizers`, turning a panic into an error message. Unwind safety: on
+/// a panic while loading, the half-built tokenizer is dropped; `encode` and `decode` take
+/// `&self` and the library keeps no state that a panic leaves half-written.
+fn guarded<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown failure".to_owned());
+        format!("the tokenizers library failed on it ({what})")
+    })
 }
 
 /// Prints generated text as it grows: decodes everything so far and emits the new suffix,

@@ -63,7 +63,7 @@ impl<A: Architecture> Model<A> {
         LoadOptions {
             tensor_parallel: tp,
             kv_replication: A::KV_REPLICATION,
-            vocab_padding: A::VOCAB_PADDING as usize,
+            vocab_padding: A::VOCAB_PADDING as usize, // cannot wrap: usize is 64 bits (see model.rs)
             ..opts.clone()
         }
     }

@@ -207,6 +207,12 @@ fn bench_prints_one_json_line() {
         1,
         "num_attention_heads must be at least 1",
     );
+    // Sizes are checked before the prompts are built (10^12 tokens would exhaust memory).
+    expect(
+        &headcount(&["bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--prompt-len", "1000000000000"]),
+        1,
+        "more than max_position_embeddings (64)",
+    );
 }
 
 #[test]

@@ -44,7 +44,8 @@ pub trait Architecture: 'static {
         None => 0,
     };
 
-    /// Every value, as the rules see it.
+    /// Every value, as the rules see it. (`usize as u64` never wraps: usize is at most 64
+    /// bits on every target Rust supports.)
     const SPEC: ArchSpec<'static> = ArchSpec {
         vocab_size: Self::VOCAB_SIZE as u64,
         hidden_size: Self::HIDDEN_SIZE as u64,

@@ -15,6 +15,9 @@ use serde_json::{Map, Number, Value};
 use crate::keys;
 use crate::rules::{self, ArchSpec, Family, LayoutError};
 
+/// The largest config.json [`Config::from_file`] reads. Real ones are a few kilobytes.
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
+
 /// Why a config.json could not be read. Layout problems are [`ValidationError`]s.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -162,10 +165,20 @@ fn get_opt_id(field: &str, v: &Value) -> Result<Option<u64>, ConfigError> {
 }
 
 impl Config {
-    /// Reads a config.json file.
+    /// Reads a config.json file (at most [`MAX_CONFIG_BYTES`]: a larger file, or an endless
+    /// one such as `/dev/zero`, is an error, not an attempt to hold it in memory).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        use std::io::Read;
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_owned(), source })?;
+        let io = |source| ConfigError::Io { path: path.to_owned(), source };
+        let mut text = String::new();
+        std::fs::File::open(path).and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)).map_err(io)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("larger than {} MiB, which no config.json is", MAX_CONFIG_BYTES >> 20),
+            )));
+        }
         Config::from_json_str(&text)
     }
 
@@ -185,6 +198,7 @@ impl Config {
         let mut rope_params: Option<Map<String, Value>> = None;
         let mut top_theta = None;
         let mut top_factor = None;
+        let mut kv_null = false;
         for (k, v) in map {
             match k.as_str() {
                 keys::MODEL_TYPE => {
@@ -198,9 +212,9 @@ impl Config {
                 keys::NUM_ATTENTION_HEADS => c.num_attention_heads = get_u64(&k, &v)?,
                 keys::NUM_KEY_VALUE_HEADS => {
                     // transformers treats null as "same as the attention heads".
-                    c.num_key_value_heads = match v {
-                        Value::Null => u64::MAX,
-                        _ => get_u64(&k, &v)?,
+                    kv_null = v.is_null();
+                    if !kv_null {
+                        c.num_key_value_heads = get_u64(&k, &v)?;
                     }
                 }
                 keys::HEAD_DIM => {
@@ -256,7 +270,7 @@ impl Config {
                 }
             }
         }
-        if c.num_key_value_heads == u64::MAX {
+        if kv_null {
             c.num_key_value_heads = c.num_attention_heads;
         }
         match rope_params {
@@ -333,7 +347,7 @@ impl Config {
         m.insert(keys::PAD_TOKEN_ID.into(), id(self.pad_token_id));
         m.insert(keys::BOS_TOKEN_ID.into(), id(self.bos_token_id));
         let eos = if self.eos_is_scalar && self.eos_token_id.len() == 1 {
-            Value::from(self.eos_token_id[0])
+            Value::from(self.eos_token_id[0]) // cannot fire: len() == 1 was just checked
         } else if self.eos_token_id.is_empty() {
             Value::Null
         } else {

@@ -40,7 +40,7 @@ impl Msg {
                 self.truncated = true;
                 break;
             }
-            self.buf[self.len] = bytes[i];
+            self.buf[self.len] = bytes[i]; // cannot fire: len + 3 < MSG_CAPACITY and i < bytes.len()
             self.len += 1;
             i += 1;
         }
@@ -52,6 +52,7 @@ impl Msg {
         let mut digits = [0u8; 20];
         let mut n = 0;
         loop {
+            // cannot fire: a u64 has at most 20 digits; v % 10 < 10 fits a u8.
             digits[n] = b'0' + (v % 10) as u8;
             n += 1;
             v /= 10;
@@ -65,7 +66,7 @@ impl Msg {
                 self.truncated = true;
                 break;
             }
-            self.buf[self.len] = digits[n];
+            self.buf[self.len] = digits[n]; // cannot fire: checked against MSG_CAPACITY above
             self.len += 1;
         }
         self
@@ -121,6 +122,7 @@ impl Msg {
         }
         // Twelve significant digits, rounded.
         let scaled = s * 1e11;
+        // cannot fire: s is in [1, 10), so scaled and scaled + 0.5 are below 1e12 (no wrap).
         let whole = scaled as u64;
         let mut sig = match round {
             Round::Nearest => (scaled + 0.5) as u64,
@@ -147,7 +149,7 @@ impl Msg {
         }
         if exp >= -5 && exp < 16 {
             if exp >= 0 {
-                let int_digits = exp as usize + 1;
+                let int_digits = exp as usize + 1; // cannot fire: 0 <= exp < 16 here
                 let mut k = 0;
                 while k < int_digits {
                     m = m.byte(if k < DIGITS { digits[k] } else { b'0' });
@@ -189,7 +191,7 @@ impl Msg {
                 m = m.push("-");
                 exp = -exp;
             }
-            m.num(exp as u64)
+            m.num(exp as u64) // cannot fire: exp was made non-negative above
         }
     }
 

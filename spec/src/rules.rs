@@ -51,6 +51,7 @@ pub const fn str_eq(a: &str, b: &str) -> bool {
     }
     let mut i = 0;
     while i < a.len() {
+        // cannot fire: i < a.len() == b.len()
         if a[i] != b[i] {
             return false;
         }
@@ -165,7 +166,7 @@ pub const fn exact_product(n: u64, factor: f64) -> Option<u64> {
     if r.is_nan() || r < 0.0 || r > 9.0e15 {
         return None;
     }
-    let w = r as u64;
+    let w = r as u64; // cannot fire: 0 <= r <= 9e15 was checked, so the cast is exact
     let excess = r - w as f64;
     let tolerance = if r > 1.0 { r * 1e-9 } else { 1e-9 };
     if excess <= tolerance { Some(w) } else { None }
@@ -214,18 +215,43 @@ impl Default for SizeList {
     }
 }
 
-/// The divisors of `n` in increasing order (empty when `n` is 0 or too large to search).
+/// Divisors are searched up to this (so up to its square, 2^40, every divisor is found).
+pub const DIVISOR_SEARCH_LIMIT: u64 = 1 << 20;
+
+/// The divisors of `n` in increasing order, the first [`SIZE_LIST_CAPACITY`] of them (empty
+/// when `n` is 0). Pairs `d`, `n / d` are found together, so at most `sqrt(n)` candidates are
+/// tried, and never more than [`DIVISOR_SEARCH_LIMIT`]: beyond that the list holds the
+/// divisors found and is marked as having more.
 pub const fn divisors(n: u64) -> SizeList {
-    let mut out = SizeList::new();
-    if n == 0 || n > 1 << 24 {
-        return out;
+    let mut small = SizeList::new();
+    if n == 0 {
+        return small;
     }
     let mut d = 1;
-    while d <= n {
+    // d <= n / d is d * d <= n without overflow.
+    while d <= n / d {
+        if d > DIVISOR_SEARCH_LIMIT {
+            small.more = true;
+            return small;
+        }
         if n.is_multiple_of(d) {
-            out = out.with(d);
+            small = small.with(d);
+            if small.more {
+                // Full: larger divisors would not be listed anyway.
+                return small;
+            }
         }
         d += 1;
+    }
+    // `small` holds every divisor up to sqrt(n); the others are n / d, increasing as d falls.
+    let mut out = small;
+    let mut i = small.len;
+    while i > 0 {
+        i -= 1;
+        let d = small.items[i]; // cannot fire: i < small.len <= SIZE_LIST_CAPACITY
+        if n / d != d {
+            out = out.with(n / d);
+        }
     }
     out
 }
@@ -366,28 +392,29 @@ impl LayoutError {
                     .push(" heads are "),
             ),
             LayoutError::HeadsNotMultipleOfKv { heads, kv } => {
-                let lower = heads / kv * kv;
                 let m = m
                     .push("num_attention_heads (")
                     .num(heads)
                     .push(") must be a multiple of num_key_value_heads (")
                     .num(kv)
                     .push("): nearest legal num_attention_heads are ");
-                let m = if lower > 0 { m.num(lower).push(" and ") } else { m };
-                divisors(heads)
-                    .write(m.num(lower + kv).push("; legal num_key_value_heads for ").num(heads).push(" heads are "))
+                divisors(heads).write(
+                    nearest_multiples(m, heads, kv, " and ")
+                        .push("; legal num_key_value_heads for ")
+                        .num(heads)
+                        .push(" heads are "),
+                )
             }
-            LayoutError::HiddenNotMultipleOfHeads { hidden, heads } => {
-                let lower = hidden / heads * heads;
-                let m = m
-                    .push("hidden_size (")
+            LayoutError::HiddenNotMultipleOfHeads { hidden, heads } => nearest_multiples(
+                m.push("hidden_size (")
                     .num(hidden)
                     .push(") must be a multiple of num_attention_heads (")
                     .num(heads)
-                    .push(") when head_dim is not given: set head_dim, or use hidden_size ");
-                let m = if lower > 0 { m.num(lower).push(" or ") } else { m };
-                m.num(lower + heads)
-            }
+                    .push(") when head_dim is not given: set head_dim, or use hidden_size "),
+                hidden,
+                heads,
+                " or ",
+            ),
             LayoutError::RotaryFactorRange { factor } => {
                 m.push("partial_rotary_factor (").float(factor).push(") must be greater than 0 and at most 1")
             }
@@ -479,7 +506,7 @@ impl LayoutError {
                     if i > 0 {
                         m = m.push(", ");
                     }
-                    m = m.push(ACTIVATIONS[i]);
+                    m = m.push(ACTIVATIONS[i]); // cannot fire: i < ACTIVATIONS.len()
                     i += 1;
                 }
                 m
@@ -492,6 +519,22 @@ impl LayoutError {
                 .num(b)
                 .push(" does not fit a 64-bit tensor size"),
         }
+    }
+}
+
+/// The multiples of `step` nearest to `n` (which it does not divide): the one below when it
+/// is positive and the one above when it fits in 64 bits, joined by `sep`.
+const fn nearest_multiples(m: Msg, n: u64, step: u64, sep: &str) -> Msg {
+    let lower = match n.checked_rem(step) {
+        Some(r) => n - r,
+        // A step of 0: no multiple to suggest (the rules report a zero count instead).
+        None => return m,
+    };
+    match lower.checked_add(step) {
+        Some(upper) if lower > 0 => m.num(lower).push(sep).num(upper),
+        Some(upper) => m.num(upper),
+        // Only n near u64::MAX gets here, and then lower > 0.
+        None => m.num(lower),
     }
 }
 
@@ -517,11 +560,12 @@ const fn rotary_hint(m: Msg, head_dim: u64, channels: f64) -> Msg {
     }
     // Largest even count below (or at) channels, smallest even count above it.
     let below = {
+        // A float-to-int `as` saturates (NaN gives 0): no wrap for any channel count.
         let f = if channels < 0.0 { 0 } else { channels as u64 };
         let e = f - f % 2;
         if e as f64 == channels { e.saturating_sub(2) } else { e }
     };
-    let above = below + 2;
+    let above = below.saturating_add(2);
     let below = if below > head_dim { head_dim - head_dim % 2 } else { below };
     let mut m = m.push(": use partial_rotary_factor ");
     let mut wrote = false;
@@ -623,6 +667,7 @@ pub const fn counts(s: &ArchSpec, out: &mut Errors) {
     ];
     let mut i = 0;
     while i < values.len() {
+        // cannot fire: values and COUNT_FIELDS both have 8 entries, in the same order.
         if let Some(0) = values[i] {
             out.push(LayoutError::NotPositive { field: keys::COUNT_FIELDS[i] });
         }
@@ -690,7 +735,7 @@ pub const fn token_ids(s: &ArchSpec, out: &mut Errors) {
     }
     let mut i = 0;
     while i < s.eos_token_ids.len() {
-        let id = s.eos_token_ids[i];
+        let id = s.eos_token_ids[i]; // cannot fire: i < len()
         if id >= v {
             out.push(LayoutError::TokenOutOfVocab { field: keys::EOS_TOKEN_ID, id, vocab: v });
         }
@@ -703,9 +748,10 @@ pub const fn token_ids(s: &ArchSpec, out: &mut Errors) {
 pub const fn tensor_parallel(s: &ArchSpec, out: &mut Errors) {
     let (h, kv) = (s.num_attention_heads, s.num_key_value_heads);
     let counts_ok = h != 0 && kv != 0 && s.intermediate_size != 0 && s.vocab_size != 0;
+    let mut legal_once: Option<SizeList> = None;
     let mut i = 0;
     while i < s.tensor_parallel.len() {
-        let tp = s.tensor_parallel[i];
+        let tp = s.tensor_parallel[i]; // cannot fire: i < len()
         i += 1;
         if tp == 0 {
             out.push(LayoutError::TensorParallelZero);
@@ -717,7 +763,12 @@ pub const fn tensor_parallel(s: &ArchSpec, out: &mut Errors) {
         if s.tensor_parallel_ok(tp) {
             continue;
         }
-        let legal = s.legal_tensor_parallel();
+        // The legal sizes do not depend on tp: searched once, for the first bad size.
+        let legal = match legal_once {
+            Some(l) => l,
+            None => s.legal_tensor_parallel(),
+        };
+        legal_once = Some(legal);
         if h % tp != 0 {
             out.push(LayoutError::TensorParallelHeads { tp, heads: h, legal });
         }
@@ -742,7 +793,7 @@ pub const fn pipeline_parallel(s: &ArchSpec, out: &mut Errors) {
     let layers = s.num_hidden_layers;
     let mut i = 0;
     while i < s.pipeline_parallel.len() {
-        let pp = s.pipeline_parallel[i];
+        let pp = s.pipeline_parallel[i]; // cannot fire: i < len()
         i += 1;
         if pp == 0 {
             out.push(LayoutError::PipelineZero);
@@ -767,6 +818,7 @@ pub const fn scalars(s: &ArchSpec, out: &mut Errors) {
     let mut i = 0;
     let mut known = false;
     while i < ACTIVATIONS.len() {
+        // cannot fire: i < ACTIVATIONS.len()
         if str_eq(s.hidden_act, ACTIVATIONS[i]) {
             known = true;
         }
@@ -802,7 +854,7 @@ pub const fn sizes(s: &ArchSpec, out: &mut Errors) {
     ];
     let mut i = 0;
     while i < checks.len() {
-        let (what, a, b) = checks[i];
+        let (what, a, b) = checks[i]; // cannot fire: i < checks.len()
         match a.checked_mul(b) {
             Some(n) if n <= LIMIT => {}
             _ => out.push(LayoutError::SizeOverflow { what, a, b }),
@@ -911,6 +963,8 @@ pub const fn validate(s: &ArchSpec) -> Errors {
 pub const fn assert_rule(errors: Errors) {
     if !errors.is_empty() {
         let m = errors.render();
+        // Intended: evaluated in a `const _` item this panic is the compile error a user
+        // sees; it is never called at run time.
         panic!("{}", m.as_str());
     }
 }

@@ -82,7 +82,15 @@ fn missing_keys_take_transformers_defaults() {
     assert_eq!(c, Config::default());
     assert_eq!(c.partial_rotary_factor, 0.5);
     assert_eq!(c.head_dim, Some(128));
-    let c = Config::from_json_str(r#"{"model_type": "glm4", "head_dim": null, "hidden_size": 64, "num_attention_heads": 4}"#).unwrap();
+    let c = Config::from_json_str(
+        r#"{"model_type": "glm4", "head_dim": null, "hidden_size": 64, "num_attention_heads": 4}"#,
+    )
+    .unwrap();
     assert_eq!(c.resolved_head_dim(), Some(16));
-    assert!(Config::from_json_str(r#"{"model_type": "glm", "some_future_key": [1, {"a": 2}]}"#).unwrap().extra.contains_key("some_future_key"));
+    assert!(
+        Config::from_json_str(r#"{"model_type": "glm", "some_future_key": [1, {"a": 2}]}"#)
+            .unwrap()
+            .extra
+            .contains_key("some_future_key")
+    );
 }

@@ -72,8 +72,13 @@ fn brute_tp_ok(s: &ArchSpec, t: u64) -> bool {
         && splits(padded(s.vocab_size, s.vocab_padding))
 }
 
+/// `PROPTEST_CASES` when set (to run longer), otherwise `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(400), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn counts_error_iff_zero(v in 0u64..3, h in 0u64..3, i in 0u64..3, l in 0u64..3, a in 0u64..3, k in 0u64..3,
