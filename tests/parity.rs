@@ -132,3 +132,24 @@ fn bf16_on_cpu_stays_close() {
         assert!(d <= BF16_RELATIVE_TOLERANCE * scale, "{}: bf16 diff {d} vs max |logit| {scale}", name(&dir));
     }
 }
+
+/// Large CPU weights stored in column blocks for worker threads (runtime/src/parallel.rs)
+/// give the logits and tokens of whole weights.
+#[test]
+fn split_weights_equal_whole_weights() {
+    for tied in [false, true] {
+        let mut config =
+            headcount::Config::from_file(headcount_integration::fixtures_dir().join("glm-gqa2/config.json")).unwrap();
+        config.vocab_size = 40_000; // lm_head 40000 x 32 f32 = 5 MB: above the split threshold
+        config.tie_word_embeddings = tied; // tied: the embedding is looked up in the split lm_head
+        let whole = Glm::random(&config, &LoadOptions { cpu_threads: Some(1), ..Default::default() }, 5).unwrap();
+        let split = Glm::random(&config, &LoadOptions { cpu_threads: Some(2), ..Default::default() }, 5).unwrap();
+        assert!(split.splits_weights() && !whole.splits_weights());
+        let ids: Vec<i64> = (0..12).map(|i| (i * 3571 + 9) % 40_000).collect();
+        let d = max_abs_diff(&logits(&split, &ids).unwrap(), &logits(&whole, &ids).unwrap());
+        assert!(d <= 1e-6, "prefill logits differ by {d}");
+        let a = generate(&whole, &[ids.clone(), ids[..5].to_vec()], &greedy(10), |_, _| {}).unwrap();
+        let b = generate(&split, &[ids.clone(), ids[..5].to_vec()], &greedy(10), |_, _| {}).unwrap();
+        assert_eq!(a.tokens, b.tokens, "tied {tied}");
+    }
+}

@@ -57,12 +57,12 @@ fn shard_shapes_follow_the_plan() {
             for s in &m.shards {
                 let l = &s.layers[0];
                 // qkv columns: whole heads of this shard.
-                let cols = l.qkv.wt.size()[1];
+                let cols = l.qkv.shape()[1];
                 assert_eq!(cols, (p.heads_per_shard as i64 + 2 * p.kv_per_shard as i64) * hd, "{}", name(&dir));
                 assert_eq!(cols % hd, 0);
-                assert_eq!(l.o.wt.size(), vec![p.heads_per_shard as i64 * hd, d.hidden as i64]);
-                assert_eq!(l.gate_up.wt.size(), vec![d.hidden as i64, 2 * p.intermediate_per_shard as i64]);
-                assert_eq!(l.down.wt.size(), vec![p.intermediate_per_shard as i64, d.hidden as i64]);
+                assert_eq!(l.o.shape(), vec![p.heads_per_shard as i64 * hd, d.hidden as i64]);
+                assert_eq!(l.gate_up.shape(), vec![d.hidden as i64, 2 * p.intermediate_per_shard as i64]);
+                assert_eq!(l.down.shape(), vec![p.intermediate_per_shard as i64, d.hidden as i64]);
                 total += s.parameter_count();
             }
             // Norms are replicated outside the shards; kv heads replicated kv_replicas times.

@@ -5,6 +5,7 @@ pub mod device;
 pub mod error;
 pub mod generate;
 pub mod model;
+pub mod parallel;
 pub mod shard;
 pub mod text;
 pub mod typed;

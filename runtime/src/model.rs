@@ -212,25 +212,66 @@ fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, rotary: i64, head_dim: i64
 
 // ---- building blocks ----------------------------------------------------------------------
 
-/// A projection with its weight stored transposed: `y = x @ wt + b`.
+/// A projection with its weight stored transposed, `[in, out]`, as column blocks
+/// (several only for large CPU weights, see [`crate::parallel`]): `y = x @ wt + b`.
 pub struct Linear {
-    pub wt: Tensor,
+    pub parts: Vec<Tensor>,
     pub b: Option<Tensor>,
 }
 
 impl Linear {
+    /// A projection of `w` (`[out, in]`, as stored by transformers).
+    fn new(w: &Tensor, b: Option<Tensor>, threads: Option<usize>) -> Result<Linear> {
+        let wt = w.f_transpose(0, 1)?.f_contiguous()?;
+        let bytes = wt.numel() * wt.kind().elt_size_in_bytes();
+        let parts = crate::parallel::split_columns(&wt, crate::parallel::blocks_for(bytes, wt.device(), threads))?;
+        Ok(Linear { parts, b })
+    }
+
+    /// `[in, out]`.
+    pub fn shape(&self) -> Vec<i64> {
+        let rows = self.parts.first().map_or(0, |p| p.size()[0]);
+        vec![rows, self.parts.iter().map(|p| p.size()[1]).sum()]
+    }
+
     /// `x @ wt + b`. (Measured on CPU: `addmm` with the bias is slower than `matmul` then
     /// an in-place add for one-row inputs.)
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut y = x.f_matmul(&self.wt)?;
+        let mut y = crate::parallel::matmul(x, &self.parts)?;
         if let Some(b) = &self.b {
             let _ = y.f_add_(b)?;
         }
         Ok(y)
     }
+
     fn numel(&self) -> i64 {
-        self.wt.numel() as i64 + self.b.as_ref().map_or(0, |b| b.numel() as i64)
+        let w: usize = self.parts.iter().map(Tensor::numel).sum();
+        // cannot wrap: element counts of allocated tensors fit i64.
+        (w + self.b.as_ref().map_or(0, Tensor::numel)) as i64
     }
+}
+
+/// Rows `idx` of the matrix whose transpose is stored as the column blocks `parts`
+/// (a tied embedding read from lm_head): [len(idx), in].
+fn lookup_columns(parts: &[Tensor], idx: &Tensor) -> Result<Tensor> {
+    if let [one] = parts {
+        return Ok(one.f_index_select(1, idx)?.f_transpose(0, 1)?);
+    }
+    let mut acc: Option<Tensor> = None;
+    let mut start = 0;
+    for p in parts {
+        let width = p.size2()?.1;
+        let local = idx.f_sub_scalar(start)?;
+        let valid = local.f_ge(0)?.f_logical_and(&local.f_lt(width)?)?;
+        let rows = p.f_index_select(1, &local.f_clamp(0, width - 1)?)?.f_transpose(0, 1)?;
+        let rows = rows.f_mul(&valid.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?;
+        acc = Some(match acc {
+            None => rows,
+            Some(a) => a.f_add(&rows)?,
+        });
+        start += width;
+    }
+    acc.ok_or_else(|| Error::InvalidArgument("a projection with no weights".to_owned()))
 }
 
 /// RMSNorm as transformers computes it: in f32, then scaled in the input dtype. For f32
@@ -272,10 +313,10 @@ pub struct Shard {
     pub device: Device,
     pub index: usize,
     /// Embedding rows of this shard's vocabulary range, or `None` when tied (then the
-    /// lookup reads `lm_head_t`'s columns).
+    /// lookup reads `lm_head`'s columns).
     pub embed: Option<Tensor>,
     /// `lm_head.weight` transposed: [hidden, vocab_per_shard].
-    pub lm_head_t: Tensor,
+    pub lm_head: Linear,
     pub layers: Vec<Layer>,
     pub heads: i64,
     pub kv_heads: i64,
@@ -287,7 +328,7 @@ pub struct Shard {
 impl Shard {
     /// Parameters held (including replicated kv heads and vocabulary padding).
     pub fn parameter_count(&self) -> i64 {
-        let mut n = self.lm_head_t.numel() as i64 + self.embed.as_ref().map_or(0, |e| e.numel() as i64);
+        let mut n = self.lm_head.numel() + self.embed.as_ref().map_or(0, |e| e.numel() as i64);
         for l in &self.layers {
             n += l.qkv.numel() + l.o.numel() + l.gate_up.numel() + l.down.numel();
         }
@@ -339,6 +380,9 @@ pub struct LoadOptions {
     pub vocab_padding: usize,
     /// Print loading progress to stderr for checkpoints above this many bytes.
     pub progress_above_bytes: Option<usize>,
+    /// Column blocks for large CPU weights (one per thread that multiplies them); `None`:
+    /// libtorch's thread count at load time. See [`crate::parallel`].
+    pub cpu_threads: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -350,6 +394,7 @@ impl Default for LoadOptions {
             kv_replication: true,
             vocab_padding: 1,
             progress_above_bytes: Some(200 << 20),
+            cpu_threads: None,
         }
     }
 }
@@ -556,19 +601,19 @@ impl Glm {
                 } else {
                     None
                 };
-                let qkv = Linear { wt: w.f_transpose(0, 1)?.f_contiguous()?, b };
+                let qkv = Linear::new(&w, b, opts.cpu_threads)?;
                 let o_name = format!("{p}.self_attn.o_proj.weight");
                 let o_full = src.rows(&o_name, &shape(&o_name), None, kind, dev)?;
                 let o = o_full.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
-                let o = Linear { wt: o.f_transpose(0, 1)?.f_contiguous()?, b: None };
+                let o = Linear::new(&o, None, opts.cpu_threads)?;
                 let i_total = dims.intermediate;
                 let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
                 let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
-                let gate_up = Linear { wt: Tensor::f_cat(&[gate, up], 0)?.f_transpose(0, 1)?.f_contiguous()?, b: None };
+                let gate_up = Linear::new(&Tensor::f_cat(&[gate, up], 0)?, None, opts.cpu_threads)?;
                 let down_name = format!("{p}.mlp.down_proj.weight");
                 let down_full = src.rows(&down_name, &shape(&down_name), None, kind, dev)?;
                 let down = down_full.f_narrow(1, inter.start as i64, inter.len() as i64)?;
-                let down = Linear { wt: down.f_transpose(0, 1)?.f_contiguous()?, b: None };
+                let down = Linear::new(&down, None, opts.cpu_threads)?;
                 layers.push(Layer { qkv, o, gate_up, down });
             }
             // Vocabulary rows of this shard; rows past the real vocabulary are zero padding.
@@ -587,17 +632,17 @@ impl Glm {
                     Ok(t)
                 }
             };
-            let (embed, lm_head_t) = if dims.tie_embeddings {
-                (None, vocab_rows(src, "model.embed_tokens.weight")?.f_transpose(0, 1)?.f_contiguous()?)
+            let (embed, lm_head) = if dims.tie_embeddings {
+                (None, Linear::new(&vocab_rows(src, "model.embed_tokens.weight")?, None, opts.cpu_threads)?)
             } else {
                 let e = vocab_rows(src, "model.embed_tokens.weight")?;
-                (Some(e), vocab_rows(src, "lm_head.weight")?.f_transpose(0, 1)?.f_contiguous()?)
+                (Some(e), Linear::new(&vocab_rows(src, "lm_head.weight")?, None, opts.cpu_threads)?)
             };
             shards.push(Shard {
                 device: dev,
                 index: s,
                 embed,
-                lm_head_t,
+                lm_head,
                 layers,
                 heads: plan.heads_per_shard as i64,
                 kv_heads: plan.kv_per_shard as i64,
@@ -607,6 +652,11 @@ impl Glm {
             });
         }
         Ok(Glm { dims, plan, dtype: opts.dtype, shards, norms, final_norm })
+    }
+
+    /// Whether some weight is stored in column blocks for worker threads (CPU only).
+    pub fn splits_weights(&self) -> bool {
+        self.shards.iter().any(|s| s.lm_head.parts.len() > 1 || s.layers.iter().any(|l| l.gate_up.parts.len() > 1))
     }
 
     /// The device activations are gathered on (shard 0's).
@@ -646,7 +696,7 @@ impl Glm {
             };
             let rows = match &s.embed {
                 Some(e) => e.f_index_select(0, &idx)?,
-                None => s.lm_head_t.f_index_select(1, &idx)?.f_transpose(0, 1)?,
+                None => lookup_columns(&s.lm_head.parts, &idx)?,
             };
             let rows = match valid {
                 Some(v) => rows.f_mul(&v.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?,
@@ -774,7 +824,7 @@ impl Glm {
         let mut parts = Vec::with_capacity(self.shards.len());
         for s in &self.shards {
             let xs = if s.device == h.device() { h.shallow_clone() } else { h.f_to_device(s.device)? };
-            parts.push(xs.f_matmul(&s.lm_head_t)?.f_to_device(self.device())?);
+            parts.push(s.lm_head.forward(&xs)?.f_to_device(self.device())?);
         }
         let logits = if parts.len() == 1 { parts.remove(0) } else { Tensor::f_cat(&parts, -1)? };
         let logits = if self.plan.padded_vocab != self.dims.vocab {
