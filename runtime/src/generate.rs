@@ -112,6 +112,8 @@ pub fn check_prompts(model: &Glm, prompts: &[Vec<i64>], max_new_tokens: usize) -
 /// Positions and masks of a left-padded batch.
 struct Layout {
     pads: Vec<i64>,
+    /// `pads` on the model's device, so that no decode step copies from the host.
+    pads_dev: Tensor,
     any_pad: bool,
     /// [B, capacity] true where a cache slot holds a real token.
     valid: Tensor,
@@ -129,7 +131,7 @@ impl Layout {
             let s = rope.sin.f_index_select(0, &idx)?.f_unsqueeze(0)?.f_unsqueeze(2)?;
             (c, s)
         } else {
-            let pads = Tensor::f_from_slice(&self.pads)?.f_to_device(device)?.f_unsqueeze(1)?;
+            let pads = self.pads_dev.f_unsqueeze(1)?;
             // transformers: position = index among real tokens; padding gets position 1.
             let pos = slots.f_unsqueeze(0)?.f_sub(&pads)?;
             let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?.f_reshape([-1])?;
@@ -144,8 +146,10 @@ impl Layout {
     /// Rotation matrices for the one-token step at cache slot `slot`: [B, D, D] (the
     /// cos/sin tensors returned are empty placeholders).
     fn rotations_at(&self, rope: &Rope, slot: i64, kind: Kind, device: Device) -> Result<(Tensor, Tensor, Tensor)> {
-        let pos: Vec<i64> = self.pads.iter().map(|&p| if slot >= p { slot - p } else { 1 }).collect();
-        let pos = Tensor::f_from_slice(&pos)?.f_to_device(device)?;
+        // Position of the slot in each row: slot - padding (padding slots get 1, as in
+        // transformers), computed on the device.
+        let pos = self.pads_dev.f_neg()?.f_add_scalar(slot)?;
+        let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?;
         let rot = rope.rotations(&pos, kind)?;
         let empty = Tensor::f_zeros([0], (kind, device))?;
         Ok((empty.shallow_clone(), empty, rot))
@@ -208,6 +212,7 @@ pub fn generate(
         valid.extend((0..capacity).map(|i| i as i64 >= pad));
     }
     let layout = Layout {
+        pads_dev: Tensor::f_from_slice(&pads)?.f_to_device(device)?,
         pads,
         any_pad,
         valid: Tensor::f_from_slice(&valid)?.f_reshape([b as i64, capacity as i64])?.f_to_device(device)?,
@@ -332,6 +337,7 @@ pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
     let t = ids.len() as i64;
     let layout = Layout {
         pads: vec![0],
+        pads_dev: Tensor::f_zeros([1], (Kind::Int64, device))?,
         any_pad: false,
         valid: Tensor::f_ones([1, t], (Kind::Bool, device))?,
         group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
