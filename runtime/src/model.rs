@@ -257,21 +257,38 @@ fn lookup_columns(parts: &[Tensor], idx: &Tensor) -> Result<Tensor> {
     if let [one] = parts {
         return Ok(one.f_index_select(1, idx)?.f_transpose(0, 1)?);
     }
-    let mut acc: Option<Tensor> = None;
+    let mut acc = None;
     let mut start = 0;
     for p in parts {
         let width = p.size2()?.1;
-        let local = idx.f_sub_scalar(start)?;
-        let valid = local.f_ge(0)?.f_logical_and(&local.f_lt(width)?)?;
-        let rows = p.f_index_select(1, &local.f_clamp(0, width - 1)?)?.f_transpose(0, 1)?;
-        let rows = rows.f_mul(&valid.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?;
-        acc = Some(match acc {
-            None => rows,
-            Some(a) => a.f_add(&rows)?,
-        });
+        let rows = lookup_in_range(idx, start, width, |local| Ok(p.f_index_select(1, local)?.f_transpose(0, 1)?))?;
+        acc = Some(sum_into(acc, rows)?);
         start += width;
     }
     acc.ok_or_else(|| Error::InvalidArgument("a projection with no weights".to_owned()))
+}
+
+/// Rows for the ids in `[start, start + width)` of a table that holds only that range
+/// (`rows_of` gets ids relative to `start`); zero rows for every other id. Summed over the
+/// tables of every range, this is the lookup in the whole table.
+fn lookup_in_range(
+    idx: &Tensor,
+    start: i64,
+    width: i64,
+    rows_of: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let local = idx.f_sub_scalar(start)?;
+    let valid = local.f_ge(0)?.f_logical_and(&local.f_lt(width)?)?;
+    let rows = rows_of(&local.f_clamp(0, width - 1)?)?;
+    Ok(rows.f_mul(&valid.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?)
+}
+
+/// `acc + t`, or `t` for the first term.
+fn sum_into(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
+    Ok(match acc {
+        None => t,
+        Some(a) => a.f_add(&t)?,
+    })
 }
 
 /// RMSNorm as transformers computes it: in f32, then scaled in the input dtype. For f32
@@ -683,30 +700,22 @@ impl Glm {
         let (b, t) = ids.size2()?;
         let h = self.dims.hidden as i64;
         let flat = ids.f_reshape([-1])?;
-        let mut acc: Option<Tensor> = None;
+        let mut acc = None;
         for s in &self.shards {
-            let local = flat.f_to_device(s.device)?;
-            let sharded = self.shards.len() > 1;
-            let (idx, valid) = if sharded {
-                let l = local.f_sub_scalar(s.vocab_start)?;
-                let valid = l.f_ge(0)?.f_logical_and(&l.f_lt(s.vocab_len)?)?;
-                (l.f_clamp(0, s.vocab_len - 1)?, Some(valid))
+            let ids = flat.f_to_device(s.device)?;
+            let lookup = |idx: &Tensor| -> Result<Tensor> {
+                match &s.embed {
+                    Some(e) => Ok(e.f_index_select(0, idx)?),
+                    None => lookup_columns(&s.lm_head.parts, idx),
+                }
+            };
+            // Vocab-parallel: each shard holds the rows of its vocabulary range.
+            let rows = if self.shards.len() > 1 {
+                lookup_in_range(&ids, s.vocab_start, s.vocab_len, lookup)?
             } else {
-                (local, None)
+                lookup(&ids)?
             };
-            let rows = match &s.embed {
-                Some(e) => e.f_index_select(0, &idx)?,
-                None => lookup_columns(&s.lm_head.parts, &idx)?,
-            };
-            let rows = match valid {
-                Some(v) => rows.f_mul(&v.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?,
-                None => rows,
-            };
-            let rows = rows.f_to_device(self.device())?;
-            acc = Some(match acc {
-                None => rows,
-                Some(a) => a.f_add(&rows)?,
-            });
+            acc = Some(sum_into(acc, rows.f_to_device(self.device())?)?);
         }
         let out = acc.ok_or_else(|| Error::InvalidArgument("model has no shards".to_owned()))?;
         Ok(out.f_reshape([b, t, h])?)
