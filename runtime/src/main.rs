@@ -411,6 +411,16 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2] // cannot fire: --repeat >= 1 was checked, so v is not empty
     };
+    let peak_rss = peak_rss_bytes();
+    // The memory bound of a decode step: every weight read once (the embedding only a row
+    // of, unless tied to lm_head) at the device's copy bandwidth, counted read plus write.
+    let bandwidth = copy_bandwidth(device)?;
+    let d = &model.dims;
+    let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
+    let weight_bytes =
+        (model.dims.parameter_count() as f64 - embedding as f64) * dtype.kind().elt_size_in_bytes() as f64;
+    let bound = b.batch as f64 * bandwidth / weight_bytes.max(1.0);
+    let decode_median = median(&mut decode);
     let line = serde_json::json!({
         "engine": "headcount",
         "layers": model.dims.layers,
@@ -424,11 +434,37 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "new_tokens": b.new_tokens,
         "tensor_parallel": b.tensor_parallel,
         "prefill_tokens_per_s": median(&mut prefill),
-        "decode_tokens_per_s": median(&mut decode),
-        "peak_rss_bytes": peak_rss_bytes(),
+        "decode_tokens_per_s": decode_median,
+        "peak_rss_bytes": peak_rss,
+        "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "decode_bound_tokens_per_s": bound,
+        "decode_fraction_of_bound": decode_median / bound,
     });
     println!("{line}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Copy bandwidth of `device` in bytes per second, read plus write (as the memory bound of
+/// docs/PERFORMANCE.md counts it): the median of 5 copies of a 256 MB buffer.
+fn copy_bandwidth(device: tch::Device) -> Result<f64> {
+    const ELEMENTS: i64 = 64 << 20;
+    let src = tch::Tensor::f_ones([ELEMENTS], (tch::Kind::Float, device))?;
+    let mut dst = tch::Tensor::f_empty([ELEMENTS], (tch::Kind::Float, device))?;
+    let sync = || {
+        if let tch::Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64); // cannot wrap: a device index
+        }
+    };
+    let mut seconds = Vec::with_capacity(5);
+    for _ in 0..5 {
+        sync();
+        let t = std::time::Instant::now();
+        dst.f_copy_(&src)?;
+        sync();
+        seconds.push(t.elapsed().as_secs_f64());
+    }
+    seconds.sort_by(f64::total_cmp);
+    Ok(2.0 * (ELEMENTS * 4) as f64 / seconds[2].max(1e-9)) // cannot fire: 5 entries
 }
 
 /// Peak resident memory of this process (Linux VmHWM), if known.

@@ -195,6 +195,9 @@ fn bench_prints_one_json_line() {
     expect(&o, 0, "decode_tokens_per_s");
     let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
     assert!(v["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["copy_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
+    let fraction = v["decode_fraction_of_bound"].as_f64().unwrap();
+    assert!(fraction > 0.0 && fraction.is_finite(), "{fraction}");
     assert_eq!(v["threads"], 1);
     assert_eq!(v["batch"], 2);
     expect(
