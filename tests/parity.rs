@@ -133,6 +133,22 @@ fn bf16_on_cpu_stays_close() {
     }
 }
 
+#[test]
+fn f16_on_cpu_stays_close() {
+    // f16 keeps 11 bits of mantissa (relative step 2^-11 = 0.05%), eight times bf16's.
+    const F16_RELATIVE_TOLERANCE: f64 = 0.01;
+    for dir in model_fixtures() {
+        let r = reference(&dir);
+        let model = Glm::load(&dir, &LoadOptions { dtype: DType::F16, ..Default::default() }).unwrap();
+        let ours = logits(&model, &r.input_ids[0]).unwrap();
+        let theirs = r.logits.get(0).unsqueeze(0);
+        let d = max_abs_diff(&ours, &theirs);
+        let scale = theirs.abs().max().double_value(&[]);
+        println!("{} f16 max abs diff {d:.3e} ({:.3}% of max |logit| {scale:.2})", name(&dir), 100.0 * d / scale);
+        assert!(d <= F16_RELATIVE_TOLERANCE * scale, "{}: f16 diff {d} vs max |logit| {scale}", name(&dir));
+    }
+}
+
 /// Large CPU weights stored in column blocks for worker threads (runtime/src/parallel.rs)
 /// give the logits and tokens of whole weights.
 #[test]
