@@ -185,6 +185,11 @@ impl Layout {
 }
 
 /// Generates for a batch of prompts; `on_token(row, id)` sees each token as it is chosen.
+///
+/// Two process-wide libtorch settings are touched: sampling seeds libtorch's global
+/// generator with `sampling.seed`, and while a model with split CPU weights decodes, the
+/// intra-op thread count is held at 1 (restored afterwards; see [`crate::parallel`]).
+/// Generations running at once on several threads therefore share them.
 pub fn generate(
     model: &Glm,
     prompts: &[Vec<i64>],
