@@ -169,8 +169,10 @@ fn generate_takes_any_input() {
             Ok(())
         })
         .unwrap_or_else(|e| panic!("{e}"));
-    // The generators must not drift into testing error paths only.
-    assert!(generated.get() * 5 >= total, "only {} of {total} cases generated", generated.get());
+    // The generators must not drift into testing error paths only. About a quarter of the
+    // cases succeed (measured over 31 seeds: 18-36%); 10% keeps this check from flaking
+    // (with 128 cases that is more than 4 standard deviations below the mean).
+    assert!(generated.get() * 10 >= total, "only {} of {total} cases generated", generated.get());
 }
 
 #[test]
