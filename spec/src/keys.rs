@@ -46,3 +46,30 @@ pub const COUNT_FIELDS: [&str; 8] = [
     HEAD_DIM,
     MAX_POSITION_EMBEDDINGS,
 ];
+
+/// The config.json keys `Config` reads (everything else is kept verbatim as extra).
+pub const CONFIG_JSON: [&str; 19] = [
+    MODEL_TYPE,
+    VOCAB_SIZE,
+    HIDDEN_SIZE,
+    INTERMEDIATE_SIZE,
+    NUM_HIDDEN_LAYERS,
+    NUM_ATTENTION_HEADS,
+    NUM_KEY_VALUE_HEADS,
+    HEAD_DIM,
+    PARTIAL_ROTARY_FACTOR,
+    ROPE_THETA,
+    ROPE_PARAMETERS,
+    RMS_NORM_EPS,
+    MAX_POSITION_EMBEDDINGS,
+    ATTENTION_BIAS,
+    TIE_WORD_EMBEDDINGS,
+    HIDDEN_ACT,
+    PAD_TOKEN_ID,
+    BOS_TOKEN_ID,
+    EOS_TOKEN_ID,
+];
+
+/// The keys only a `#[arch(...)]` declaration has.
+pub const DECLARATION_ONLY: [&str; 7] =
+    [FAMILY, TENSOR_PARALLEL, PIPELINE_PARALLEL, KV_REPLICATION, VOCAB_PADDING, UNEVEN_PIPELINE, FROM_CONFIG];

@@ -18,63 +18,20 @@ use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
 use serde_json::{Map, Number, Value, json};
 
-/// Every key a message may name: config.json keys and the declaration-only ones.
-const ALL_KEYS: [&str; 29] = [
-    keys::FAMILY,
-    keys::MODEL_TYPE,
-    keys::VOCAB_SIZE,
-    keys::HIDDEN_SIZE,
-    keys::INTERMEDIATE_SIZE,
-    keys::NUM_HIDDEN_LAYERS,
-    keys::NUM_ATTENTION_HEADS,
-    keys::NUM_KEY_VALUE_HEADS,
-    keys::HEAD_DIM,
-    keys::PARTIAL_ROTARY_FACTOR,
-    keys::ROPE_THETA,
-    keys::ROPE_PARAMETERS,
-    keys::RMS_NORM_EPS,
-    keys::MAX_POSITION_EMBEDDINGS,
-    keys::ATTENTION_BIAS,
-    keys::TIE_WORD_EMBEDDINGS,
-    keys::HIDDEN_ACT,
-    keys::PAD_TOKEN_ID,
-    keys::BOS_TOKEN_ID,
-    keys::EOS_TOKEN_ID,
-    keys::TENSOR_PARALLEL,
-    keys::PIPELINE_PARALLEL,
-    keys::KV_REPLICATION,
-    keys::VOCAB_PADDING,
-    keys::UNEVEN_PIPELINE,
-    keys::FROM_CONFIG,
-    // Not in `keys`, but read by the config reader.
-    "rope_scaling",
-    "rope_parameters.rope_type",
-    "rope_parameters.partial_rotary_factor",
-];
+/// Every key a message may name: config.json keys, the declaration-only ones, and the
+/// nested or legacy keys the config reader also reports.
+fn all_keys() -> Vec<&'static str> {
+    let mut k: Vec<&str> = keys::CONFIG_JSON.iter().chain(&keys::DECLARATION_ONLY).copied().collect();
+    k.extend(["rope_scaling", "rope_parameters.rope_type", "rope_parameters.partial_rotary_factor"]);
+    k
+}
 
 /// The keys config.json generators put values under.
-const CONFIG_KEYS: [&str; 20] = [
-    keys::MODEL_TYPE,
-    keys::VOCAB_SIZE,
-    keys::HIDDEN_SIZE,
-    keys::INTERMEDIATE_SIZE,
-    keys::NUM_HIDDEN_LAYERS,
-    keys::NUM_ATTENTION_HEADS,
-    keys::NUM_KEY_VALUE_HEADS,
-    keys::HEAD_DIM,
-    keys::PARTIAL_ROTARY_FACTOR,
-    keys::ROPE_THETA,
-    keys::ROPE_PARAMETERS,
-    keys::RMS_NORM_EPS,
-    keys::MAX_POSITION_EMBEDDINGS,
-    keys::ATTENTION_BIAS,
-    keys::TIE_WORD_EMBEDDINGS,
-    keys::HIDDEN_ACT,
-    keys::PAD_TOKEN_ID,
-    keys::BOS_TOKEN_ID,
-    keys::EOS_TOKEN_ID,
-    "rope_scaling",
-];
+fn config_keys() -> Vec<&'static str> {
+    let mut k = keys::CONFIG_JSON.to_vec();
+    k.push("rope_scaling");
+    k
+}
 
 /// One rule check (validate, render every message) must finish within this, even on a
 /// loaded 2-core CI machine; the real cost is milliseconds.
@@ -92,7 +49,7 @@ fn proptest_config(default: u32) -> ProptestConfig {
 /// Checks one rule violation: its message renders and names a real key.
 fn check_layout_error(e: &LayoutError) {
     let field = e.field();
-    assert!(ALL_KEYS.contains(&field), "{e:?} names {field:?}, not a config key");
+    assert!(all_keys().contains(&field), "{e:?} names {field:?}, not a config key");
     let msg = e.to_string();
     assert!(msg.contains(field), "{msg:?} does not name its key {field:?}");
 }
@@ -106,7 +63,7 @@ fn check_config_error(e: &ConfigError, input_keys: &[String]) {
             // A nested value is named by its path, e.g. `rope_parameters.rope_theta`.
             let top = field.split('.').next().unwrap_or(field);
             assert!(
-                ALL_KEYS.contains(&top) || input_keys.iter().any(|k| k == top),
+                all_keys().contains(&top) || input_keys.iter().any(|k| k == top),
                 "{msg:?}: {field:?} is not a key of the input"
             );
             assert!(msg.starts_with(field.as_str()), "{msg:?} does not start with its key");
@@ -236,7 +193,7 @@ fn any_json() -> impl Strategy<Value = Value> {
 /// A JSON object with real config keys holding arbitrary values (plus an unknown key).
 fn config_object() -> impl Strategy<Value = Value> {
     prop::collection::btree_map(
-        prop_oneof![8 => prop::sample::select(CONFIG_KEYS.to_vec()).prop_map(str::to_owned), 1 => "[a-z_]{1,10}"],
+        prop_oneof![8 => prop::sample::select(config_keys().to_vec()).prop_map(str::to_owned), 1 => "[a-z_]{1,10}"],
         any_json(),
         0..10,
     )
