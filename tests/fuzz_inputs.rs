@@ -143,7 +143,12 @@ fn generate_takes_any_input() {
     runner
         .run(&strategy, |(prompts, max_new_tokens, sampling, eos)| {
             let problems = expected_problems(&prompts, max_new_tokens, &sampling);
-            let opts = GenerateOptions { max_new_tokens, sampling: sampling.clone(), eos_token_ids: eos.clone() };
+            let opts = GenerateOptions {
+                max_new_tokens,
+                sampling: sampling.clone(),
+                eos_token_ids: eos.clone(),
+                ..Default::default()
+            };
             let mut seen = Vec::new();
             match generate(&model, &prompts, &opts, |row, id| seen.push((row, id))) {
                 Ok(g) => {
@@ -203,7 +208,12 @@ fn logits_take_any_ids() {
 fn tiny_temperatures_act_like_greedy() {
     let model = model();
     let prompts = vec![vec![5, 6, 7], vec![9]];
-    let greedy = GenerateOptions { max_new_tokens: 6, sampling: Sampling::greedy(), eos_token_ids: vec![] };
+    let greedy = GenerateOptions {
+        max_new_tokens: 6,
+        sampling: Sampling::greedy(),
+        eos_token_ids: vec![],
+        ..Default::default()
+    };
     let want = generate(&model, &prompts, &greedy, |_, _| {}).expect("greedy").tokens;
     for t in [1e-30, 1e-45, 1e-300, 5e-324] {
         for (top_k, top_p) in [(0, 1.0), (1, 1.0), (5, 0.5), (0, 1e-300)] {
@@ -220,7 +230,7 @@ fn huge_top_k_keeps_every_token() {
     let model = model();
     for top_k in [128, 129, 1 << 40, 1 << 63, usize::MAX] {
         let s = Sampling { temperature: 1.0, top_k, top_p: 1.0, seed: 1 };
-        let opts = GenerateOptions { max_new_tokens: 3, sampling: s, eos_token_ids: vec![] };
+        let opts = GenerateOptions { max_new_tokens: 3, sampling: s, eos_token_ids: vec![], ..Default::default() };
         let g = generate(&model, &[vec![1, 2]], &opts, |_, _| {}).unwrap_or_else(|e| panic!("top-k {top_k}: {e}"));
         assert!(g.tokens[0].iter().all(|&id| (0..VOCAB).contains(&id)));
     }

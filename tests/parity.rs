@@ -10,7 +10,7 @@ const LOGIT_TOLERANCE: f64 = 1e-4;
 
 fn greedy(n: usize) -> GenerateOptions {
     // No eos: the references were generated to run the full length.
-    GenerateOptions { max_new_tokens: n, sampling: Sampling::greedy(), eos_token_ids: vec![] }
+    GenerateOptions { max_new_tokens: n, sampling: Sampling::greedy(), eos_token_ids: vec![], ..Default::default() }
 }
 
 #[test]
@@ -110,6 +110,7 @@ fn cached_logits(model: &Glm, ids: &[i64]) -> Tensor {
             // Alternate the two rotary paths: rotation matrices and elementwise.
             rot: if i % 2 == 0 { Some(rope.rotations(&idx, tch::Kind::Float).unwrap()) } else { None },
             mask: None,
+            slot: None,
         };
         out.push(model.forward(&Tensor::from_slice(&[*id]).view([1, 1]), &step, &mut cache, true).unwrap());
     }

@@ -16,7 +16,12 @@ fn sharded_logits_and_tokens_equal_unsharded() {
         let r = reference(&dir);
         let ids = &r.input_ids[0];
         let want = logits(&base, ids).unwrap();
-        let opts = GenerateOptions { max_new_tokens: 6, sampling: Sampling::greedy(), eos_token_ids: vec![] };
+        let opts = GenerateOptions {
+            max_new_tokens: 6,
+            sampling: Sampling::greedy(),
+            eos_token_ids: vec![],
+            ..Default::default()
+        };
         let want_tokens = generate(&base, std::slice::from_ref(ids), &opts, |_, _| {}).unwrap().tokens;
         let legal = base.dims.config.legal_tensor_parallel();
         for tp in [2usize, 4] {

@@ -43,6 +43,8 @@ pub enum Error {
     TensorParallel { size: usize, reason: String },
     #[error("libtorch: {0}")]
     Torch(String),
+    #[error("CUDA graph: {0}")]
+    CudaGraph(String),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 }
@@ -54,7 +56,7 @@ impl From<tch::TchError> for Error {
 }
 
 /// libtorch messages carry a C++ backtrace after the first lines; keep the message only.
-fn first_line(s: &str) -> String {
+pub(crate) fn first_line(s: &str) -> String {
     let mut out = Vec::new();
     for line in s.lines() {
         let t = line.trim_start();
@@ -71,7 +73,7 @@ fn first_line(s: &str) -> String {
 impl Error {
     /// Whether the error is about what the user gave (exit code 1) rather than a bug.
     pub fn is_input_error(&self) -> bool {
-        !matches!(self, Error::Torch(_))
+        !matches!(self, Error::Torch(_) | Error::CudaGraph(_))
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::model::{Glm, Rope, Step};
+use crate::model::{Glm, KvCache, Rope, Step};
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,17 +49,64 @@ impl Sampling {
     }
 }
 
+/// How decode steps are issued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeMode {
+    /// A CUDA graph where one can be used (the whole model on one CUDA device, and a build
+    /// with the shim of [`crate::cuda_graph`]); eager steps everywhere else, and also when a
+    /// capture fails (the reason is then in [`Generation::decode_note`]).
+    #[default]
+    Auto,
+    /// Each step op by op, with shapes that follow the position (the fastest on CPU).
+    Eager,
+    /// Static-shape steps op by op on any device: exactly what a CUDA graph captures, run
+    /// uncaptured (for tests and comparisons).
+    Static,
+    /// Static-shape steps captured once in a CUDA graph and replayed; an error where graphs
+    /// cannot be used.
+    CudaGraph,
+}
+
+impl DecodeMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeMode::Auto => "auto",
+            DecodeMode::Eager => "eager",
+            DecodeMode::Static => "static",
+            DecodeMode::CudaGraph => "cuda-graph",
+        }
+    }
+}
+
+impl std::str::FromStr for DecodeMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DecodeMode::Auto),
+            "eager" => Ok(DecodeMode::Eager),
+            "static" => Ok(DecodeMode::Static),
+            "cuda-graph" => Ok(DecodeMode::CudaGraph),
+            _ => {
+                Err(Error::InvalidArgument(format!("unknown decode mode {s:?}: use auto, eager, static or cuda-graph")))
+            }
+        }
+    }
+}
+
 /// What to generate.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
     pub max_new_tokens: usize,
     pub sampling: Sampling,
     /// Generation of a row stops at any of these ids (the eos id is emitted).
     pub eos_token_ids: Vec<i64>,
+    pub decode: DecodeMode,
+    /// Keep the logits each token was chosen from, in [`Generation::logits`].
+    pub return_logits: bool,
 }
 
 /// The result of one generation.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Generation {
     /// New tokens of each row (eos included when reached).
     pub tokens: Vec<Vec<i64>>,
@@ -68,6 +115,13 @@ pub struct Generation {
     pub decode_steps: usize,
     pub decode_tokens: usize,
     pub decode_seconds: f64,
+    /// How the decode steps ran: `eager`, `static` or `cuda-graph` (see [`DecodeMode`]).
+    pub decode_path: &'static str,
+    /// Why [`DecodeMode::Auto`] did not use a CUDA graph on a CUDA device, if it did not.
+    pub decode_note: Option<String>,
+    /// With [`GenerateOptions::return_logits`]: per chosen token, the f32 logits `[B, vocab]`
+    /// (on the CPU) it was chosen from; rows that had finished are included.
+    pub logits: Vec<Tensor>,
 }
 
 impl Generation {
@@ -202,10 +256,15 @@ pub fn generate(
     let b = prompts.len();
     let device = model.device();
     let kind = model.dtype.kind();
+    let greedy = opts.sampling.temperature == 0.0;
+    let (path, mut note) = choose_path(model, opts.decode)?;
     // Positions (longest, capacity, every `as i64` of them below) are at most
-    // max_position_embeddings + 1, which the rules keep within i64; row counts are lengths of
-    // a Vec, within i64 too.
-    let capacity = longest + opts.max_new_tokens.max(1);
+    // max_position_embeddings + STATIC_CAPACITY_STEP, which the rules keep within i64; row
+    // counts are lengths of a Vec, within i64 too.
+    let need = longest + opts.max_new_tokens.max(1);
+    // Static-shape decoders round their capacity up, so that generations of similar lengths
+    // reuse one decoder (and its CUDA graph).
+    let capacity = if path == Path::Eager { need } else { need.div_ceil(STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP };
     let pad_id = 0i64;
     let pads: Vec<i64> = prompts.iter().map(|p| (longest - p.len()) as i64).collect();
     let any_pad = pads.iter().any(|&p| p > 0);
@@ -223,15 +282,13 @@ pub fn generate(
         flat.extend_from_slice(p);
         valid.extend((0..capacity).map(|i| i as i64 >= pad));
     }
-    let layout = Layout {
+    let mut layout = Layout {
         pads_dev: Tensor::f_from_slice(&pads)?.f_to_device(device)?,
         pads,
         any_pad,
         valid: Tensor::f_from_slice(&valid)?.f_reshape([b as i64, capacity as i64])?.f_to_device(device)?,
         group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
     };
-    let rope = Rope::new(&model.dims, capacity, device)?;
-    let mut cache = model.new_cache(b, capacity)?;
     if opts.sampling.temperature > 0.0 {
         // The seed's bits as libtorch's i64 (which reads them back as a u64): no value lost.
         tch::manual_seed(opts.sampling.seed as i64);
@@ -241,19 +298,36 @@ pub fn generate(
     if opts.max_new_tokens == 0 {
         return Ok(out);
     }
+    // A static decoder is taken out of the model for the generation and put back after it,
+    // so a failed generation leaves none behind in an unknown state.
+    let mut decoder = match path {
+        Path::Eager => None,
+        Path::Static | Path::Graph => Some(StaticDecoder::take_or_new(model, b, capacity, greedy)?),
+    };
+    let mut eager = match &decoder {
+        Some(d) => {
+            // The decoder's buffers take this generation's layout, so a captured graph
+            // reads it.
+            d.pads.shallow_clone().f_copy_(&layout.pads_dev)?;
+            d.valid.shallow_clone().f_copy_(&layout.valid)?;
+            layout.pads_dev = d.pads.shallow_clone();
+            layout.valid = d.valid.shallow_clone();
+            None
+        }
+        None => Some((Rope::new(&model.dims, capacity, device)?, model.new_cache(b, capacity)?)),
+    };
     let t0 = Instant::now();
     let ids = Tensor::f_from_slice(&flat)?.f_reshape([b as i64, longest as i64])?.f_to_device(device)?;
-    let (cos, sin) = layout.rope_at(&rope, 0, longest as i64, kind, device)?;
-    let step = Step {
-        start: 0,
-        len: longest as i64,
-        cos,
-        sin,
-        rot: None,
-        mask: layout.mask(0, longest as i64, kind, device)?,
+    let logits = {
+        let (rope, cache) = state(&mut decoder, &mut eager)?;
+        let (cos, sin) = layout.rope_at(rope, 0, longest as i64, kind, device)?;
+        let mask = layout.mask(0, longest as i64, kind, device)?;
+        let step = Step { start: 0, len: longest as i64, cos, sin, rot: None, mask, slot: None };
+        model.forward(&ids, &step, cache, true)?
     };
-    let logits = model.forward(&ids, &step, &mut cache, true)?;
-    let mut next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
+    let logits = logits.f_select(1, 0)?;
+    let mut next = select(&logits, &opts.sampling)?;
+    keep(&mut out, opts, &logits)?;
     let mut done = vec![false; b];
     let mut last: Vec<i64> = Vec::<i64>::try_from(&next)?;
     out.prefill_tokens = prompts.iter().map(Vec::len).sum();
@@ -263,6 +337,7 @@ pub fn generate(
     // 12-layer shape, 30 ms a step with its 2 threads, 20 ms with 1).
     let _threads = model.splits_weights().then(|| IntraOpThreads::set(1));
     let t1 = Instant::now();
+    let mut path = path;
     for step_i in 0..opts.max_new_tokens {
         for r in 0..b {
             if !done[r] {
@@ -277,17 +352,282 @@ pub fn generate(
             break;
         }
         let start = (longest + step_i) as i64;
-        let (cos, sin, rot) = layout.rotations_at(&rope, start, kind, device)?;
-        let step = Step { start, len: 1, cos, sin, rot: Some(rot), mask: layout.mask(start, 1, kind, device)? };
+        if let Some(d) = decoder.as_mut().filter(|_| path != Path::Eager) {
+            if step_i == 0 {
+                d.start(&next, start)?;
+                if path == Path::Graph && d.graph.is_none() {
+                    match d.capture(model, &layout, greedy) {
+                        Ok(()) => {}
+                        Err(e) if opts.decode == DecodeMode::Auto => {
+                            // Eager steps on the decoder's cache from here on: the capture ran
+                            // nothing, and warm-up steps only wrote this slot, which the next
+                            // step writes again.
+                            note = Some(format!("decoded eagerly: {e}"));
+                            path = Path::Eager;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            if path != Path::Eager {
+                let (logits, greedy_next) = d.step(model, &layout, greedy, start)?;
+                keep(&mut out, opts, &logits)?;
+                next = match greedy_next {
+                    Some(n) => n,
+                    None => {
+                        let n = select(&logits, &opts.sampling)?;
+                        d.tok.shallow_clone().f_copy_(&n.f_reshape([b as i64, 1])?)?;
+                        n
+                    }
+                };
+                last = Vec::<i64>::try_from(&next)?;
+                out.decode_steps += 1;
+                out.decode_tokens += done.iter().filter(|&&d| !d).count();
+                continue;
+            }
+        }
+        let (rope, cache) = state(&mut decoder, &mut eager)?;
+        let (cos, sin, rot) = layout.rotations_at(rope, start, kind, device)?;
+        let mask = layout.mask(start, 1, kind, device)?;
+        let step = Step { start, len: 1, cos, sin, rot: Some(rot), mask, slot: None };
         let ids = next.f_reshape([b as i64, 1])?;
-        let logits = model.forward(&ids, &step, &mut cache, true)?;
-        next = select(&logits.f_select(1, 0)?, &opts.sampling)?;
+        let logits = model.forward(&ids, &step, cache, true)?.f_select(1, 0)?;
+        next = select(&logits, &opts.sampling)?;
+        keep(&mut out, opts, &logits)?;
         last = Vec::<i64>::try_from(&next)?;
         out.decode_steps += 1;
         out.decode_tokens += done.iter().filter(|&&d| !d).count();
     }
     out.decode_seconds = t1.elapsed().as_secs_f64();
+    out.decode_path = path.name();
+    out.decode_note = note;
+    if let Some(d) = decoder {
+        d.put_back(model);
+    }
     Ok(out)
+}
+
+/// Keeps a copy of a step's logits when asked to (a replayed graph overwrites its own).
+fn keep(out: &mut Generation, opts: &GenerateOptions, logits: &Tensor) -> Result<()> {
+    if opts.return_logits {
+        out.logits.push(logits.f_detach_copy()?.f_to_device(Device::Cpu)?);
+    }
+    Ok(())
+}
+
+/// The cache slots a static decoder's capacity is rounded up to a multiple of.
+const STATIC_CAPACITY_STEP: usize = 256;
+
+/// The decode path a generation takes (what [`DecodeMode`] resolves to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Eager,
+    Static,
+    Graph,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Eager => "eager",
+            Path::Static => "static",
+            Path::Graph => "cuda-graph",
+        }
+    }
+}
+
+/// Resolves a decode mode for `model`, with the reason when `Auto` passes over a graph on a
+/// CUDA device.
+fn choose_path(model: &Glm, mode: DecodeMode) -> Result<(Path, Option<String>)> {
+    let device = model.device();
+    let one_device = model.shards.iter().all(|s| s.device == device);
+    let graph_ok = || -> Result<()> {
+        if !matches!(device, Device::Cuda(_)) {
+            return Err(Error::InvalidArgument(format!(
+                "CUDA graphs need a CUDA device, and this model is on {device:?}: use --decode eager or static"
+            )));
+        }
+        if !one_device {
+            return Err(Error::InvalidArgument(
+                "CUDA graphs need the whole model on one GPU, and its shards are on several".to_owned(),
+            ));
+        }
+        crate::cuda_graph::available()
+    };
+    Ok(match mode {
+        DecodeMode::Eager => (Path::Eager, None),
+        DecodeMode::Static => (Path::Static, None),
+        DecodeMode::CudaGraph => {
+            graph_ok()?;
+            (Path::Graph, None)
+        }
+        DecodeMode::Auto if device == Device::Cpu => (Path::Eager, None),
+        DecodeMode::Auto => match graph_ok() {
+            Ok(()) => (Path::Graph, None),
+            Err(e) => (Path::Eager, Some(format!("decoded eagerly: {e}"))),
+        },
+    })
+}
+
+/// The rotary tables and cache of a generation: its static decoder's, or its own.
+fn state<'a>(
+    decoder: &'a mut Option<StaticDecoder>,
+    eager: &'a mut Option<(Rope, KvCache)>,
+) -> Result<(&'a Rope, &'a mut KvCache)> {
+    match (decoder, eager) {
+        (Some(d), _) => Ok((&d.rope, &mut d.cache)),
+        (None, Some((rope, cache))) => Ok((rope, cache)),
+        // cannot fire: `generate` makes one of the two.
+        (None, None) => Err(Error::InvalidArgument("a generation without a cache".to_owned())),
+    }
+}
+
+/// Static-shape decode steps: the step's token, cache slot, padding and key validity live in
+/// device buffers, so no tensor shape or host value depends on the position, and the step
+/// can be captured once in a CUDA graph and replayed. Kept in the model between generations
+/// of the same batch size and capacity, so that the graph is captured once.
+pub(crate) struct StaticDecoder {
+    batch: usize,
+    capacity: usize,
+    greedy: bool,
+    cache: KvCache,
+    rope: Rope,
+    /// [B, 1] int64: the token each step embeds.
+    tok: Tensor,
+    /// [1] int64: the cache slot each step writes.
+    slot: Tensor,
+    /// [1, capacity] int64: 0, 1, .., capacity - 1.
+    key_slots: Tensor,
+    /// [B] int64: left padding of each row.
+    pads: Tensor,
+    /// [B, capacity] bool: slots that hold real tokens.
+    valid: Tensor,
+    graph: Option<Captured>,
+}
+
+/// A captured step and the tensors each replay writes.
+struct Captured {
+    graph: crate::cuda_graph::CudaGraph,
+    /// [B, vocab] f32.
+    logits: Tensor,
+    /// Greedy decoders: the argmax of `logits` ([B] int64), also copied into `tok`.
+    next: Option<Tensor>,
+}
+
+impl StaticDecoder {
+    /// The model's kept decoder if it fits, else a new one.
+    fn take_or_new(model: &Glm, batch: usize, capacity: usize, greedy: bool) -> Result<StaticDecoder> {
+        // A poisoned lock only means another generation panicked; its decoder is dropped.
+        let kept = match model.decoder.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take().and(None),
+        };
+        if let Some(d) = kept.filter(|d| d.batch == batch && d.capacity == capacity && d.greedy == greedy) {
+            return Ok(d);
+        }
+        let device = model.device();
+        let long = (Kind::Int64, device);
+        Ok(StaticDecoder {
+            batch,
+            capacity,
+            greedy,
+            cache: model.new_cache(batch, capacity)?,
+            rope: Rope::new(&model.dims, capacity, device)?,
+            tok: Tensor::f_zeros([batch as i64, 1], long)?,
+            slot: Tensor::f_zeros([1], long)?,
+            key_slots: Tensor::f_arange(capacity as i64, long)?.f_unsqueeze(0)?,
+            pads: Tensor::f_zeros([batch as i64], long)?,
+            valid: Tensor::f_zeros([batch as i64, capacity as i64], (Kind::Bool, device))?,
+            graph: None,
+        })
+    }
+
+    fn put_back(self, model: &Glm) {
+        if let Ok(mut g) = model.decoder.lock() {
+            *g = Some(self);
+        }
+    }
+
+    /// Sets the first decode step's token ([B]) and slot.
+    fn start(&mut self, next: &Tensor, slot: i64) -> Result<()> {
+        self.tok.shallow_clone().f_copy_(&next.f_reshape([self.batch as i64, 1])?)?;
+        let _ = self.slot.shallow_clone().f_fill_(slot)?;
+        Ok(())
+    }
+
+    /// One step at `slot` for `tok`, then the slot moves on (and, greedy, `tok` becomes the
+    /// argmax): the work a graph captures. Returns the logits [B, vocab] and, greedy, the
+    /// argmax.
+    fn advance(
+        &mut self,
+        model: &Glm,
+        layout: &Layout,
+        greedy: bool,
+        host_slot: i64,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let kind = model.dtype.kind();
+        // Each row's position: slot - padding (padding slots get 1, as in transformers).
+        let pos = self.slot.f_sub(&self.pads)?;
+        let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?;
+        let rot = self.rope.rotations(&pos, kind)?;
+        let allowed = self.key_slots.f_le_tensor(&self.slot)?; // [1, capacity]
+        let allowed = if layout.any_pad { allowed.f_logical_and(&self.valid)? } else { allowed };
+        let rows = allowed.size()[0]; // cannot fire: two dimensions
+        let mask = Tensor::f_zeros([rows, 1, 1, self.capacity as i64], (kind, self.tok.device()))?
+            .f_masked_fill(&allowed.f_logical_not()?.f_view([rows, 1, 1, -1])?, f64::NEG_INFINITY)?;
+        let empty = Tensor::f_zeros([0], (kind, self.tok.device()))?;
+        let step = Step {
+            start: host_slot,
+            len: 1,
+            cos: empty.shallow_clone(),
+            sin: empty,
+            rot: Some(rot),
+            mask: Some(mask),
+            slot: Some(self.slot.shallow_clone()),
+        };
+        let logits = model.forward(&self.tok, &step, &mut self.cache, true)?.f_select(1, 0)?;
+        let _ = self.slot.shallow_clone().f_add_scalar_(1)?;
+        let next = if greedy {
+            let n = logits.f_argmax(-1, false)?;
+            self.tok.shallow_clone().f_copy_(&n.f_reshape([self.batch as i64, 1])?)?;
+            Some(n)
+        } else {
+            None
+        };
+        Ok((logits, next))
+    }
+
+    /// Captures [`StaticDecoder::advance`] in a CUDA graph, after warm-up runs on the
+    /// graph's side stream (libtorch and cuBLAS set up per-stream state on first use, which
+    /// a capture cannot). Warm-ups write the cache at the current slot and the next, which
+    /// the replayed steps write again before reading; the token and slot are restored.
+    fn capture(&mut self, model: &Glm, layout: &Layout, greedy: bool) -> Result<()> {
+        let mut graph = crate::cuda_graph::CudaGraph::new(model.device())?;
+        let (tok, slot) = (self.tok.f_detach_copy()?, self.slot.f_detach_copy()?);
+        graph.on_side_stream(|| {
+            for _ in 0..2 {
+                let _ = self.advance(model, layout, greedy, 0)?;
+            }
+            self.tok.shallow_clone().f_copy_(&tok)?;
+            self.slot.shallow_clone().f_copy_(&slot)?;
+            Ok(())
+        })?;
+        let (logits, next) = graph.capture(|| self.advance(model, layout, greedy, 0))?;
+        self.graph = Some(Captured { graph, logits, next });
+        Ok(())
+    }
+
+    /// One decode step: the graph replayed, or [`StaticDecoder::advance`] run.
+    fn step(&mut self, model: &Glm, layout: &Layout, greedy: bool, slot: i64) -> Result<(Tensor, Option<Tensor>)> {
+        self.cache.len = slot + 1;
+        match &self.graph {
+            Some(c) => {
+                c.graph.replay()?;
+                Ok((c.logits.shallow_clone(), c.next.as_ref().map(Tensor::shallow_clone)))
+            }
+            None => self.advance(model, layout, greedy, slot),
+        }
+    }
 }
 
 /// Sets libtorch's intra-op thread count until dropped, then restores it.
@@ -363,7 +703,8 @@ pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
     let rope = Rope::new(&model.dims, ids.len(), device)?;
     let mut cache = model.new_cache(1, ids.len())?;
     let (cos, sin) = layout.rope_at(&rope, 0, t, model.dtype.kind(), device)?;
-    let step = Step { start: 0, len: t, cos, sin, rot: None, mask: layout.mask(0, t, model.dtype.kind(), device)? };
+    let mask = layout.mask(0, t, model.dtype.kind(), device)?;
+    let step = Step { start: 0, len: t, cos, sin, rot: None, mask, slot: None };
     let x = Tensor::f_from_slice(ids)?.f_reshape([1, t])?.f_to_device(device)?;
     model.forward(&x, &step, &mut cache, false)
 }

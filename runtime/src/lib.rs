@@ -1,6 +1,7 @@
 //! The GLM runtime of headcount on libtorch (`tch`).
 
 pub mod checkpoint;
+pub mod cuda_graph;
 pub mod device;
 pub mod error;
 pub mod generate;
@@ -12,8 +13,14 @@ pub mod typed;
 
 pub use device::{DType, parse_device};
 pub use error::{Error, Result};
-pub use generate::{GenerateOptions, Generation, Sampling, generate, logits};
+pub use generate::{DecodeMode, GenerateOptions, Generation, Sampling, generate, logits};
 pub use model::{Dims, Glm, KvCache, LoadOptions, Step};
 pub use shard::ShardPlan;
 pub use text::{StreamDecoder, TextCodec};
 pub use typed::Model;
+
+/// A model can move to another thread (tch tensors are `Send`, not `Sync`).
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Glm>();
+};

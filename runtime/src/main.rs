@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use headcount::Config;
 use headcount_runtime::{
-    DType, Error, GenerateOptions, Glm, LoadOptions, Result, Sampling, StreamDecoder, TextCodec, generate, logits,
-    parse_device,
+    DType, DecodeMode, Error, GenerateOptions, Glm, LoadOptions, Result, Sampling, StreamDecoder, TextCodec, generate,
+    logits, parse_device,
 };
 
 #[derive(Parser)]
@@ -112,6 +112,10 @@ struct RunArgs {
     top_p: f64,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// How decode steps run: auto (a CUDA graph on one GPU, eager otherwise), eager, static
+    /// or cuda-graph.
+    #[arg(long, default_value = "auto")]
+    decode: String,
 }
 
 #[derive(Args)]
@@ -143,6 +147,10 @@ struct BenchArgs {
     /// Timed repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
+    /// How decode steps run: auto (a CUDA graph on one GPU, eager otherwise), eager, static
+    /// or cuda-graph.
+    #[arg(long, default_value = "auto")]
+    decode: String,
 }
 
 fn main() -> ExitCode {
@@ -256,6 +264,7 @@ fn shard_devices(device: tch::Device, tp: usize) -> Vec<tch::Device> {
 fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.validate()?;
+    let decode: DecodeMode = a.decode.parse()?;
     let codec = TextCodec::from_dir(&a.model.model)?;
     if a.prompt.as_deref() == Some("") || a.ids.as_ref().is_some_and(Vec::is_empty) {
         return Err(Error::InvalidArgument("the prompt is empty".to_owned()));
@@ -287,7 +296,7 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     let eos: Vec<i64> = model.dims.config.eos_token_id.iter().map(|&i| i as i64).collect();
     let room = model.dims.max_positions.saturating_sub(ids.len());
     let max_new_tokens = a.max_new_tokens.unwrap_or(64.min(room));
-    let opts = GenerateOptions { max_new_tokens, sampling, eos_token_ids: eos.clone() };
+    let opts = GenerateOptions { max_new_tokens, sampling, eos_token_ids: eos.clone(), decode, ..Default::default() };
     let mut stdout = std::io::stdout();
     let mut stream = StreamDecoder::new();
     let mut first = true;
@@ -317,6 +326,9 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
             g.decode_seconds * 1e3,
             g.decode_tokens_per_second(),
         );
+        if let Some(note) = &g.decode_note {
+            eprintln!("note: {note}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -346,6 +358,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         return Err(Error::InvalidArgument("--batch, --prompt-len and --repeat must be at least 1".to_owned()));
     }
     let dtype: DType = b.dtype.parse()?;
+    let decode: DecodeMode = b.decode.parse()?;
     let device = parse_device(&b.device)?;
     let opts = LoadOptions {
         dtype,
@@ -391,27 +404,37 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         );
         prompts.push(row);
     }
-    let gen_opts =
-        GenerateOptions { max_new_tokens: b.new_tokens, sampling: Sampling::greedy(), eos_token_ids: vec![] };
-    // One untimed warm-up, then the median of the timed runs.
-    generate(
-        &model,
-        &prompts,
-        &GenerateOptions { max_new_tokens: b.new_tokens.min(4), ..gen_opts.clone() },
-        |_, _| {},
-    )?;
+    let gen_opts = GenerateOptions { max_new_tokens: b.new_tokens, decode, ..Default::default() };
+    // One untimed warm-up (on a GPU a whole generation, which also captures the CUDA graph
+    // that the timed runs replay), then the median of the timed runs.
+    let warm_tokens = if device == tch::Device::Cpu { b.new_tokens.min(4) } else { b.new_tokens };
+    generate(&model, &prompts, &GenerateOptions { max_new_tokens: warm_tokens, ..gen_opts.clone() }, |_, _| {})?;
+    let peak_device = |reset: bool| -> Option<u64> {
+        if device == tch::Device::Cpu {
+            return None;
+        }
+        if reset {
+            headcount_runtime::cuda_graph::reset_peak_memory(device).ok().map(|()| 0)
+        } else {
+            headcount_runtime::cuda_graph::peak_memory(device).ok()
+        }
+    };
+    peak_device(true);
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut path = ("", None);
     for _ in 0..b.repeat {
         let g = generate(&model, &prompts, &gen_opts, |_, _| {})?;
         prefill.push(g.prefill_tokens_per_second());
         decode.push(g.decode_tokens_per_second());
+        path = (g.decode_path, g.decode_note);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2] // cannot fire: --repeat >= 1 was checked, so v is not empty
     };
     let peak_rss = peak_rss_bytes();
+    let peak_device_bytes = peak_device(false);
     // The memory bound of a decode step: every weight read once (the embedding only a row
     // of, unless tied to lm_head) at the device's copy bandwidth, counted read plus write.
     let bandwidth = copy_bandwidth(device)?;
@@ -435,7 +458,10 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "tensor_parallel": b.tensor_parallel,
         "prefill_tokens_per_s": median(&mut prefill),
         "decode_tokens_per_s": decode_median,
+        "decode_path": path.0,
+        "decode_note": path.1,
         "peak_rss_bytes": peak_rss,
+        "peak_device_bytes": peak_device_bytes,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "decode_bound_tokens_per_s": bound,
         "decode_fraction_of_bound": decode_median / bound,

@@ -363,8 +363,15 @@ pub struct Step {
     /// For one-token steps: rotation matrices [B, D, D] (see [`Rope::rotations`]); when set,
     /// q and k are rotated by one matmul and `cos`/`sin` are not used.
     pub rot: Option<Tensor>,
-    /// `[B or 1, 1, G*T or 1, S]` boolean, true = attend; `None` = attend to everything.
+    /// `[B or 1, 1, G*T or 1, S]` additive (0 = attend, -inf = not); `None` = attend to
+    /// every key up to the step.
     pub mask: Option<Tensor>,
+    /// Static-shape steps (one token, see [`crate::generate::DecodeMode::Static`]): the cache
+    /// slot to write at, a one-element int64 tensor on the device. Then no tensor shape
+    /// depends on the position: keys are the whole cache and `mask` spans its capacity, so
+    /// the step can be captured in a CUDA graph and replayed at later slots. `start` is then
+    /// only bookkeeping.
+    pub slot: Option<Tensor>,
 }
 
 /// The key/value cache of one generation: per shard, per layer, `[B, kv, capacity, D]`,
@@ -384,6 +391,9 @@ pub struct Glm {
     pub shards: Vec<Shard>,
     pub norms: Vec<Norms>,
     pub final_norm: Tensor,
+    /// The static-shape decoder of the last generation (its cache, device buffers and CUDA
+    /// graph), kept for the next one with the same batch and capacity.
+    pub(crate) decoder: std::sync::Mutex<Option<crate::generate::StaticDecoder>>,
 }
 
 /// How to load or build a model.
@@ -668,7 +678,7 @@ impl Glm {
                 vocab_len: vr.len() as i64,
             });
         }
-        Ok(Glm { dims, plan, dtype: opts.dtype, shards, norms, final_norm })
+        Ok(Glm { dims, plan, dtype: opts.dtype, shards, norms, final_norm, decoder: Default::default() })
     }
 
     /// Whether some weight is stored in column blocks for worker threads (CPU only).
@@ -755,10 +765,19 @@ impl Glm {
         else {
             return Err(Error::InvalidArgument("the KV cache was not made by this model (Glm::new_cache)".to_owned()));
         };
-        ck.f_narrow(2, step.start, t)?.f_copy_(&k)?;
-        cv.f_narrow(2, step.start, t)?.f_copy_(&v)?;
-        let keys = ck.f_narrow(2, 0, step.start + t)?;
-        let values = cv.f_narrow(2, 0, step.start + t)?;
+        let (keys, values) = match &step.slot {
+            Some(slot) => {
+                let slot = if slot.device() == s.device { slot.shallow_clone() } else { slot.f_to_device(s.device)? };
+                let _ = ck.shallow_clone().f_index_copy_(2, &slot, &k)?;
+                let _ = cv.shallow_clone().f_index_copy_(2, &slot, &v)?;
+                (ck.shallow_clone(), cv.shallow_clone())
+            }
+            None => {
+                ck.f_narrow(2, step.start, t)?.f_copy_(&k)?;
+                cv.f_narrow(2, step.start, t)?.f_copy_(&v)?;
+                (ck.f_narrow(2, 0, step.start + t)?, cv.f_narrow(2, 0, step.start + t)?)
+            }
+        };
         // Grouped-query attention without copying kv heads: the g query heads of each kv
         // head become g*t query rows against that head's keys.
         let qg = if t == 1 {

@@ -128,6 +128,20 @@ fn run_generates_ids_and_reports_speed() {
     ]);
     assert_eq!(s1.status.code(), Some(0));
     assert_eq!(text(&s1).0, text(&s2).0);
+    // Static-shape decode steps (what a CUDA graph replays) give the same tokens.
+    let st = headcount(&[
+        "run",
+        "-q",
+        "--model",
+        &fixture("glm-gqa2"),
+        "--ids",
+        "5,6,7",
+        "--max-new-tokens",
+        "4",
+        "--decode",
+        "static",
+    ]);
+    assert_eq!(text(&st).0, out);
 }
 
 #[test]
@@ -147,6 +161,12 @@ fn run_rejects_bad_input_with_clear_errors() {
     expect(&headcount(&["run", "--model", &m, "--prompt", "hello"]), 1, "has no tokenizer.json");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--temperature", "NaN"]), 1, "temperature must be");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--top-p", "0"]), 1, "top-p must be in (0, 1]");
+    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--decode", "graph"]), 1, "unknown decode mode \"graph\"");
+    expect(
+        &headcount(&["run", "--model", &m, "--ids", "1", "--decode", "cuda-graph"]),
+        1,
+        "CUDA graphs need a CUDA device",
+    );
     expect(
         &headcount(&["run", "--model", &m, "--ids", "1", "--max-new-tokens", "1000"]),
         1,
@@ -200,6 +220,8 @@ fn bench_prints_one_json_line() {
     assert!(fraction > 0.0 && fraction.is_finite(), "{fraction}");
     assert_eq!(v["threads"], 1);
     assert_eq!(v["batch"], 2);
+    assert_eq!(v["decode_path"], "eager", "auto decodes eagerly on CPU");
+    assert_eq!(v["peak_device_bytes"], serde_json::Value::Null, "no device memory on CPU");
     expect(
         &headcount(&["bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--threads", "0"]),
         1,

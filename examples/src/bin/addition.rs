@@ -56,6 +56,7 @@ impl Demo {
             max_new_tokens: MAX_NEW_TOKENS,
             sampling: Sampling::greedy(),
             eos_token_ids: self.eos.clone(),
+            ..Default::default()
         };
         let g = generate(&self.model, &batch, &opts, |_, _| {})?;
         let answers = g

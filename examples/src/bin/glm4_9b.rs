@@ -83,7 +83,12 @@ fn run() -> Result<()> {
     let g = generate(
         &model,
         &[ids],
-        &GenerateOptions { max_new_tokens: new_tokens, sampling: Sampling::greedy(), eos_token_ids: eos },
+        &GenerateOptions {
+            max_new_tokens: new_tokens,
+            sampling: Sampling::greedy(),
+            eos_token_ids: eos,
+            ..Default::default()
+        },
         |_, _| {},
     )?;
     println!("{}", g.tokens[0].iter().map(i64::to_string).collect::<Vec<_>>().join(","));

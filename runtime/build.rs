@@ -1,0 +1,94 @@
+//! Builds the CUDA graph shim (`cuda/graph.cpp`) into a shared library beside the build
+//! outputs, when libtorch is a CUDA build and the CUDA runtime headers are found.
+//!
+//! The shim is optional: without it the runtime runs everywhere and a CUDA graph, when asked
+//! for, is refused with the reason recorded here. The library is loaded with dlopen at run
+//! time (see `src/cuda_graph.rs`), so binaries never depend on libtorch_cuda at load time.
+//!
+//! Where the headers are looked for, first found wins: `HEADCOUNT_CUDA_INCLUDE`,
+//! `$CUDA_HOME/include`, then the `nvidia/cu13/include` folder of the Python environment that
+//! holds libtorch (PyPI's `nvidia-cuda-runtime` and `nvidia-cuda-crt`, which scripts/setup
+//! installs).
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const LIB: &str = "libheadcount_cuda_graph.so";
+
+fn main() {
+    println!("cargo:rerun-if-changed=cuda/graph.cpp");
+    for var in ["LIBTORCH", "HEADCOUNT_CUDA_INCLUDE", "CUDA_HOME", "CXX"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    println!("cargo::rustc-check-cfg=cfg(headcount_cuda_graph)");
+    let out = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default());
+    // The library's path relative to the profile folder (target/<profile>), the last three
+    // components of OUT_DIR: `build/<package>-<hash>/out`. Binaries look for it relative to
+    // themselves, so a copied target folder keeps working.
+    let rel: PathBuf = out.components().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect();
+    println!("cargo:rustc-env=HEADCOUNT_CUDA_GRAPH_REL={}", rel.join(LIB).display());
+    match build(&out) {
+        Ok(()) => {
+            println!("cargo:rustc-cfg=headcount_cuda_graph");
+            println!("cargo:rustc-env=HEADCOUNT_CUDA_GRAPH_WHY=");
+        }
+        Err(why) => {
+            let _ = std::fs::remove_file(out.join(LIB));
+            println!("cargo:rustc-env=HEADCOUNT_CUDA_GRAPH_WHY={why}");
+        }
+    }
+}
+
+fn build(out: &Path) -> Result<(), String> {
+    let libtorch = env::var_os("LIBTORCH").map(PathBuf::from).ok_or("LIBTORCH is not set")?;
+    let libtorch =
+        libtorch.canonicalize().map_err(|e| format!("libtorch at {} is missing: {e}", libtorch.display()))?;
+    let include = libtorch.join("include");
+    let lib = libtorch.join("lib");
+    if !include.join("ATen/cuda/CUDAGraph.h").is_file() || !lib.join("libtorch_cuda.so").is_file() {
+        return Err("libtorch is a CPU-only build".to_owned());
+    }
+    let cuda = cuda_include(&libtorch).ok_or(
+        "the CUDA runtime headers (cuda_runtime_api.h and crt/host_config.h) were not found: \
+         install PyPI's nvidia-cuda-crt beside torch, or set HEADCOUNT_CUDA_INCLUDE",
+    )?;
+    let cxx = env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
+    let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+    let output = Command::new(&cxx)
+        .args(["-std=c++17", "-O2", "-fPIC", "-shared", "-w"])
+        .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .arg("-DGLOG_USE_GLOG_EXPORT")
+        .arg("-I")
+        .arg(&include)
+        .arg("-I")
+        .arg(&cuda)
+        .arg("cuda/graph.cpp")
+        .arg("-L")
+        .arg(&lib)
+        .args(["-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-lc10", "-o"])
+        .arg(out.join(LIB))
+        .output()
+        .map_err(|e| format!("could not run the C++ compiler {cxx:?}: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_owned();
+        println!("cargo:warning=the CUDA graph shim did not compile: {first}");
+        return Err(format!("the CUDA graph shim did not compile: {first}"));
+    }
+    Ok(())
+}
+
+fn cuda_include(libtorch: &Path) -> Option<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(p) = env::var_os("HEADCOUNT_CUDA_INCLUDE") {
+        candidates.push(PathBuf::from(p));
+    }
+    if let Some(p) = env::var_os("CUDA_HOME") {
+        candidates.push(PathBuf::from(p).join("include"));
+    }
+    if let Some(site) = libtorch.parent() {
+        candidates.push(site.join("nvidia/cu13/include"));
+    }
+    candidates.into_iter().find(|c| c.join("cuda_runtime_api.h").is_file() && c.join("crt/host_config.h").is_file())
+}

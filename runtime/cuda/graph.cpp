@@ -1,0 +1,146 @@
+// headcount's CUDA graph shim: a C interface over libtorch's at::cuda::CUDAGraph, so that a
+// decode step issued through tch can be captured once and replayed. Built by
+// runtime/build.rs into a shared library that the runtime loads with dlopen only when a
+// CUDA graph is asked for, so binaries keep running on CPU-only libtorch installs.
+//
+// Every entry point returns 0 on success. On failure it returns 1 and writes the reason,
+// NUL-terminated and cut to `cap` bytes, into `err`: no C++ exception crosses into Rust.
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+
+namespace {
+
+struct Graph {
+  explicit Graph(c10::DeviceIndex device) : device(device) {}
+  c10::DeviceIndex device;
+  at::cuda::CUDAGraph graph;
+  // The side stream the capture runs on (capture is refused on the default stream), made
+  // current on the calling thread between enter_stream and exit_stream.
+  std::optional<c10::cuda::CUDAStream> side;
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+  bool captured = false;
+};
+
+void write_error(const std::string& msg, char* err, size_t cap) {
+  if (err == nullptr || cap == 0) return;
+  size_t n = msg.size() < cap - 1 ? msg.size() : cap - 1;
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+template <typename F>
+int guarded(char* err, size_t cap, F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const c10::Error& e) {
+    write_error(e.what_without_backtrace(), err, cap);
+  } catch (const std::exception& e) {
+    write_error(e.what(), err, cap);
+  } catch (...) {
+    write_error("unknown C++ exception", err, cap);
+  }
+  return 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+// A graph for CUDA device `device`; null (with the reason in `err`) when it cannot be made.
+void* hc_graph_new(int device, char* err, size_t cap) {
+  Graph* g = nullptr;
+  int rc = guarded(err, cap, [&] {
+    int count = static_cast<int>(c10::cuda::device_count());
+    if (device < 0 || device >= count) {
+      throw std::runtime_error("CUDA device " + std::to_string(device) + " does not exist (" +
+                               std::to_string(count) + " visible)");
+    }
+    g = new Graph(static_cast<c10::DeviceIndex>(device));
+  });
+  return rc == 0 ? g : nullptr;
+}
+
+// Makes a side stream current on this thread, after the work already queued on the current
+// stream has finished. Work issued until hc_graph_exit_stream (warm-up steps, the capture)
+// goes to that stream.
+int hc_graph_enter_stream(void* h, char* err, size_t cap) {
+  return guarded(err, cap, [&] {
+    auto* g = static_cast<Graph*>(h);
+    if (g->guard) throw std::runtime_error("the side stream is already current");
+    c10::cuda::getCurrentCUDAStream(g->device).synchronize();
+    g->side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, g->device);
+    g->guard.emplace(*g->side);
+  });
+}
+
+// Waits for the side stream and makes the previous stream current again.
+int hc_graph_exit_stream(void* h, char* err, size_t cap) {
+  return guarded(err, cap, [&] {
+    auto* g = static_cast<Graph*>(h);
+    if (!g->guard) throw std::runtime_error("the side stream is not current");
+    g->side->synchronize();
+    g->guard.reset();
+  });
+}
+
+// Starts capturing the work this thread issues (the side stream must be current).
+int hc_graph_capture_begin(void* h, char* err, size_t cap) {
+  return guarded(err, cap, [&] {
+    auto* g = static_cast<Graph*>(h);
+    if (!g->guard) throw std::runtime_error("enter the side stream before capturing");
+    if (g->captured) throw std::runtime_error("this graph was already captured");
+    g->graph.capture_begin();
+  });
+}
+
+int hc_graph_capture_end(void* h, char* err, size_t cap) {
+  return guarded(err, cap, [&] {
+    auto* g = static_cast<Graph*>(h);
+    g->graph.capture_end();
+    g->captured = true;
+  });
+}
+
+// Replays the captured work on the current stream.
+int hc_graph_replay(void* h, char* err, size_t cap) {
+  return guarded(err, cap, [&] {
+    auto* g = static_cast<Graph*>(h);
+    if (!g->captured) throw std::runtime_error("replay before a capture");
+    g->graph.replay();
+  });
+}
+
+void hc_graph_free(void* h) {
+  auto* g = static_cast<Graph*>(h);
+  try {
+    delete g;
+  } catch (...) {
+  }
+}
+
+// The most bytes libtorch's caching allocator has had allocated on `device` since the last
+// reset (what torch.cuda.max_memory_allocated reports), written to `out`.
+int hc_cuda_peak_allocated(int device, long long* out, char* err, size_t cap) {
+  return guarded(err, cap, [&] {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    *out = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  });
+}
+
+int hc_cuda_reset_peak(int device, char* err, size_t cap) {
+  return guarded(err, cap, [&] {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  });
+}
+
+}  // extern "C"

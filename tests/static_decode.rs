@@ -1,0 +1,103 @@
+//! Static-shape decode steps, the work a CUDA graph captures, equal eager steps. On CPU
+//! they run uncaptured (`DecodeMode::Static`), so the logic a GPU replays is tested here:
+//! the cache written at a device-side slot, the mask over the whole capacity, the positions
+//! of left-padded rows, the token and slot advanced in place, and a decoder kept and reused
+//! by the next generation of the same sizes.
+
+use headcount_integration::{load, max_abs_diff, model_fixtures, name, reference};
+use headcount_runtime::{DecodeMode, Error, GenerateOptions, Generation, Glm, LoadOptions, Sampling, generate};
+
+/// Masked keys add exact zeros, but the softmax sums over the whole capacity in another
+/// order: differences stay at f32 rounding (measured below 1e-5).
+const LOGIT_TOLERANCE: f64 = 1e-4;
+
+fn run(model: &Glm, prompts: &[Vec<i64>], decode: DecodeMode, sampling: Sampling) -> Generation {
+    let opts = GenerateOptions { max_new_tokens: 12, sampling, decode, return_logits: true, ..Default::default() };
+    generate(model, prompts, &opts, |_, _| {}).unwrap_or_else(|e| panic!("{decode:?}: {e}"))
+}
+
+/// Asserts that two generations chose the same tokens from logits within the tolerance.
+fn assert_same(eager: &Generation, other: &Generation, what: &str) -> f64 {
+    assert_eq!(eager.tokens, other.tokens, "{what}: tokens differ");
+    assert_eq!(eager.logits.len(), other.logits.len(), "{what}: step counts differ");
+    let mut worst = 0f64;
+    for (step, (a, b)) in eager.logits.iter().zip(&other.logits).enumerate() {
+        assert_eq!(a.size(), b.size(), "{what} step {step}");
+        let d = max_abs_diff(a, b);
+        assert!(d <= LOGIT_TOLERANCE, "{what} step {step}: max abs diff {d}");
+        worst = worst.max(d);
+    }
+    worst
+}
+
+/// The fixture's prompts plus a shorter one, so the batch is left-padded.
+fn padded_batch(dir: &std::path::Path) -> Vec<Vec<i64>> {
+    let mut prompts = reference(dir).input_ids;
+    let short = prompts[0][..3].to_vec();
+    prompts.push(short);
+    prompts
+}
+
+#[test]
+fn static_steps_equal_eager_steps_on_every_fixture() {
+    for dir in model_fixtures() {
+        let model = load(&dir);
+        let prompts = padded_batch(&dir);
+        let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
+        let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());
+        assert_eq!((eager.decode_path, fixed.decode_path), ("eager", "static"));
+        assert_eq!(eager.logits.len(), 12, "{}: the prefill's logits and 11 steps", name(&dir));
+        let d = assert_same(&eager, &fixed, &name(&dir));
+        // The next generation of the same sizes reuses the kept decoder, whose cache holds
+        // the last generation's keys: other prompts must not see them.
+        let other: Vec<Vec<i64>> = prompts
+            .iter()
+            .map(|p| p.iter().rev().map(|&id| (id * 7 + 3) % model.dims.vocab as i64).collect())
+            .collect();
+        let eager2 = run(&model, &other, DecodeMode::Eager, Sampling::greedy());
+        let reused = run(&model, &other, DecodeMode::Static, Sampling::greedy());
+        let d2 = assert_same(&eager2, &reused, &format!("{} (reused decoder)", name(&dir)));
+        println!("{}: static vs eager max abs logit diff {d:.2e}, reused {d2:.2e}", name(&dir));
+    }
+}
+
+#[test]
+fn static_sampling_equals_eager_sampling() {
+    let dir = &model_fixtures()[0];
+    let model = load(dir);
+    let prompts = padded_batch(dir);
+    let sampling = Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 7 };
+    let eager = run(&model, &prompts, DecodeMode::Eager, sampling.clone());
+    let fixed = run(&model, &prompts, DecodeMode::Static, sampling);
+    assert_same(&eager, &fixed, &name(dir));
+}
+
+#[test]
+fn static_steps_run_sharded() {
+    let dir = model_fixtures().into_iter().find(|d| name(d) == "glm-gqa4").expect("the glm-gqa4 fixture");
+    let model = load(&dir);
+    let prompts = padded_batch(&dir);
+    let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
+    for tp in [2, 4] {
+        let sharded = Glm::load(&dir, &LoadOptions { tensor_parallel: tp, ..Default::default() }).unwrap();
+        let fixed = run(&sharded, &prompts, DecodeMode::Static, Sampling::greedy());
+        // Shards sum partial products in another order (tests/sharding.rs): same tolerance.
+        assert_same(&eager, &fixed, &format!("tp {tp}"));
+    }
+}
+
+#[test]
+fn auto_is_eager_on_cpu_and_graphs_are_refused_there() {
+    let dir = &model_fixtures()[0];
+    let model = load(dir);
+    let prompts = padded_batch(dir);
+    let auto = run(&model, &prompts, DecodeMode::Auto, Sampling::greedy());
+    assert_eq!(auto.decode_path, "eager");
+    assert_eq!(auto.decode_note, None, "on CPU eager is the plan, not a fallback");
+    let opts = GenerateOptions { max_new_tokens: 4, decode: DecodeMode::CudaGraph, ..Default::default() };
+    let e = generate(&model, &prompts, &opts, |_, _| {}).expect_err("no graph on CPU");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("CUDA graphs need a CUDA device"), "{e}");
+    assert!("graph".parse::<DecodeMode>().is_err());
+    assert_eq!("cuda-graph".parse::<DecodeMode>().unwrap(), DecodeMode::CudaGraph);
+}
