@@ -462,6 +462,10 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "decode_note": path.1,
         "peak_rss_bytes": peak_rss,
         "peak_device_bytes": peak_device_bytes,
+        "cuda_graphs": match headcount_runtime::cuda_graph::available() {
+            Ok(()) => "available".to_owned(),
+            Err(e) => e.to_string(),
+        },
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "decode_bound_tokens_per_s": bound,
         "decode_fraction_of_bound": decode_median / bound,

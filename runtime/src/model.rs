@@ -457,7 +457,9 @@ impl WeightSource for (&Checkpoint, Progress) {
 
 /// Random weights of the right shapes: normal(0, 0.02) for matrices, ones for norms. Each
 /// tensor is drawn whole from a generator seeded by its name, then sliced, so a sharded
-/// random model holds exactly the slices of the unsharded one.
+/// random model holds exactly the slices of the unsharded one. Tensors for a GPU are drawn
+/// there (CPU draws of GLM-4-9B's 9.4B values take about a minute; the GPU's generator
+/// gives other values than the CPU's for the same seed).
 struct RandomSource {
     seed: i64,
 }
@@ -482,7 +484,8 @@ impl WeightSource for RandomSource {
         let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
         // Bit reinterpretations of a hash, masked to a non-negative seed: no value matters.
         tch::manual_seed((h ^ self.seed as u64) as i64 & i64::MAX);
-        let full = Tensor::f_randn(shape, (Kind::Float, Device::Cpu))?.f_mul_scalar(0.02)?;
+        let draw_on = if matches!(device, Device::Cuda(_)) { device } else { Device::Cpu };
+        let full = Tensor::f_randn(shape, (Kind::Float, draw_on))?.f_mul_scalar(0.02)?;
         let part = match rows {
             Some((start, n)) => full.f_narrow(0, start as i64, n as i64)?,
             None => full,

@@ -222,6 +222,13 @@ fn bench_prints_one_json_line() {
     assert_eq!(v["batch"], 2);
     assert_eq!(v["decode_path"], "eager", "auto decodes eagerly on CPU");
     assert_eq!(v["peak_device_bytes"], serde_json::Value::Null, "no device memory on CPU");
+    // The binary finds the CUDA graph shim beside its build outputs, as it will on a GPU
+    // machine the target folder is copied to (scripts/gpu-device).
+    if std::env::var_os("HEADCOUNT_REQUIRE_CUDA_GRAPH").is_some() {
+        assert_eq!(v["cuda_graphs"], "available");
+    } else {
+        assert!(v["cuda_graphs"].is_string());
+    }
     expect(
         &headcount(&["bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--threads", "0"]),
         1,

@@ -5,9 +5,14 @@ use std::path::{Path, PathBuf};
 use headcount_runtime::{Glm, LoadOptions};
 use tch::Tensor;
 
-/// The repository root.
+/// The repository root: `$HEADCOUNT_REPO`, else the checkout this was built in, else the
+/// current folder (binaries such as gpu-parity carried to another machine run from there).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    if let Some(dir) = std::env::var_os("HEADCOUNT_REPO") {
+        return PathBuf::from(dir);
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default();
+    if built.join("tests").join("fixtures").is_dir() { built } else { std::env::current_dir().unwrap_or_default() }
 }
 
 /// `tests/fixtures`.

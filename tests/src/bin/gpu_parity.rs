@@ -1,12 +1,31 @@
-//! On a machine with a CUDA GPU: CUDA f32 and bf16 logits against CPU f32 on every fixture,
-//! and 2 shards on the GPU against the unsharded CPU model. Prints one line per case and
-//! exits 1 if CUDA is missing or a difference exceeds its tolerance (f32 1e-4; bf16 8% of
-//! the largest logit, as in tests/parity.rs). Run by scripts/gpu-check.
+//! On a machine with a CUDA GPU, against CPU f32 on every fixture:
+//! - logits of CUDA f32 and bf16, and of 2 shards on the GPU;
+//! - generation (a left-padded batch, greedy, 12 tokens) in each decode mode: eager, static
+//!   and cuda-graph, the graph twice so the second replays the kept capture; f32 tokens must
+//!   equal CPU's and every step's logits stay within 1e-4;
+//! - bf16 with a CUDA graph against bf16 eager on the same GPU: the first decode step's
+//!   logits within 8% of the largest logit (tokens may part at near-ties).
+//!
+//! Prints one line per case and exits 1 if CUDA is missing or a case fails. Run by
+//! scripts/gpu-check; on a machine without Rust, see docs/PERFORMANCE.md (`HEADCOUNT_REPO`
+//! names the checkout holding tests/fixtures when it is not the current folder).
 
 use std::process::ExitCode;
 
 use headcount_integration::{max_abs_diff, model_fixtures, name, reference};
-use headcount_runtime::{DType, Glm, LoadOptions, logits, parse_device};
+use headcount_runtime::{
+    DType, DecodeMode, GenerateOptions, Generation, Glm, LoadOptions, generate, logits, parse_device,
+};
+
+fn generation(model: &Glm, prompts: &[Vec<i64>], decode: DecodeMode) -> Result<Generation, headcount_runtime::Error> {
+    let opts = GenerateOptions { max_new_tokens: 12, decode, return_logits: true, ..Default::default() };
+    generate(model, prompts, &opts, |_, _| {})
+}
+
+/// The largest logit difference over the steps both generations took.
+fn worst(a: &Generation, b: &Generation) -> f64 {
+    a.logits.iter().zip(&b.logits).map(|(x, y)| max_abs_diff(x, y)).fold(0.0, f64::max)
+}
 
 fn main() -> ExitCode {
     let device = match parse_device(&std::env::args().nth(1).unwrap_or_else(|| "cuda".to_owned())) {
@@ -17,35 +36,76 @@ fn main() -> ExitCode {
         }
     };
     let mut failed = 0;
+    let mut report = |fixture: &str, label: &str, outcome: Result<(f64, f64, bool), String>| match outcome {
+        Ok((d, tol, same_tokens)) => {
+            let ok = d <= tol && same_tokens;
+            failed += usize::from(!ok);
+            println!(
+                "{fixture:<20} {label:<28} max abs diff {d:.3e} (tolerance {tol:.1e}){} {}",
+                if same_tokens { "" } else { ", tokens differ" },
+                if ok { "ok" } else { "FAIL" }
+            );
+        }
+        Err(e) => {
+            failed += 1;
+            println!("{fixture:<20} {label:<28} error: {e}");
+        }
+    };
     for dir in model_fixtures() {
+        let fixture = name(&dir);
         let r = reference(&dir);
         let ids = &r.input_ids[0];
-        let cpu = logits(&Glm::load(&dir, &LoadOptions::default()).expect("cpu load"), ids).expect("cpu logits");
+        let cpu_model = Glm::load(&dir, &LoadOptions::default()).expect("cpu load");
+        let cpu = logits(&cpu_model, ids).expect("cpu logits");
         let scale = cpu.abs().max().double_value(&[]);
         let cases = [
-            ("cuda f32", DType::F32, 1, 1e-4),
-            ("cuda bf16", DType::Bf16, 1, 0.08 * scale),
-            ("cuda f32, 2 shards", DType::F32, 2, 1e-4),
+            ("logits f32", DType::F32, 1, 1e-4),
+            ("logits bf16", DType::Bf16, 1, 0.08 * scale),
+            ("logits f32, 2 shards", DType::F32, 2, 1e-4),
         ];
         for (label, dtype, tp, tol) in cases {
             let opts = LoadOptions { dtype, devices: vec![device], tensor_parallel: tp, ..Default::default() };
-            match Glm::load(&dir, &opts).and_then(|m| logits(&m, ids)) {
-                Ok(l) => {
-                    let d = max_abs_diff(&l.to_device(tch::Device::Cpu), &cpu);
-                    let ok = d <= tol;
-                    failed += usize::from(!ok);
-                    println!(
-                        "{:<20} {label:<20} max abs diff vs cpu f32 {d:.3e} (tolerance {tol:.1e}) {}",
-                        name(&dir),
-                        if ok { "ok" } else { "FAIL" }
-                    );
-                }
-                Err(e) => {
-                    failed += 1;
-                    println!("{:<20} {label:<20} error: {e}", name(&dir));
+            let outcome = Glm::load(&dir, &opts)
+                .and_then(|m| logits(&m, ids))
+                .map(|l| (max_abs_diff(&l.to_device(tch::Device::Cpu), &cpu), tol, true))
+                .map_err(|e| e.to_string());
+            report(&fixture, label, outcome);
+        }
+
+        // Generation in every decode mode against CPU eager, on a left-padded batch.
+        let mut prompts = r.input_ids.clone();
+        prompts.push(ids[..3].to_vec());
+        let want = generation(&cpu_model, &prompts, DecodeMode::Eager).expect("cpu generation");
+        let gpu = |dtype| Glm::load(&dir, &LoadOptions { dtype, devices: vec![device], ..Default::default() });
+        match gpu(DType::F32) {
+            Ok(m) => {
+                for (label, mode) in [
+                    ("generate f32 eager", DecodeMode::Eager),
+                    ("generate f32 static", DecodeMode::Static),
+                    ("generate f32 cuda-graph", DecodeMode::CudaGraph),
+                    ("generate f32 graph replayed", DecodeMode::CudaGraph),
+                ] {
+                    let outcome = generation(&m, &prompts, mode)
+                        .map(|g| (worst(&g, &want), 1e-4, g.tokens == want.tokens))
+                        .map_err(|e| e.to_string());
+                    report(&fixture, label, outcome);
                 }
             }
+            Err(e) => report(&fixture, "generate f32", Err(e.to_string())),
         }
+        let bf16 = gpu(DType::Bf16).and_then(|m| {
+            let eager = generation(&m, &prompts, DecodeMode::Eager)?;
+            let graph = generation(&m, &prompts, DecodeMode::CudaGraph)?;
+            Ok((eager, graph))
+        });
+        let outcome = bf16
+            .map(|(eager, graph)| {
+                // Step 0 is the prefill (eager in both); step 1 is the first graph replay.
+                let d = eager.logits.get(1).zip(graph.logits.get(1)).map_or(f64::INFINITY, |(a, b)| max_abs_diff(a, b));
+                (d, 0.08 * scale, true)
+            })
+            .map_err(|e| e.to_string());
+        report(&fixture, "generate bf16 graph vs eager", outcome);
     }
     if failed > 0 {
         eprintln!("{failed} case(s) failed");
