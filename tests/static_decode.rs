@@ -62,6 +62,26 @@ fn static_steps_equal_eager_steps_on_every_fixture() {
 }
 
 #[test]
+fn a_kept_decoder_serves_padded_rows_after_unpadded_ones() {
+    let dir = &model_fixtures()[0];
+    let model = load(dir);
+    let base = reference(dir).input_ids[0].clone();
+    let n = base.len();
+    // Same batch size and longest row, so the second generation reuses the first's decoder.
+    let unpadded = vec![base.clone(), base.iter().rev().copied().collect(), base.clone()];
+    let padded = vec![base.clone(), base[2..].to_vec(), base[1..].to_vec()];
+    assert_eq!(padded.iter().map(Vec::len).max(), Some(n));
+    let _ = run(&model, &unpadded, DecodeMode::Static, Sampling::greedy());
+    let eager = run(&model, &padded, DecodeMode::Eager, Sampling::greedy());
+    let reused = run(&model, &padded, DecodeMode::Static, Sampling::greedy());
+    assert_same(&eager, &reused, "padded after unpadded");
+    let _ = run(&model, &padded, DecodeMode::Static, Sampling::greedy());
+    let eager = run(&model, &unpadded, DecodeMode::Eager, Sampling::greedy());
+    let reused = run(&model, &unpadded, DecodeMode::Static, Sampling::greedy());
+    assert_same(&eager, &reused, "unpadded after padded");
+}
+
+#[test]
 fn static_sampling_equals_eager_sampling() {
     let dir = &model_fixtures()[0];
     let model = load(dir);

@@ -358,7 +358,7 @@ pub fn generate(
             if step_i == 0 {
                 d.start(&next, start)?;
                 if path == Path::Graph && d.graph.is_none() {
-                    match d.capture(model, &layout, greedy) {
+                    match d.capture(model) {
                         Ok(()) => {}
                         Err(e) if opts.decode == DecodeMode::Auto => {
                             // Eager steps on the decoder's cache from here on: the capture ran
@@ -372,7 +372,7 @@ pub fn generate(
                 }
             }
             if path != Path::Eager {
-                let (logits, greedy_next) = d.step(model, &layout, greedy, start)?;
+                let (logits, greedy_next) = d.step(model, start)?;
                 keep(&mut out, opts, &logits)?;
                 next = match greedy_next {
                     Some(n) => n,
@@ -560,21 +560,19 @@ impl StaticDecoder {
     /// One step at `slot` for `tok`, then the slot moves on (and, greedy, `tok` becomes the
     /// argmax): the work a graph captures. Returns the logits [B, vocab] and, greedy, the
     /// argmax.
-    fn advance(
-        &mut self,
-        model: &Glm,
-        layout: &Layout,
-        greedy: bool,
-        host_slot: i64,
-    ) -> Result<(Tensor, Option<Tensor>)> {
+    ///
+    /// It reads nothing from the host but `self`'s sizes, which every generation a kept
+    /// decoder serves shares: a captured graph bakes in whatever else it would read. (So
+    /// the key validity mask applies even when no row is padded.)
+    fn advance(&mut self, model: &Glm, host_slot: i64) -> Result<(Tensor, Option<Tensor>)> {
         let kind = model.dtype.kind();
         // Each row's position: slot - padding (padding slots get 1, as in transformers).
         let pos = self.slot.f_sub(&self.pads)?;
         let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?;
         let rot = self.rope.rotations(&pos, kind)?;
-        let allowed = self.key_slots.f_le_tensor(&self.slot)?; // [1, capacity]
-        let allowed = if layout.any_pad { allowed.f_logical_and(&self.valid)? } else { allowed };
-        let rows = allowed.size()[0]; // cannot fire: two dimensions
+        // [B, capacity]: slots up to this one that hold real tokens.
+        let allowed = self.key_slots.f_le_tensor(&self.slot)?.f_logical_and(&self.valid)?;
+        let rows = self.batch as i64;
         let mask = Tensor::f_zeros([rows, 1, 1, self.capacity as i64], (kind, self.tok.device()))?
             .f_masked_fill(&allowed.f_logical_not()?.f_view([rows, 1, 1, -1])?, f64::NEG_INFINITY)?;
         let empty = Tensor::f_zeros([0], (kind, self.tok.device()))?;
@@ -589,7 +587,7 @@ impl StaticDecoder {
         };
         let logits = model.forward(&self.tok, &step, &mut self.cache, true)?.f_select(1, 0)?;
         let _ = self.slot.shallow_clone().f_add_scalar_(1)?;
-        let next = if greedy {
+        let next = if self.greedy {
             let n = logits.f_argmax(-1, false)?;
             self.tok.shallow_clone().f_copy_(&n.f_reshape([self.batch as i64, 1])?)?;
             Some(n)
@@ -603,31 +601,31 @@ impl StaticDecoder {
     /// graph's side stream (libtorch and cuBLAS set up per-stream state on first use, which
     /// a capture cannot). Warm-ups write the cache at the current slot and the next, which
     /// the replayed steps write again before reading; the token and slot are restored.
-    fn capture(&mut self, model: &Glm, layout: &Layout, greedy: bool) -> Result<()> {
+    fn capture(&mut self, model: &Glm) -> Result<()> {
         let mut graph = crate::cuda_graph::CudaGraph::new(model.device())?;
         let (tok, slot) = (self.tok.f_detach_copy()?, self.slot.f_detach_copy()?);
         graph.on_side_stream(|| {
             for _ in 0..2 {
-                let _ = self.advance(model, layout, greedy, 0)?;
+                let _ = self.advance(model, 0)?;
             }
             self.tok.shallow_clone().f_copy_(&tok)?;
             self.slot.shallow_clone().f_copy_(&slot)?;
             Ok(())
         })?;
-        let (logits, next) = graph.capture(|| self.advance(model, layout, greedy, 0))?;
+        let (logits, next) = graph.capture(|| self.advance(model, 0))?;
         self.graph = Some(Captured { graph, logits, next });
         Ok(())
     }
 
     /// One decode step: the graph replayed, or [`StaticDecoder::advance`] run.
-    fn step(&mut self, model: &Glm, layout: &Layout, greedy: bool, slot: i64) -> Result<(Tensor, Option<Tensor>)> {
+    fn step(&mut self, model: &Glm, slot: i64) -> Result<(Tensor, Option<Tensor>)> {
         self.cache.len = slot + 1;
         match &self.graph {
             Some(c) => {
                 c.graph.replay()?;
                 Ok((c.logits.shallow_clone(), c.next.as_ref().map(Tensor::shallow_clone)))
             }
-            None => self.advance(model, layout, greedy, slot),
+            None => self.advance(model, slot),
         }
     }
 }
@@ -640,10 +638,14 @@ impl StaticDecoder {
 /// memory back in. Measured on the demo model, batch 8 × 48 tokens, 2 threads: 31% of prefill
 /// time was the kernel's (page faults, `brk`), and prefill ran at 38-47k tokens/s, against
 /// 74-77k with these settings (docs/PERFORMANCE.md). Peak memory is unchanged; memory held
-/// after a generation can be up to 1 GB more. A no-op on other C libraries.
+/// after a generation can be up to 1 GB more. A no-op on other C libraries, and when the
+/// environment sets `HEADCOUNT_KEEP_FREED_MEMORY=0`.
 pub fn keep_freed_memory() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        if std::env::var_os("HEADCOUNT_KEEP_FREED_MEMORY").is_some_and(|v| v == "0") {
+            return;
+        }
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         // SAFETY: mallopt only sets malloc's tunables; any value is accepted or refused (0).
         unsafe {
