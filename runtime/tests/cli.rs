@@ -229,6 +229,17 @@ fn bench_prints_one_json_line() {
     } else {
         assert!(v["cuda_graphs"].is_string());
     }
+    // A shim path that is not a library is reported, not a crash.
+    let o = Command::new(env!("CARGO_BIN_EXE_headcount"))
+        .args(["bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--prompt-len", "4"])
+        .args(["--new-tokens", "2", "--repeat", "1", "--threads", "1"])
+        .env("HEADCOUNT_CUDA_GRAPH_LIB", fixture("configs/tiny-glm-gqa2.json"))
+        .output()
+        .unwrap();
+    expect(&o, 0, "decode_tokens_per_s");
+    let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    let why = v["cuda_graphs"].as_str().unwrap();
+    assert!(why.contains("tiny-glm-gqa2.json could not be loaded"), "{why}");
     expect(
         &headcount(&["bench", "--config", &fixture("configs/tiny-glm-gqa2.json"), "--threads", "0"]),
         1,
