@@ -20,6 +20,14 @@ fn text(o: &Output) -> (String, String) {
     (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
+/// `headcount run -q` on glm-gqa2 with ids 5,6,7 and 4 new tokens, plus `extra` flags.
+fn quiet_run_567(extra: &[&str]) -> Output {
+    let model = fixture("glm-gqa2");
+    let mut args = vec!["run", "-q", "--model", &model, "--ids", "5,6,7", "--max-new-tokens", "4"];
+    args.extend_from_slice(extra);
+    headcount(&args)
+}
+
 #[track_caller]
 fn expect(o: &Output, code: i32, needle: &str) {
     let (out, err) = text(o);
@@ -90,7 +98,7 @@ fn run_generates_ids_and_reports_speed() {
     let ids: Vec<i64> = out.trim().split(',').map(|s| s.parse().unwrap()).collect();
     assert_eq!(ids.len(), 4, "{out}");
     // Quiet mode prints the same tokens and nothing on stderr.
-    let q = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5,6,7", "--max-new-tokens", "4"]);
+    let q = quiet_run_567(&[]);
     assert_eq!(text(&q).0, out);
     assert_eq!(text(&q).1, "");
     // Sampling with a seed is repeatable.
@@ -129,18 +137,7 @@ fn run_generates_ids_and_reports_speed() {
     assert_eq!(s1.status.code(), Some(0));
     assert_eq!(text(&s1).0, text(&s2).0);
     // Static-shape decode steps (what a CUDA graph replays) give the same tokens.
-    let st = headcount(&[
-        "run",
-        "-q",
-        "--model",
-        &fixture("glm-gqa2"),
-        "--ids",
-        "5,6,7",
-        "--max-new-tokens",
-        "4",
-        "--decode",
-        "static",
-    ]);
+    let st = quiet_run_567(&["--decode", "static"]);
     assert_eq!(text(&st).0, out);
 }
 
@@ -260,19 +257,8 @@ fn bench_prints_one_json_line() {
 
 #[test]
 fn tensor_parallel_flag_runs_shards_and_rejects_illegal_sizes() {
-    let one = headcount(&["run", "-q", "--model", &fixture("glm-gqa2"), "--ids", "5,6,7", "--max-new-tokens", "4"]);
-    let two = headcount(&[
-        "run",
-        "-q",
-        "--model",
-        &fixture("glm-gqa2"),
-        "--ids",
-        "5,6,7",
-        "--max-new-tokens",
-        "4",
-        "--tp",
-        "2",
-    ]);
+    let one = quiet_run_567(&[]);
+    let two = quiet_run_567(&["--tp", "2"]);
     assert_eq!(two.status.code(), Some(0), "{:?}", text(&two));
     assert_eq!(text(&one).0, text(&two).0);
     expect(
