@@ -197,16 +197,14 @@ impl Layout {
         Ok((cos.f_to_kind(kind)?, sin.f_to_kind(kind)?))
     }
 
-    /// Rotation matrices for the one-token step at cache slot `slot`: [B, D, D] (the
-    /// cos/sin tensors returned are empty placeholders).
-    fn rotations_at(&self, rope: &Rope, slot: i64, kind: Kind, device: Device) -> Result<(Tensor, Tensor, Tensor)> {
+    /// The rotary inputs of the one-token step at cache slot `slot` (see
+    /// [`Rope::step_tables`]).
+    fn rotations_at(&self, rope: &Rope, slot: i64, kind: Kind) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         // Position of the slot in each row: slot - padding (padding slots get 1, as in
         // transformers), computed on the device.
         let pos = self.pads_dev.f_neg()?.f_add_scalar(slot)?;
         let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?;
-        let rot = rope.rotations(&pos, kind)?;
-        let empty = Tensor::f_zeros([0], (kind, device))?;
-        Ok((empty.shallow_clone(), empty, rot))
+        rope.step_tables(&pos, kind)
     }
 
     /// The attention mask for query slots `[start, start + len)` over keys `[0, start + len)`.
@@ -389,9 +387,9 @@ pub fn generate(
             }
         }
         let (rope, cache) = state(&mut decoder, &mut eager)?;
-        let (cos, sin, rot) = layout.rotations_at(rope, start, kind, device)?;
+        let (cos, sin, rot) = layout.rotations_at(rope, start, kind)?;
         let mask = layout.mask(start, 1, kind, device)?;
-        let step = Step { start, len: 1, cos, sin, rot: Some(rot), mask, slot: None };
+        let step = Step { start, len: 1, cos, sin, rot, mask, slot: None };
         let ids = next.f_reshape([b as i64, 1])?;
         let logits = model.forward(&ids, &step, cache, true)?.f_select(1, 0)?;
         next = select(&logits, &opts.sampling)?;
@@ -569,22 +567,14 @@ impl StaticDecoder {
         // Each row's position: slot - padding (padding slots get 1, as in transformers).
         let pos = self.slot.f_sub(&self.pads)?;
         let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?;
-        let rot = self.rope.rotations(&pos, kind)?;
+        let (cos, sin, rot) = self.rope.step_tables(&pos, kind)?;
         // [B, capacity]: slots up to this one that hold real tokens.
         let allowed = self.key_slots.f_le_tensor(&self.slot)?.f_logical_and(&self.valid)?;
         let rows = self.batch as i64;
         let mask = Tensor::f_zeros([rows, 1, 1, self.capacity as i64], (kind, self.tok.device()))?
             .f_masked_fill(&allowed.f_logical_not()?.f_view([rows, 1, 1, -1])?, f64::NEG_INFINITY)?;
-        let empty = Tensor::f_zeros([0], (kind, self.tok.device()))?;
-        let step = Step {
-            start: host_slot,
-            len: 1,
-            cos: empty.shallow_clone(),
-            sin: empty,
-            rot: Some(rot),
-            mask: Some(mask),
-            slot: Some(self.slot.shallow_clone()),
-        };
+        let step =
+            Step { start: host_slot, len: 1, cos, sin, rot, mask: Some(mask), slot: Some(self.slot.shallow_clone()) };
         let logits = model.forward(&self.tok, &step, &mut self.cache, true)?.f_select(1, 0)?;
         let _ = self.slot.shallow_clone().f_add_scalar_(1)?;
         let next = if self.greedy {

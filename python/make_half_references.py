@@ -1,0 +1,57 @@
+"""transformers' logits in bf16 and f16 for every fixture, so the runtime's half-precision
+paths are compared with transformers' own half-precision forward, not only with f32.
+
+Run from the repository root after python/make_fixtures.py:
+
+    .venv/bin/python python/make_half_references.py
+
+For each tests/fixtures/<name>/ with a reference.safetensors, writes reference-half.safetensors:
+  logits_bf16        float32 [2, T, V]  model(input_ids).logits with the checkpoint loaded as bfloat16
+  greedy_bf16        int64   [1, T + N] generate(row 0, max_new_tokens=N, greedy, no eos stop)
+  step_logits_bf16   float32 [N, V]     the logits each of those N tokens was chosen from
+  logits_f16, greedy_f16, step_logits_f16: the same as float16
+with transformers' default (sdpa) attention, eval mode, CPU, one thread. input_ids are the
+fixture's own (reference.safetensors). Everything is deterministic.
+"""
+
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+FIXTURES = Path("tests/fixtures")
+NEW_TOKENS = 8
+
+
+@torch.no_grad()
+def main() -> None:
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    for ref in sorted(FIXTURES.glob("*/reference.safetensors")):
+        folder = ref.parent
+        input_ids = load_file(str(ref))["input_ids"]
+        out = {}
+        for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+            model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+            # No eos: every row runs N tokens, and no token is suppressed.
+            model.generation_config.eos_token_id = None
+            out[f"logits_{name}"] = model(input_ids).logits.float().contiguous()
+            row = input_ids[:1]
+            gen = model.generate(
+                row,
+                attention_mask=torch.ones_like(row),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            out[f"greedy_{name}"] = gen.sequences.contiguous()
+            out[f"step_logits_{name}"] = torch.cat([l.float() for l in gen.logits], 0).contiguous()
+        save_file(out, str(folder / "reference-half.safetensors"))
+        print(f"{folder.name}: max |logit| bf16 {out['logits_bf16'].abs().max():.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
