@@ -6,6 +6,7 @@
 // Every entry point returns 0 on success. On failure it returns 1 and writes the reason,
 // NUL-terminated and cut to `cap` bytes, into `err`: no C++ exception crosses into Rust.
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -20,15 +21,43 @@
 namespace {
 
 struct Graph {
-  explicit Graph(c10::DeviceIndex device) : device(device) {}
+  explicit Graph(c10::DeviceIndex device)
+      : device(device), side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)) {}
   c10::DeviceIndex device;
   at::cuda::CUDAGraph graph;
-  // The side stream the capture runs on (capture is refused on the default stream), made
-  // current on the calling thread between enter_stream and exit_stream.
-  std::optional<c10::cuda::CUDAStream> side;
+  // The side stream the warm-up and the capture run on (capture is refused on the default
+  // stream), one for the graph's life so the warm-up primes the stream that is captured.
+  // Current on the calling thread between enter_stream and exit_stream.
+  c10::cuda::CUDAStream side;
   std::optional<c10::cuda::CUDAStreamGuard> guard;
+  // The memory pool of the capture, set by capture_begin.
+  std::optional<at::cuda::MempoolId_t> pool;
+  bool capturing = false;
   bool captured = false;
 };
+
+// After a capture that failed to end: libtorch 2.11's CUDAGraph::capture_end throws before
+// it stops routing allocations to the capture's pool and before the default generator
+// leaves capture mode, which would break every later allocation and random draw on the
+// device. Undo both, as far as the public API allows: end the routing and release the pool,
+// then run an empty capture, whose prologue and epilogue take the generator through a
+// capture cleanly.
+void recover_from_failed_capture(Graph* g) {
+  if (g->pool) {
+    try {
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(g->device, *g->pool);
+      at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(*g->pool);
+      c10::cuda::CUDACachingAllocator::releasePool(g->device, *g->pool);
+    } catch (...) {
+    }
+  }
+  try {
+    at::cuda::CUDAGraph reset;
+    reset.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    reset.capture_end();
+  } catch (...) {
+  }
+}
 
 void write_error(const std::string& msg, char* err, size_t cap) {
   if (err == nullptr || cap == 0) return;
@@ -78,8 +107,7 @@ int hc_graph_enter_stream(void* h, char* err, size_t cap) {
     auto* g = static_cast<Graph*>(h);
     if (g->guard) throw std::runtime_error("the side stream is already current");
     c10::cuda::getCurrentCUDAStream(g->device).synchronize();
-    g->side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, g->device);
-    g->guard.emplace(*g->side);
+    g->guard.emplace(g->side);
   });
 }
 
@@ -88,25 +116,44 @@ int hc_graph_exit_stream(void* h, char* err, size_t cap) {
   return guarded(err, cap, [&] {
     auto* g = static_cast<Graph*>(h);
     if (!g->guard) throw std::runtime_error("the side stream is not current");
-    g->side->synchronize();
+    if (g->capturing) throw std::runtime_error("a capture is still open");
+    g->side.synchronize();
     g->guard.reset();
   });
 }
 
-// Starts capturing the work this thread issues (the side stream must be current).
+// Starts capturing the work this thread issues (the side stream must be current). The
+// mode is thread-local: other threads' CUDA calls neither join nor invalidate the capture.
 int hc_graph_capture_begin(void* h, char* err, size_t cap) {
   return guarded(err, cap, [&] {
     auto* g = static_cast<Graph*>(h);
     if (!g->guard) throw std::runtime_error("enter the side stream before capturing");
-    if (g->captured) throw std::runtime_error("this graph was already captured");
-    g->graph.capture_begin();
+    if (g->captured || g->capturing) throw std::runtime_error("this graph was already captured");
+    g->pool = at::cuda::graph_pool_handle();
+    g->capturing = true;
+    try {
+      g->graph.capture_begin(*g->pool, cudaStreamCaptureModeThreadLocal);
+    } catch (...) {
+      g->capturing = false;
+      recover_from_failed_capture(g);
+      throw;
+    }
   });
 }
 
+// Ends the capture. On failure the device is put back in a usable state before the error
+// is returned (see recover_from_failed_capture).
 int hc_graph_capture_end(void* h, char* err, size_t cap) {
   return guarded(err, cap, [&] {
     auto* g = static_cast<Graph*>(h);
-    g->graph.capture_end();
+    if (!g->capturing) throw std::runtime_error("no capture is open");
+    g->capturing = false;
+    try {
+      g->graph.capture_end();
+    } catch (...) {
+      recover_from_failed_capture(g);
+      throw;
+    }
     g->captured = true;
   });
 }

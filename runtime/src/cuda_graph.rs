@@ -107,8 +107,16 @@ fn load() -> std::result::Result<Shim, String> {
     }
 }
 
+/// The first capture that failed in this process. libtorch's state after a failed capture
+/// is repaired as far as its API allows (runtime/cuda/graph.cpp), but no later generation
+/// should stake its output on that: graphs stay off for the rest of the process.
+static FAILED: OnceLock<String> = OnceLock::new();
+
 /// Whether CUDA graphs can be used in this process, or why not.
 pub fn available() -> Result<()> {
+    if let Some(why) = FAILED.get() {
+        return Err(Error::CudaGraph(format!("off for this process after a failed capture ({why})")));
+    }
     shim().map(|_| ())
 }
 
@@ -167,6 +175,7 @@ pub struct CudaGraph {
     shim: &'static Shim,
     handle: *mut c_void,
     on_side_stream: bool,
+    capturing: bool,
 }
 
 // SAFETY: the handle owns a heap object of the shim with no tie to the thread that made it;
@@ -185,7 +194,7 @@ impl CudaGraph {
         if handle.is_null() {
             return Err(Error::CudaGraph(message(&buf)));
         }
-        Ok(CudaGraph { shim, handle, on_side_stream: false })
+        Ok(CudaGraph { shim, handle, on_side_stream: false, capturing: false })
     }
 
     /// Runs `f` on a side stream (warm-up before a capture: libtorch allocates its
@@ -207,15 +216,20 @@ impl CudaGraph {
         self.on_side_stream = true;
         let out = match call(self.shim.capture_begin, self.handle, "starting the capture") {
             Ok(()) => {
+                self.capturing = true;
                 let out = f();
                 // The capture must end even when `f` failed, or the stream stays capturing.
                 let end = call(self.shim.capture_end, self.handle, "ending the capture");
+                self.capturing = false;
                 out.and_then(|o| end.map(|()| o))
             }
             Err(e) => Err(e),
         };
         let exit = call(self.shim.exit_stream, self.handle, "leaving the side stream");
         self.on_side_stream = false;
+        if let Err(e) = &out {
+            let _ = FAILED.set(e.to_string());
+        }
         let out = out?;
         exit.map(|()| out)
     }
@@ -228,6 +242,12 @@ impl CudaGraph {
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {
+        // Only after a panic inside `capture`'s closure: end the capture before leaving the
+        // stream, or the stream would stay capturing.
+        if self.capturing {
+            let _ = call(self.shim.capture_end, self.handle, "ending the capture");
+            let _ = FAILED.set("a panic during the capture".to_owned());
+        }
         if self.on_side_stream {
             let _ = call(self.shim.exit_stream, self.handle, "leaving the side stream");
         }

@@ -360,8 +360,9 @@ pub fn generate(
                         Ok(()) => {}
                         Err(e) if opts.decode == DecodeMode::Auto => {
                             // Eager steps on the decoder's cache from here on: the capture ran
-                            // nothing, and warm-up steps only wrote this slot, which the next
-                            // step writes again.
+                            // nothing, and the warm-up steps wrote this slot and the next,
+                            // which eager steps write again before attending to them. Graphs
+                            // stay off for the process (crate::cuda_graph::available).
                             note = Some(format!("decoded eagerly: {e}"));
                             path = Path::Eager;
                         }
@@ -370,7 +371,7 @@ pub fn generate(
                 }
             }
             if path != Path::Eager {
-                let (logits, greedy_next) = d.step(model, start)?;
+                let (logits, greedy_next) = d.step(model, start, path == Path::Graph)?;
                 keep(&mut out, opts, &logits)?;
                 next = match greedy_next {
                     Some(n) => n,
@@ -602,15 +603,24 @@ impl StaticDecoder {
             self.slot.shallow_clone().f_copy_(&slot)?;
             Ok(())
         })?;
-        let (logits, next) = graph.capture(|| self.advance(model, 0))?;
+        // For tests/src/bin/gpu_parity.rs: a host read inside the capture, which CUDA
+        // refuses, to check that a failed capture leaves the process working.
+        let break_capture = std::env::var_os("HEADCOUNT_TEST_BREAK_CAPTURE").is_some();
+        let (logits, next) = graph.capture(|| {
+            if break_capture {
+                let _ = self.slot.f_double_value(&[0])?;
+            }
+            self.advance(model, 0)
+        })?;
         self.graph = Some(Captured { graph, logits, next });
         Ok(())
     }
 
-    /// One decode step: the graph replayed, or [`StaticDecoder::advance`] run.
-    fn step(&mut self, model: &Glm, slot: i64) -> Result<(Tensor, Option<Tensor>)> {
+    /// One decode step: the graph replayed (when `replay` and one was captured), or
+    /// [`StaticDecoder::advance`] run.
+    fn step(&mut self, model: &Glm, slot: i64, replay: bool) -> Result<(Tensor, Option<Tensor>)> {
         self.cache.len = slot + 1;
-        match &self.graph {
+        match self.graph.as_ref().filter(|_| replay) {
             Some(c) => {
                 c.graph.replay()?;
                 Ok((c.logits.shallow_clone(), c.next.as_ref().map(Tensor::shallow_clone)))

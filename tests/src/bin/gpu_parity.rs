@@ -107,6 +107,37 @@ fn main() -> ExitCode {
             .map_err(|e| e.to_string());
         report(&fixture, "generate bf16 graph vs eager", outcome);
     }
+    // Last, as it turns graphs off for the process: a capture that fails (a host read
+    // inside it) must leave the device working. Auto decodes eagerly and says why, and
+    // seeded sampling gives what it gave before the failure.
+    let dir = &model_fixtures()[0];
+    let outcome = Glm::load(dir, &LoadOptions { devices: vec![device], ..Default::default() })
+        .and_then(|m| {
+            let prompts = vec![reference(dir).input_ids[0].clone()];
+            let sampling = headcount_runtime::Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 11 };
+            let opts = |decode| GenerateOptions {
+                max_new_tokens: 12,
+                sampling: sampling.clone(),
+                decode,
+                ..Default::default()
+            };
+            let before = generate(&m, &prompts, &opts(DecodeMode::Eager), |_, _| {})?;
+            // SAFETY: no other thread of this program reads the environment.
+            unsafe { std::env::set_var("HEADCOUNT_TEST_BREAK_CAPTURE", "1") };
+            let after = generate(&m, &prompts, &opts(DecodeMode::Auto), |_, _| {})?;
+            let again = generate(&m, &prompts, &opts(DecodeMode::Auto), |_, _| {})?;
+            Ok((before, after, again))
+        })
+        .map_err(|e| e.to_string())
+        .and_then(|(before, after, again)| {
+            let fell_back = after.decode_path == "eager" && after.decode_note.is_some() && again.decode_path == "eager";
+            if fell_back {
+                Ok((0.0, 0.0, before.tokens == after.tokens && after.tokens == again.tokens))
+            } else {
+                Err(format!("no fallback: {} {:?} / {}", after.decode_path, after.decode_note, again.decode_path))
+            }
+        });
+    report(&name(dir), "failed capture, then sampling", outcome);
     if failed > 0 {
         eprintln!("{failed} case(s) failed");
         return ExitCode::from(1);
