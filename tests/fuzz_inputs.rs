@@ -13,7 +13,7 @@
 
 use headcount_integration::fixtures_dir;
 use headcount_runtime::{
-    Error, GenerateOptions, Glm, LoadOptions, Sampling, StreamDecoder, TextCodec, generate, logits,
+    DecodeMode, Error, GenerateOptions, Glm, LoadOptions, Sampling, StreamDecoder, TextCodec, generate, logits,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
@@ -136,17 +136,19 @@ fn generate_takes_any_input() {
         max_new_tokens(),
         sampling(),
         prop::collection::vec(token_id(), 0..3),
+        prop_oneof![Just(DecodeMode::Auto), Just(DecodeMode::Eager), Just(DecodeMode::Static)],
     );
     let generated = std::cell::Cell::new(0u32);
     let mut runner = runner(128);
     let total = runner.config().cases;
     runner
-        .run(&strategy, |(prompts, max_new_tokens, sampling, eos)| {
+        .run(&strategy, |(prompts, max_new_tokens, sampling, eos, decode)| {
             let problems = expected_problems(&prompts, max_new_tokens, &sampling);
             let opts = GenerateOptions {
                 max_new_tokens,
                 sampling: sampling.clone(),
                 eos_token_ids: eos.clone(),
+                decode,
                 ..Default::default()
             };
             let mut seen = Vec::new();
@@ -163,6 +165,12 @@ fn generate_takes_any_input() {
                         }
                     }
                     prop_assert_eq!(seen.len(), g.tokens.iter().map(Vec::len).sum::<usize>());
+                    // Static-shape steps choose what eager steps choose.
+                    if decode == DecodeMode::Static && sampling.temperature == 0.0 {
+                        let eager = GenerateOptions { decode: DecodeMode::Eager, ..opts.clone() };
+                        let e = generate(&model, &prompts, &eager, |_, _| {});
+                        prop_assert_eq!(e.map(|e| e.tokens).ok(), Some(g.tokens.clone()));
+                    }
                     generated.set(generated.get() + 1);
                 }
                 Err(e) => {
