@@ -112,6 +112,11 @@ fn load() -> std::result::Result<Shim, String> {
 /// should stake its output on that: graphs stay off for the rest of the process.
 static FAILED: OnceLock<String> = OnceLock::new();
 
+/// Turns graphs off for the rest of the process, for `reason`.
+pub(crate) fn disable(reason: String) {
+    let _ = FAILED.set(reason);
+}
+
 /// Whether CUDA graphs can be used in this process, or why not.
 pub fn available() -> Result<()> {
     if let Some(why) = FAILED.get() {

@@ -356,7 +356,7 @@ pub fn generate(
             if step_i == 0 {
                 d.start(&next, start)?;
                 if path == Path::Graph && d.graph.is_none() {
-                    match d.capture(model) {
+                    match d.capture(model).and_then(|()| d.verify_capture(model)) {
                         Ok(()) => {}
                         Err(e) if opts.decode == DecodeMode::Auto => {
                             // Eager steps on the decoder's cache from here on: the capture ran
@@ -614,6 +614,34 @@ impl StaticDecoder {
         })?;
         self.graph = Some(Captured { graph, logits, next });
         Ok(())
+    }
+
+    /// Checks a fresh capture once: the first step replayed must give the logits of the same
+    /// step run op by op (the same kernels, so equal up to a kernel choice; allowed 1% of the
+    /// largest logit). A capture that records something else, which no CPU test can
+    /// see, then falls back to eager decoding with the reason instead of decoding wrongly.
+    /// The step's cache writes are idempotent, and the token and slot are restored.
+    fn verify_capture(&mut self, model: &Glm) -> Result<()> {
+        let Some(c) = &self.graph else { return Ok(()) };
+        let (tok, slot) = (self.tok.f_detach_copy()?, self.slot.f_detach_copy()?);
+        c.graph.replay()?;
+        let replayed = c.logits.f_detach_copy()?;
+        self.tok.shallow_clone().f_copy_(&tok)?;
+        self.slot.shallow_clone().f_copy_(&slot)?;
+        let (eager, _) = self.advance(model, 0)?;
+        self.tok.shallow_clone().f_copy_(&tok)?;
+        self.slot.shallow_clone().f_copy_(&slot)?;
+        let diff = replayed.f_sub(&eager)?.f_abs()?.f_max()?.f_double_value(&[])?;
+        let scale = eager.f_abs()?.f_max()?.f_double_value(&[])?.max(1.0);
+        if diff.is_finite() && diff <= 0.01 * scale {
+            return Ok(());
+        }
+        self.graph = None;
+        let why = format!(
+            "the captured step disagreed with the same step run op by op (max abs logit difference {diff:.3e})"
+        );
+        crate::cuda_graph::disable(why.clone());
+        Err(Error::CudaGraph(why))
     }
 
     /// One decode step: the graph replayed (when `replay` and one was captured), or
