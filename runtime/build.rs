@@ -88,7 +88,12 @@ fn cuda_include(libtorch: &Path) -> Option<PathBuf> {
         candidates.push(PathBuf::from(p).join("include"));
     }
     if let Some(site) = libtorch.parent() {
-        candidates.push(site.join("nvidia/cu13/include"));
+        let wheel_headers = site.join("nvidia/cu13/include");
+        // Build again when headers are installed there later (scripts/setup adds crt/).
+        if wheel_headers.is_dir() {
+            println!("cargo:rerun-if-changed={}", wheel_headers.display());
+        }
+        candidates.push(wheel_headers);
     }
     candidates.into_iter().find(|c| c.join("cuda_runtime_api.h").is_file() && c.join("crt/host_config.h").is_file())
 }
