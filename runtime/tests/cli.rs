@@ -102,38 +102,12 @@ fn run_generates_ids_and_reports_speed() {
     assert_eq!(text(&q).0, out);
     assert_eq!(text(&q).1, "");
     // Sampling with a seed is repeatable.
-    let s1 = headcount(&[
-        "run",
-        "-q",
-        "--model",
-        &fixture("glm-gqa2"),
-        "--ids",
-        "5",
-        "--temperature",
-        "1.0",
-        "--top-k",
-        "20",
-        "--top-p",
-        "0.9",
-        "--seed",
-        "7",
-    ]);
-    let s2 = headcount(&[
-        "run",
-        "-q",
-        "--model",
-        &fixture("glm-gqa2"),
-        "--ids",
-        "5",
-        "--temperature",
-        "1.0",
-        "--top-k",
-        "20",
-        "--top-p",
-        "0.9",
-        "--seed",
-        "7",
-    ]);
+    let sampled = || {
+        let model = fixture("glm-gqa2");
+        let args = ["--temperature", "1.0", "--top-k", "20", "--top-p", "0.9", "--seed", "7"];
+        headcount(&[&["run", "-q", "--model", &model, "--ids", "5"][..], &args[..]].concat())
+    };
+    let (s1, s2) = (sampled(), sampled());
     assert_eq!(s1.status.code(), Some(0));
     assert_eq!(text(&s1).0, text(&s2).0);
     // Static-shape decode steps (what a CUDA graph replays) give the same tokens.
