@@ -221,17 +221,24 @@ impl Rope {
     }
 }
 
-/// Applies the rotary embedding to the first `rotary_dim` channels of `x` ([B, T, n, D]);
-/// `cos`/`sin` are [B, T, 1, R] in x's dtype.
-fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, rotary: i64, head_dim: i64) -> Result<Tensor> {
+/// Applies the rotary embedding in place to the first `rotary_dim` channels of `x`
+/// ([B, T, n, D], a view into the step's own q/k/v projection); `cos`/`sin` are
+/// [B, T, 1, R] in x's dtype. Each product and the sum round to x's dtype as transformers'
+/// `q * cos + rotate(q) * sin` does, so half-precision results are bit-equal to it; in place,
+/// the pass-through channels stay where they are and no `cat` is needed: 4 kernels (flip,
+/// two multiplies, add) for q and k together.
+fn rope_in_place(x: &Tensor, cos: &Tensor, sin: &Tensor, rotary: i64, head_dim: i64) -> Result<()> {
     let rot = if rotary == head_dim { x.shallow_clone() } else { x.f_narrow(3, 0, rotary)? };
     let s = rot.size();
     let mut pairs = s.clone();
     pairs.pop();
     pairs.extend([rotary / 2, 2]);
-    let swapped = rot.f_reshape(&pairs)?.f_flip([-1])?.f_reshape(&s)?;
-    let out = rot.f_mul(cos)?.f_add(&swapped.f_mul(sin)?)?;
-    if rotary == head_dim { Ok(out) } else { Ok(Tensor::f_cat(&[out, x.f_narrow(3, rotary, head_dim - rotary)?], 3)?) }
+    // `flip` copies, so `swapped` is read from x before x changes.
+    let mut swapped = rot.f_reshape(&pairs)?.f_flip([-1])?.f_reshape(&s)?;
+    let _ = swapped.f_mul_(sin)?;
+    let _ = rot.shallow_clone().f_mul_(cos)?;
+    let _ = rot.shallow_clone().f_add_(&swapped)?;
+    Ok(())
 }
 
 // ---- building blocks ----------------------------------------------------------------------
@@ -336,19 +343,19 @@ fn sum_into(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
 }
 
 /// RMSNorm as transformers computes it: normalized in f32, cast to the input dtype, then
-/// scaled by the weight in that dtype. libtorch's `rms_norm` does the f32 part in one call
-/// instead of transformers' five (square, mean, add eps, rsqrt, multiply): bit-equal to them
-/// on CPU (tested below). With f32 activations the weight goes into the same call too
-/// (within 1e-6 of the composite form on the fixtures). On a GPU every call saved is a
-/// kernel less per norm, 8 kernels down to 4 in bf16.
+/// scaled by the weight in that dtype. libtorch's `rms_norm` does transformers' five f32
+/// calls (square, mean, add eps, rsqrt, multiply) in one. Given half-precision input and no
+/// weight it normalizes in f32 and rounds once to the input's dtype, which is transformers'
+/// upcast, normalize and cast: bit-equal to them on CPU (tested below). On a GPU that is
+/// libtorch's fused kernel, so a bf16 norm is 2 kernels (the norm and the weight multiply)
+/// where transformers' composite form launches 8. With f32 activations the weight goes into
+/// the same call too (within 1e-6 of the composite form on the fixtures).
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let kind = x.kind();
     let last = x.size().last().copied().unwrap_or(0);
-    if kind == Kind::Float {
+    if x.kind() == Kind::Float {
         return Ok(x.f_rms_norm([last], Some(weight), eps)?);
     }
-    let normed = x.f_to_kind(Kind::Float)?.f_rms_norm([last], None::<&Tensor>, eps)?.f_to_kind(kind)?;
-    Ok(weight.f_mul(&normed)?)
+    Ok(weight.f_mul(&x.f_rms_norm([last], None::<&Tensor>, eps)?)?)
 }
 
 /// One shard's weights of one decoder layer (the norms live in [`Norms`]).
@@ -801,7 +808,10 @@ impl Glm {
         let qk = match &step.rot {
             // [B, 1, n, D] -> [B, n, D] @ [B, D, D]
             Some(m) if t == 1 => qk.f_reshape([b, hl + kvl, d])?.f_bmm(m)?.f_unsqueeze(1)?,
-            _ => apply_rope(&qk, &step.cos, &step.sin, self.dims.rotary_dim as i64, d)?,
+            _ => {
+                rope_in_place(&qk, &step.cos, &step.sin, self.dims.rotary_dim as i64, d)?;
+                qk
+            }
         };
         let q = qk.f_narrow(2, 0, hl)?;
         let k = qk.f_narrow(2, hl, kvl)?.f_transpose(1, 2)?;
