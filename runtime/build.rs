@@ -1,5 +1,8 @@
-//! Builds the CUDA graph shim (`cuda/graph.cpp`) into a shared library beside the build
-//! outputs, when libtorch is a CUDA build and the CUDA runtime headers are found.
+//! Builds the C++ parts of the runtime against libtorch's headers:
+//! - the operator counter (`cpp/op_count.cpp`), a static library linked into the runtime
+//!   whenever libtorch's headers are found (cfg `headcount_op_count`);
+//! - the CUDA graph shim (`cuda/graph.cpp`), a shared library beside the build outputs, when
+//!   libtorch is a CUDA build and the CUDA runtime headers are found.
 //!
 //! The shim is optional: without it the runtime runs everywhere and a CUDA graph, when asked
 //! for, is refused with the reason recorded here. The library is loaded with dlopen at run
@@ -18,11 +21,22 @@ const LIB: &str = "libheadcount_cuda_graph.so";
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda/graph.cpp");
-    for var in ["LIBTORCH", "HEADCOUNT_CUDA_INCLUDE", "CUDA_HOME", "CXX"] {
+    println!("cargo:rerun-if-changed=cpp/op_count.cpp");
+    for var in ["LIBTORCH", "HEADCOUNT_CUDA_INCLUDE", "CUDA_HOME", "CXX", "AR"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo::rustc-check-cfg=cfg(headcount_cuda_graph)");
+    println!("cargo::rustc-check-cfg=cfg(headcount_op_count)");
     let out = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default());
+    match build_op_counter(&out) {
+        Ok(()) => {
+            println!("cargo:rustc-link-search=native={}", out.display());
+            println!("cargo:rustc-link-lib=static=headcount_ops");
+            println!("cargo:rustc-cfg=headcount_op_count");
+            println!("cargo:rustc-env=HEADCOUNT_OP_COUNT_WHY=");
+        }
+        Err(why) => println!("cargo:rustc-env=HEADCOUNT_OP_COUNT_WHY={why}"),
+    }
     // The library's path relative to the profile folder (target/<profile>), the last three
     // components of OUT_DIR: `build/<package>-<hash>/out`. Binaries look for it relative to
     // themselves, so a copied target folder keeps working.
@@ -40,10 +54,55 @@ fn main() {
     }
 }
 
-fn build(out: &Path) -> Result<(), String> {
+/// libtorch's folder (`$LIBTORCH`, resolved).
+fn libtorch() -> Result<PathBuf, String> {
     let libtorch = env::var_os("LIBTORCH").map(PathBuf::from).ok_or("LIBTORCH is not set")?;
-    let libtorch =
-        libtorch.canonicalize().map_err(|e| format!("libtorch at {} is missing: {e}", libtorch.display()))?;
+    libtorch.canonicalize().map_err(|e| format!("libtorch at {} is missing: {e}", libtorch.display()))
+}
+
+/// Compiles `cpp/op_count.cpp` into `libheadcount_ops.a` in `out`. It uses only libtorch's
+/// CPU library, which every build links.
+fn build_op_counter(out: &Path) -> Result<(), String> {
+    let include = libtorch()?.join("include");
+    if !include.join("ATen/record_function.h").is_file() {
+        return Err(format!("{} has no ATen/record_function.h", include.display()));
+    }
+    let cxx = env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
+    let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+    let object = out.join("op_count.o");
+    let output = Command::new(&cxx)
+        .args(["-std=c++17", "-O2", "-fPIC", "-c", "-w"])
+        .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .arg("-I")
+        .arg(&include)
+        .arg("cpp/op_count.cpp")
+        .arg("-o")
+        .arg(&object)
+        .output()
+        .map_err(|e| format!("could not run the C++ compiler {cxx:?}: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_owned();
+        println!("cargo:warning=the operator counter did not compile: {first}");
+        return Err(format!("the operator counter did not compile: {first}"));
+    }
+    let ar = env::var("AR").unwrap_or_else(|_| "ar".to_owned());
+    let archive = out.join("libheadcount_ops.a");
+    let _ = std::fs::remove_file(&archive);
+    let status = Command::new(&ar)
+        .arg("crs")
+        .arg(&archive)
+        .arg(&object)
+        .status()
+        .map_err(|e| format!("could not run the archiver {ar:?}: {e}"))?;
+    if !status.success() {
+        return Err(format!("the archiver {ar:?} failed ({status})"));
+    }
+    Ok(())
+}
+
+fn build(out: &Path) -> Result<(), String> {
+    let libtorch = libtorch()?;
     let include = libtorch.join("include");
     let lib = libtorch.join("lib");
     if !include.join("ATen/cuda/CUDAGraph.h").is_file() || !lib.join("libtorch_cuda.so").is_file() {

@@ -6,6 +6,7 @@ pub mod device;
 pub mod error;
 pub mod generate;
 pub mod model;
+pub mod op_count;
 pub mod parallel;
 pub mod shard;
 pub mod text;

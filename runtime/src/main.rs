@@ -68,6 +68,30 @@ enum Command {
     },
     /// Measure prefill and decode tokens/s; prints one JSON line.
     Bench(BenchArgs),
+    /// Count the libtorch calls of a decode step, per layer and around the layers (JSON).
+    CountOps(CountOpsArgs),
+}
+
+#[derive(Args)]
+struct CountOpsArgs {
+    /// A config.json (counts depend on the shape only; weights are random, 1 and 2 layers).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
+    tensor_parallel: usize,
+    /// auto, eager, static or cuda-graph (a graph's step is counted as the static step it
+    /// replays).
+    #[arg(long, default_value = "auto")]
+    decode: String,
+    /// Layers of the model the step total is given for [default: the config's].
+    #[arg(long)]
+    layers: Option<u64>,
 }
 
 #[derive(Args)]
@@ -173,6 +197,7 @@ fn dispatch(cli: &Cli) -> Result<ExitCode> {
         Command::Run(a) => run(a, cli.quiet),
         Command::Logits { model, ids, out } => write_logits(model, ids, out, cli.quiet),
         Command::Bench(b) => bench(b, cli.quiet),
+        Command::CountOps(a) => count_ops(a),
     }
 }
 
@@ -471,6 +496,41 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "decode_fraction_of_bound": decode_median / bound,
     });
     println!("{line}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the measured libtorch calls of a decode step (see `headcount_runtime::op_count`).
+fn count_ops(a: &CountOpsArgs) -> Result<ExitCode> {
+    let config = Config::from_file(&a.config)?;
+    let device = parse_device(&a.device)?;
+    let dtype: DType = a.dtype.parse()?;
+    let decode: DecodeMode = a.decode.parse()?;
+    let opts = LoadOptions {
+        dtype,
+        devices: shard_devices(device, a.tensor_parallel),
+        tensor_parallel: a.tensor_parallel,
+        ..Default::default()
+    };
+    let p = headcount_runtime::op_count::decode_profile(&config, &opts, decode, a.batch)?;
+    let layers = a.layers.unwrap_or(config.num_hidden_layers);
+    let layers =
+        usize::try_from(layers).map_err(|_| Error::InvalidArgument(format!("--layers {layers} is too large")))?;
+    let leaves = p.outside_layers.total.leaves.saturating_add(p.per_layer.total.leaves.saturating_mul(layers as i64));
+    let out = serde_json::json!({
+        "device": a.device,
+        "dtype": dtype.name(),
+        "decode_path": p.decode_path,
+        "batch": p.batch,
+        "tensor_parallel": a.tensor_parallel,
+        "layers": layers,
+        "step_calls": p.step_calls(layers),
+        "step_leaves": leaves,
+        "per_layer": p.per_layer,
+        "outside_layers": p.outside_layers,
+        "prefill_per_layer": p.prefill_per_layer,
+    });
+    // Serializing a json Value cannot fail.
+    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -334,6 +334,13 @@ fn lookup_in_range(
     Ok(rows.f_mul(&valid.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?)
 }
 
+/// The `N` tensors of a split.
+fn array<const N: usize>(parts: Vec<Tensor>) -> Result<[Tensor; N]> {
+    let got = parts.len();
+    <[Tensor; N]>::try_from(parts)
+        .map_err(|_| Error::InvalidArgument(format!("a split gave {got} parts where {N} were expected")))
+}
+
 /// `acc + t`, or `t` for the first term.
 fn sum_into(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
     Ok(match acc {
@@ -805,17 +812,20 @@ impl Glm {
         let layer = &s.layers[l]; // cannot fire: l < dims.layers, and every shard has that many
         let qkv = layer.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
         let qk = qkv.f_narrow(2, 0, hl + kvl)?;
-        let qk = match &step.rot {
+        let [q, k, v] = match &step.rot {
             // [B, 1, n, D] -> [B, n, D] @ [B, D, D]
-            Some(m) if t == 1 => qk.f_reshape([b, hl + kvl, d])?.f_bmm(m)?.f_unsqueeze(1)?,
+            Some(m) if t == 1 => {
+                let qk = qk.f_reshape([b, hl + kvl, d])?.f_bmm(m)?.f_unsqueeze(1)?;
+                let [q, k] = array(qk.f_split_with_sizes([hl, kvl], 2)?)?;
+                [q, k, qkv.f_narrow(2, hl + kvl, kvl)?]
+            }
             _ => {
                 rope_in_place(&qk, &step.cos, &step.sin, self.dims.rotary_dim as i64, d)?;
-                qk
+                // One call for the three views.
+                array(qkv.f_split_with_sizes([hl, kvl, kvl], 2)?)?
             }
         };
-        let q = qk.f_narrow(2, 0, hl)?;
-        let k = qk.f_narrow(2, hl, kvl)?.f_transpose(1, 2)?;
-        let v = qkv.f_narrow(2, hl + kvl, kvl)?.f_transpose(1, 2)?;
+        let (k, v) = (k.f_transpose(1, 2)?, v.f_transpose(1, 2)?);
         // `forward` is public: a cache made by another model is an error, not a panic.
         let (Some(ck), Some(cv)) =
             (cache.k.get(s.index).and_then(|c| c.get(l)), cache.v.get(s.index).and_then(|c| c.get(l)))
@@ -861,8 +871,7 @@ impl Glm {
         let layer = &s.layers[l]; // cannot fire: l < dims.layers, and every shard has that many
         let gu = layer.gate_up.forward(x)?;
         let il = s.intermediate;
-        let gate = gu.f_narrow(-1, 0, il)?;
-        let up = gu.f_narrow(-1, il, il)?;
+        let [gate, up] = array(gu.f_split(il, -1)?)?;
         let h = up.f_mul(&self.dims.act.apply(&gate)?)?;
         layer.down.forward(&h)
     }

@@ -1,0 +1,242 @@
+//! Counting the libtorch calls a decode step makes, measured rather than read off the code.
+//!
+//! libtorch calls an observer at the start and end of every operator that goes through its
+//! dispatcher (the hook its profiler uses). `runtime/cpp/op_count.cpp` registers one for the
+//! calling thread only, so counts are not disturbed by other threads (tests in parallel,
+//! worker threads of split CPU weights: see [`crate::parallel`]).
+//!
+//! Three counts per operator name:
+//! - `calls`: calls made from outside libtorch, i.e. by headcount (each costs the caller's
+//!   dispatch overhead, about 8.5 µs on a GPU host: docs/PERFORMANCE.md);
+//! - `ops`: every operator, those that other operators call included;
+//! - `leaves`: operators that called no other operator. On a GPU each leaf that computes
+//!   (not a view or an allocation) is about one kernel, which is what a CUDA graph replays.
+//!
+//! [`decode_profile`] measures a decode step and a layer by differences between whole
+//! generations of random models of 1 and 2 layers, so no line of the step is instrumented.
+
+use std::collections::BTreeMap;
+use std::ops::Sub;
+
+use headcount::Config;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::generate::{DecodeMode, GenerateOptions, generate};
+use crate::model::{Glm, LoadOptions};
+
+/// Counts of operator calls on one thread (see the module documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub calls: i64,
+    pub ops: i64,
+    pub leaves: i64,
+}
+
+impl Sub for Counts {
+    type Output = Counts;
+    fn sub(self, o: Counts) -> Counts {
+        Counts { calls: self.calls - o.calls, ops: self.ops - o.ops, leaves: self.leaves - o.leaves }
+    }
+}
+
+/// What one counted piece of work called: the totals and, per operator name, its share.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OpReport {
+    pub total: Counts,
+    pub by_name: BTreeMap<String, Counts>,
+}
+
+impl Sub for &OpReport {
+    type Output = OpReport;
+    /// The difference, name by name; names whose counts cancel are left out.
+    fn sub(self, o: &OpReport) -> OpReport {
+        let mut by_name = BTreeMap::new();
+        for name in self.by_name.keys().chain(o.by_name.keys()) {
+            let a = self.by_name.get(name).copied().unwrap_or_default();
+            let b = o.by_name.get(name).copied().unwrap_or_default();
+            if a != b {
+                by_name.insert(name.clone(), a - b);
+            }
+        }
+        OpReport { total: self.total - o.total, by_name }
+    }
+}
+
+/// Whether this build can count operators (the C++ part compiled against libtorch).
+pub fn available() -> Result<()> {
+    #[cfg(headcount_op_count)]
+    {
+        Ok(())
+    }
+    #[cfg(not(headcount_op_count))]
+    {
+        Err(Error::InvalidArgument(format!(
+            "this build cannot count libtorch calls ({})",
+            env!("HEADCOUNT_OP_COUNT_WHY")
+        )))
+    }
+}
+
+#[cfg(headcount_op_count)]
+mod ffi {
+    use std::ffi::{c_char, c_int, c_longlong};
+    unsafe extern "C" {
+        pub fn headcount_ops_begin(names: c_int, err: *mut c_char, len: usize) -> c_int;
+        pub fn headcount_ops_end(calls: *mut c_longlong, ops: *mut c_longlong, leaves: *mut c_longlong);
+        pub fn headcount_ops_names() -> usize;
+        pub fn headcount_ops_name(
+            i: usize,
+            buf: *mut c_char,
+            len: usize,
+            calls: *mut c_longlong,
+            ops: *mut c_longlong,
+            leaves: *mut c_longlong,
+        ) -> c_int;
+    }
+}
+
+/// Ends counting when dropped, so a panic in the counted work leaves no observer behind.
+#[cfg(headcount_op_count)]
+struct Counting {
+    totals: Counts,
+    ended: bool,
+}
+
+#[cfg(headcount_op_count)]
+impl Counting {
+    fn end(&mut self) -> Counts {
+        if !self.ended {
+            let (mut c, mut o, mut l) = (0, 0, 0);
+            // SAFETY: three valid out-pointers; the shim only writes them.
+            unsafe { ffi::headcount_ops_end(&mut c, &mut o, &mut l) };
+            self.totals = Counts { calls: c, ops: o, leaves: l };
+            self.ended = true;
+        }
+        self.totals
+    }
+}
+
+#[cfg(headcount_op_count)]
+impl Drop for Counting {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// Runs `f` and counts the libtorch operators it calls on this thread (per name too).
+pub fn count<R>(f: impl FnOnce() -> R) -> Result<(R, OpReport)> {
+    available()?;
+    #[cfg(headcount_op_count)]
+    {
+        let mut err = [0 as std::ffi::c_char; 512];
+        // SAFETY: `err` is a writable buffer of the length passed.
+        if unsafe { ffi::headcount_ops_begin(1, err.as_mut_ptr(), err.len()) } != 0 {
+            // SAFETY: the shim NUL-terminates what it writes into `err`.
+            let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+            return Err(Error::InvalidArgument(format!("counting libtorch calls failed to start: {msg}")));
+        }
+        let mut counting = Counting { totals: Counts::default(), ended: false };
+        let r = f();
+        let total = counting.end();
+        let mut by_name = BTreeMap::new();
+        // SAFETY: plain reads of the shim's thread-local state, on the thread that counted.
+        let n = unsafe { ffi::headcount_ops_names() };
+        for i in 0..n {
+            let mut buf = [0 as std::ffi::c_char; 256];
+            let (mut c, mut o, mut l) = (0, 0, 0);
+            // SAFETY: a writable buffer of the length passed, valid out-pointers.
+            if unsafe { ffi::headcount_ops_name(i, buf.as_mut_ptr(), buf.len(), &mut c, &mut o, &mut l) } == 0 {
+                break;
+            }
+            // SAFETY: the shim NUL-terminates the name.
+            let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+            by_name.insert(name, Counts { calls: c, ops: o, leaves: l });
+        }
+        Ok((r, OpReport { total, by_name }))
+    }
+    #[cfg(not(headcount_op_count))]
+    {
+        let _ = f;
+        unreachable!("available() is an error in this build")
+    }
+}
+
+/// The libtorch calls of a model's decode steps and prefill, split into what each layer
+/// adds and what the step makes around its layers.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeProfile {
+    /// The decode path the counted steps took (`eager` or `static`; a CUDA graph's step is
+    /// counted as the `static` step it replays).
+    pub decode_path: &'static str,
+    pub batch: usize,
+    /// One decode step of a 1-layer model.
+    pub step_one_layer: OpReport,
+    /// What one more layer adds to a decode step.
+    pub per_layer: OpReport,
+    /// What a decode step makes outside its layers (embedding, rotary inputs, final norm,
+    /// lm_head, token choice, the token read).
+    pub outside_layers: OpReport,
+    /// What one more layer adds to a prefill.
+    pub prefill_per_layer: OpReport,
+}
+
+impl DecodeProfile {
+    /// The calls of a decode step of `layers` layers.
+    pub fn step_calls(&self, layers: usize) -> i64 {
+        self.outside_layers.total.calls + self.per_layer.total.calls * layers as i64
+    }
+}
+
+/// Counts a decode step of `config`'s architecture: random models of 1 and 2 layers, one
+/// generation of 1, 2 and 3 new tokens each from `batch` rows of 8 tokens. A step is the
+/// difference between 3 and 2 new tokens (the second decode step, past any one-time setup),
+/// a layer the difference between the two models. Weights are not split into column blocks
+/// (`cpu_threads` 1), as on a GPU. `Auto` and `CudaGraph` count the static step, which is
+/// what a graph holds: a replay itself makes no libtorch operator calls.
+pub fn decode_profile(config: &Config, opts: &LoadOptions, decode: DecodeMode, batch: usize) -> Result<DecodeProfile> {
+    available()?;
+    if batch == 0 {
+        return Err(Error::InvalidArgument("the batch must be at least 1 row".to_owned()));
+    }
+    let decode = match decode {
+        DecodeMode::Eager => DecodeMode::Eager,
+        _ if opts.devices.first().is_some_and(|d| d.is_cuda()) || decode != DecodeMode::Auto => DecodeMode::Static,
+        _ => DecodeMode::Eager,
+    };
+    let opts = LoadOptions { cpu_threads: Some(1), progress_above_bytes: None, ..opts.clone() };
+    let prompts: Vec<Vec<i64>> = (0..batch)
+        .map(|r| (0..8).map(|i| ((r * 31 + i * 7 + 1) % config.vocab_size.max(1) as usize) as i64).collect())
+        .collect();
+    let mut per_model = Vec::new();
+    let mut path = "";
+    for layers in [1, 2] {
+        let mut c = config.clone();
+        c.num_hidden_layers = layers;
+        let model = Glm::random(&c, &opts, 0)?;
+        let run = |new: usize| -> Result<(crate::generate::Generation, OpReport)> {
+            let g = GenerateOptions { max_new_tokens: new, decode, ..Default::default() };
+            let (out, report) = count(|| generate(&model, &prompts, &g, |_, _| {}))?;
+            Ok((out?, report))
+        };
+        // Warm-up: a static decoder is made once and kept by the model.
+        run(3)?;
+        let (_, prefill) = run(1)?;
+        let (_, two) = run(2)?;
+        let (g, three) = run(3)?;
+        path = g.decode_path;
+        per_model.push((prefill, &three - &two));
+    }
+    let [(prefill1, step1), (prefill2, step2)] =
+        <[_; 2]>::try_from(per_model).map_err(|_| Error::InvalidArgument("two models were counted".to_owned()))?;
+    let per_layer = &step2 - &step1;
+    let outside_layers = &step1 - &per_layer;
+    Ok(DecodeProfile {
+        decode_path: path,
+        batch,
+        step_one_layer: step1,
+        per_layer,
+        outside_layers,
+        prefill_per_layer: &prefill2 - &prefill1,
+    })
+}
