@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use headcount::Config;
 use headcount_runtime::{
-    DType, DecodeMode, Error, GenerateOptions, Glm, LoadOptions, Result, Sampling, StreamDecoder, TextCodec, generate,
-    logits, parse_device,
+    DType, DecodeMode, Error, GenerateOptions, Glm, LoadOptions, Result, Sampling, StreamDecoder, TextCodec,
+    WeightLayout, generate, logits, parse_device,
 };
 
 #[derive(Parser)]
@@ -175,6 +175,10 @@ struct BenchArgs {
     /// or cuda-graph.
     #[arg(long, default_value = "auto")]
     decode: String,
+    /// Projection weights as in-out (transposed copies, the default) or out-in (as stored):
+    /// the two matrix-vector variants BLAS offers.
+    #[arg(long, default_value = "in-out")]
+    weight_layout: String,
 }
 
 fn main() -> ExitCode {
@@ -384,12 +388,14 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     }
     let dtype: DType = b.dtype.parse()?;
     let decode: DecodeMode = b.decode.parse()?;
+    let weight_layout: WeightLayout = b.weight_layout.parse()?;
     let device = parse_device(&b.device)?;
     let opts = LoadOptions {
         dtype,
         devices: shard_devices(device, b.tensor_parallel),
         tensor_parallel: b.tensor_parallel,
         progress_above_bytes: if quiet { None } else { Some(200 << 20) },
+        weight_layout,
         ..Default::default()
     };
     let model = match (&b.model, &b.config) {
@@ -485,6 +491,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "decode_tokens_per_s": decode_median,
         "decode_path": path.0,
         "decode_note": path.1,
+        "weight_layout": weight_layout.name(),
         "peak_rss_bytes": peak_rss,
         "peak_device_bytes": peak_device_bytes,
         "cuda_graphs": match headcount_runtime::cuda_graph::available() {

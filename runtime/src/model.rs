@@ -251,8 +251,14 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// A projection of `w` (`[out, in]`, as stored by transformers).
-    fn new(w: &Tensor, b: Option<Tensor>, threads: Option<usize>) -> Result<Linear> {
+    /// A projection of `w` (`[out, in]`, as stored by transformers), laid out as `layout`
+    /// says. `parts` are `[in, out]` either way: for [`WeightLayout::OutIn`], one
+    /// transposed view of `w`, which `matmul` and `addmm` hand to BLAS as the transposed
+    /// variant (what `linear` does).
+    fn new(w: &Tensor, b: Option<Tensor>, threads: Option<usize>, layout: WeightLayout) -> Result<Linear> {
+        if layout == WeightLayout::OutIn {
+            return Ok(Linear { parts: vec![w.f_contiguous()?.f_transpose(0, 1)?], b });
+        }
         let wt = w.f_transpose(0, 1)?.f_contiguous()?;
         let bytes = wt.numel() * wt.kind().elt_size_in_bytes();
         let parts = crate::parallel::split_columns(&wt, crate::parallel::blocks_for(bytes, wt.device(), threads))?;
@@ -468,6 +474,44 @@ pub struct LoadOptions {
     /// Column blocks for large CPU weights (one per thread that multiplies them); `None`:
     /// libtorch's thread count at load time. See [`crate::parallel`].
     pub cpu_threads: Option<usize>,
+    /// How projection weights are laid out in memory (see [`WeightLayout`]).
+    pub weight_layout: WeightLayout,
+}
+
+/// The memory layout of projection weights. Both compute `x @ W^T + b`; they differ in
+/// which BLAS routine variant libtorch calls for it, which matters for one-row products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// `[in, out]`, contiguous (a transposed copy made at load): on CPU the form BLAS reads
+    /// at the memory bandwidth for one row (4.6 ms against 0.97 ms for a
+    /// `[1, 256] @ [256, 32000]` product, docs/PERFORMANCE.md); large CPU weights are also
+    /// split into column blocks for worker threads.
+    #[default]
+    InOut,
+    /// `[out, in]`, as checkpoints store it and transformers' `linear` reads it (BLAS's
+    /// transposed variant). Never split. For measuring the GPU's matrix-vector kernels
+    /// both ways (`headcount bench --weight-layout`).
+    OutIn,
+}
+
+impl WeightLayout {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightLayout::InOut => "in-out",
+            WeightLayout::OutIn => "out-in",
+        }
+    }
+}
+
+impl std::str::FromStr for WeightLayout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "in-out" => Ok(WeightLayout::InOut),
+            "out-in" => Ok(WeightLayout::OutIn),
+            _ => Err(Error::InvalidArgument(format!("unknown weight layout {s:?}: use in-out or out-in"))),
+        }
+    }
 }
 
 impl Default for LoadOptions {
@@ -480,6 +524,7 @@ impl Default for LoadOptions {
             vocab_padding: 1,
             progress_above_bytes: Some(200 << 20),
             cpu_threads: None,
+            weight_layout: WeightLayout::InOut,
         }
     }
 }
@@ -689,19 +734,19 @@ impl Glm {
                 } else {
                     None
                 };
-                let qkv = Linear::new(&w, b, opts.cpu_threads)?;
+                let qkv = Linear::new(&w, b, opts.cpu_threads, opts.weight_layout)?;
                 let o_name = format!("{p}.self_attn.o_proj.weight");
                 let o_full = src.rows(&o_name, &shape(&o_name), None, kind, dev)?;
                 let o = o_full.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
-                let o = Linear::new(&o, None, opts.cpu_threads)?;
+                let o = Linear::new(&o, None, opts.cpu_threads, opts.weight_layout)?;
                 let i_total = dims.intermediate;
                 let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
                 let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
-                let gate_up = Linear::new(&Tensor::f_cat(&[gate, up], 0)?, None, opts.cpu_threads)?;
+                let gate_up = Linear::new(&Tensor::f_cat(&[gate, up], 0)?, None, opts.cpu_threads, opts.weight_layout)?;
                 let down_name = format!("{p}.mlp.down_proj.weight");
                 let down_full = src.rows(&down_name, &shape(&down_name), None, kind, dev)?;
                 let down = down_full.f_narrow(1, inter.start as i64, inter.len() as i64)?;
-                let down = Linear::new(&down, None, opts.cpu_threads)?;
+                let down = Linear::new(&down, None, opts.cpu_threads, opts.weight_layout)?;
                 layers.push(Layer { qkv, o, gate_up, down });
             }
             // Vocabulary rows of this shard; rows past the real vocabulary are zero padding.
@@ -721,10 +766,18 @@ impl Glm {
                 }
             };
             let (embed, lm_head) = if dims.tie_embeddings {
-                (None, Linear::new(&vocab_rows(src, "model.embed_tokens.weight")?, None, opts.cpu_threads)?)
+                (
+                    None,
+                    Linear::new(
+                        &vocab_rows(src, "model.embed_tokens.weight")?,
+                        None,
+                        opts.cpu_threads,
+                        opts.weight_layout,
+                    )?,
+                )
             } else {
                 let e = vocab_rows(src, "model.embed_tokens.weight")?;
-                (Some(e), Linear::new(&vocab_rows(src, "lm_head.weight")?, None, opts.cpu_threads)?)
+                (Some(e), Linear::new(&vocab_rows(src, "lm_head.weight")?, None, opts.cpu_threads, opts.weight_layout)?)
             };
             shards.push(Shard {
                 device: dev,
