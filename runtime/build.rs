@@ -1,6 +1,7 @@
 //! Builds the C++ parts of the runtime against libtorch's headers:
-//! - the operator counter (`cpp/op_count.cpp`), a static library linked into the runtime
-//!   whenever libtorch's headers are found (cfg `headcount_op_count`);
+//! - the operator counter and the profiler trace (`cpp/op_count.cpp`, `cpp/trace.cpp`), a
+//!   static library linked into the runtime whenever libtorch's headers are found (cfg
+//!   `headcount_op_count`);
 //! - the CUDA graph shim (`cuda/graph.cpp`), a shared library beside the build outputs, when
 //!   libtorch is a CUDA build and the CUDA runtime headers are found.
 //!
@@ -22,6 +23,7 @@ const LIB: &str = "libheadcount_cuda_graph.so";
 fn main() {
     println!("cargo:rerun-if-changed=cuda/graph.cpp");
     println!("cargo:rerun-if-changed=cpp/op_count.cpp");
+    println!("cargo:rerun-if-changed=cpp/trace.cpp");
     for var in ["LIBTORCH", "HEADCOUNT_CUDA_INCLUDE", "CUDA_HOME", "CXX", "AR"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -60,8 +62,8 @@ fn libtorch() -> Result<PathBuf, String> {
     libtorch.canonicalize().map_err(|e| format!("libtorch at {} is missing: {e}", libtorch.display()))
 }
 
-/// Compiles `cpp/op_count.cpp` into `libheadcount_ops.a` in `out`. It uses only libtorch's
-/// CPU library, which every build links.
+/// Compiles `cpp/op_count.cpp` and `cpp/trace.cpp` into `libheadcount_ops.a` in `out`. They
+/// use only libtorch's CPU library, which every build links.
 fn build_op_counter(out: &Path) -> Result<(), String> {
     let include = libtorch()?.join("include");
     if !include.join("ATen/record_function.h").is_file() {
@@ -69,22 +71,27 @@ fn build_op_counter(out: &Path) -> Result<(), String> {
     }
     let cxx = env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
     let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
-    let object = out.join("op_count.o");
-    let output = Command::new(&cxx)
-        .args(["-std=c++17", "-O2", "-fPIC", "-c", "-w"])
-        .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
-        .arg("-I")
-        .arg(&include)
-        .arg("cpp/op_count.cpp")
-        .arg("-o")
-        .arg(&object)
-        .output()
-        .map_err(|e| format!("could not run the C++ compiler {cxx:?}: {e}"))?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_owned();
-        println!("cargo:warning=the operator counter did not compile: {first}");
-        return Err(format!("the operator counter did not compile: {first}"));
+    let mut objects = Vec::new();
+    for source in ["cpp/op_count.cpp", "cpp/trace.cpp"] {
+        let object = out.join(Path::new(source).with_extension("o").file_name().unwrap_or_default());
+        let output = Command::new(&cxx)
+            .args(["-std=c++17", "-O2", "-fPIC", "-c", "-w"])
+            .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+            .arg("-DGLOG_USE_GLOG_EXPORT")
+            .arg("-I")
+            .arg(&include)
+            .arg(source)
+            .arg("-o")
+            .arg(&object)
+            .output()
+            .map_err(|e| format!("could not run the C++ compiler {cxx:?}: {e}"))?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_owned();
+            println!("cargo:warning={source} did not compile: {first}");
+            return Err(format!("{source} did not compile: {first}"));
+        }
+        objects.push(object);
     }
     let ar = env::var("AR").unwrap_or_else(|_| "ar".to_owned());
     let archive = out.join("libheadcount_ops.a");
@@ -92,7 +99,7 @@ fn build_op_counter(out: &Path) -> Result<(), String> {
     let status = Command::new(&ar)
         .arg("crs")
         .arg(&archive)
-        .arg(&object)
+        .args(&objects)
         .status()
         .map_err(|e| format!("could not run the archiver {ar:?}: {e}"))?;
     if !status.success() {

@@ -179,6 +179,11 @@ struct BenchArgs {
     /// the two matrix-vector variants BLAS offers.
     #[arg(long, default_value = "in-out")]
     weight_layout: String,
+    /// After the timed runs, profile one more generation (up to 8 new tokens) and save the
+    /// trace here (Chrome trace JSON: CPU operators, and GPU kernels on a GPU; see
+    /// python/trace_summary.py).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -388,6 +393,10 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     }
     let dtype: DType = b.dtype.parse()?;
     let decode: DecodeMode = b.decode.parse()?;
+    // A trace that cannot be written fails now, not after the runs.
+    if let Some(file) = &b.trace {
+        std::fs::File::create(file).map_err(|source| Error::Io { path: file.clone(), source })?;
+    }
     let weight_layout: WeightLayout = b.weight_layout.parse()?;
     let device = parse_device(&b.device)?;
     let opts = LoadOptions {
@@ -460,6 +469,10 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         decode.push(g.decode_tokens_per_second());
         path = (g.decode_path, g.decode_note);
     }
+    if let Some(file) = &b.trace {
+        let traced = GenerateOptions { max_new_tokens: b.new_tokens.min(8), ..gen_opts.clone() };
+        headcount_runtime::op_count::trace(file, device.is_cuda(), || generate(&model, &prompts, &traced, |_, _| {}))??;
+    }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2] // cannot fire: --repeat >= 1 was checked, so v is not empty
@@ -492,6 +505,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "decode_path": path.0,
         "decode_note": path.1,
         "weight_layout": weight_layout.name(),
+        "trace": b.trace.as_ref().map(|p| p.display().to_string()),
         "peak_rss_bytes": peak_rss,
         "peak_device_bytes": peak_device_bytes,
         "cuda_graphs": match headcount_runtime::cuda_graph::available() {

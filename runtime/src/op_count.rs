@@ -14,6 +14,10 @@
 //!
 //! [`decode_profile`] measures a decode step and a layer by differences between whole
 //! generations of random models of 1 and 2 layers, so no line of the step is instrumented.
+//!
+//! [`trace`] records a profiler trace instead (`runtime/cpp/trace.cpp`, libtorch's Kineto
+//! profiler): every operator with its CPU time and, on a GPU, every kernel with its device
+//! time, as a Chrome trace file (`headcount bench --trace`, `python/trace_summary.py`).
 
 use std::collections::BTreeMap;
 use std::ops::Sub;
@@ -85,6 +89,8 @@ mod ffi {
         pub fn headcount_ops_begin(names: c_int, err: *mut c_char, len: usize) -> c_int;
         pub fn headcount_ops_end(calls: *mut c_longlong, ops: *mut c_longlong, leaves: *mut c_longlong);
         pub fn headcount_ops_names() -> usize;
+        pub fn headcount_trace_begin(cuda: c_int, err: *mut c_char, len: usize) -> c_int;
+        pub fn headcount_trace_end(path: *const c_char, err: *mut c_char, len: usize) -> c_int;
         pub fn headcount_ops_name(
             i: usize,
             buf: *mut c_char,
@@ -158,6 +164,57 @@ pub fn count<R>(f: impl FnOnce() -> R) -> Result<(R, OpReport)> {
     #[cfg(not(headcount_op_count))]
     {
         let _ = f;
+        unreachable!("available() is an error in this build")
+    }
+}
+
+/// Runs `f` under libtorch's profiler and saves the trace (Chrome trace JSON) to `path`:
+/// operators on the CPU and, with `cuda`, kernels and copies on the GPU. The trace is saved
+/// even when `f` returns an error; a panic in `f` discards it.
+pub fn trace<R>(path: &std::path::Path, cuda: bool, f: impl FnOnce() -> R) -> Result<R> {
+    available()?;
+    #[cfg(headcount_op_count)]
+    {
+        use std::ffi::{CStr, CString, c_char};
+        let failed = |what: &str, err: &[c_char]| {
+            // SAFETY: the shim NUL-terminates what it writes into `err`, which starts zeroed.
+            let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+            Error::InvalidArgument(format!("the profiler trace {what}: {msg}"))
+        };
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::InvalidArgument(format!("the trace path {} holds a NUL byte", path.display())))?;
+        let mut err = [0 as c_char; 512];
+        // SAFETY: `err` is a writable buffer of the length passed.
+        if unsafe { ffi::headcount_trace_begin(i32::from(cuda), err.as_mut_ptr(), err.len()) } != 0 {
+            return Err(failed("could not start", &err));
+        }
+        /// Discards the trace if `f` panics, so no profiler is left running.
+        struct Tracing(bool);
+        impl Drop for Tracing {
+            fn drop(&mut self) {
+                if self.0 {
+                    let mut err = [0 as c_char; 8];
+                    // SAFETY: an empty path (discard) and a writable buffer of the length passed.
+                    unsafe { ffi::headcount_trace_end(c"".as_ptr(), err.as_mut_ptr(), err.len()) };
+                }
+            }
+        }
+        let mut tracing = Tracing(true);
+        let r = f();
+        tracing.0 = false;
+        // SAFETY: a NUL-terminated path and a writable buffer of the length passed.
+        if unsafe { ffi::headcount_trace_end(c_path.as_ptr(), err.as_mut_ptr(), err.len()) } != 0 {
+            return Err(failed(&format!("could not be saved to {}", path.display()), &err));
+        }
+        // Kineto reports a file it cannot write only in its log.
+        match std::fs::metadata(path) {
+            Ok(m) if m.len() > 0 => Ok(r),
+            _ => Err(Error::InvalidArgument(format!("the profiler trace was not written to {}", path.display()))),
+        }
+    }
+    #[cfg(not(headcount_op_count))]
+    {
+        let _ = (path, cuda, f);
         unreachable!("available() is an error in this build")
     }
 }

@@ -230,6 +230,57 @@ fn bench_prints_one_json_line() {
 }
 
 #[test]
+fn bench_traces_and_compares_weight_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    let tiny = fixture("configs/tiny-glm-gqa2.json");
+    let common =
+        ["bench", "--config", &tiny, "--prompt-len", "8", "--new-tokens", "3", "--repeat", "1", "--threads", "1"];
+    let o = headcount(&[&common[..], &["--trace", trace.to_str().unwrap(), "--weight-layout", "out-in"]].concat());
+    expect(&o, 0, "decode_tokens_per_s");
+    let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    assert_eq!(v["weight_layout"], "out-in");
+    assert_eq!(v["trace"], trace.display().to_string());
+    // A Chrome trace of the profiled generation: its products and attention are in it.
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let names: Vec<&str> = t["traceEvents"].as_array().unwrap().iter().filter_map(|e| e["name"].as_str()).collect();
+    for op in ["aten::matmul", "aten::scaled_dot_product_attention", "aten::argmax"] {
+        assert!(names.contains(&op), "{op} not in the trace");
+    }
+    // No profiler log on a CPU-only run.
+    assert!(!text(&o).1.contains("ERROR"), "{}", text(&o).1);
+    let missing = dir.path().join("no/such/dir/trace.json");
+    expect(
+        &headcount(&[&common[..], &["--trace", missing.to_str().unwrap()]].concat()),
+        1,
+        "No such file or directory",
+    );
+    expect(&headcount(&[&common[..], &["--weight-layout", "rows"]].concat()), 1, "use in-out or out-in");
+}
+
+#[test]
+fn count_ops_reports_calls_per_layer() {
+    let o =
+        headcount(&["count-ops", "--config", &fixture("glm4-gqa2/config.json"), "--dtype", "bf16", "--layers", "40"]);
+    expect(&o, 0, "per_layer");
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v["decode_path"], "eager", "auto is eager on CPU");
+    let per_layer = v["per_layer"]["total"]["calls"].as_i64().unwrap();
+    let outside = v["outside_layers"]["total"]["calls"].as_i64().unwrap();
+    assert!(per_layer > 0 && outside > 0, "{v}");
+    assert_eq!(v["step_calls"].as_i64().unwrap(), outside + 40 * per_layer);
+    assert_eq!(v["per_layer"]["by_name"]["aten::rms_norm"]["calls"], 4, "GLM-4 has four norms a layer");
+    let o = headcount(&["count-ops", "--config", &fixture("glm4-gqa2/config.json"), "--decode", "static"]);
+    expect(&o, 0, "\"decode_path\": \"static\"");
+    expect(&headcount(&["count-ops", "--config", &fixture("configs/zero-heads.json")]), 1, "num_attention_heads");
+    expect(
+        &headcount(&["count-ops", "--config", &fixture("glm4-gqa2/config.json"), "--batch", "0"]),
+        1,
+        "at least 1 row",
+    );
+}
+
+#[test]
 fn tensor_parallel_flag_runs_shards_and_rejects_illegal_sizes() {
     let one = quiet_run_567(&[]);
     let two = quiet_run_567(&["--tp", "2"]);

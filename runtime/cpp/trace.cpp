@@ -1,0 +1,74 @@
+// A profiler trace of what libtorch runs, through libtorch's Kineto profiler (the one
+// torch.profiler drives): every operator on the CPU and, with `cuda` set, every CUDA kernel
+// and copy with its time on the device (kernels replayed from a CUDA graph included, where
+// CUPTI reports them). Saved as a Chrome trace (JSON) that Perfetto or chrome://tracing
+// open, and that python/trace_summary.py sums up.
+//
+// A C interface, built by runtime/build.rs into the runtime's static library; every entry
+// point catches C++ exceptions and returns the message. One trace at a time per process.
+
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+
+namespace {
+
+namespace prof = torch::autograd::profiler;
+using torch::profiler::impl::ActivityType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+
+void set_error(const char* what, char* err, size_t len) {
+  if (err == nullptr || len == 0) return;
+  std::strncpy(err, what, len - 1);
+  err[len - 1] = '\0';
+}
+
+std::set<ActivityType> activities(int cuda) {
+  std::set<ActivityType> a{ActivityType::CPU};
+  if (cuda) a.insert(ActivityType::CUDA);
+  return a;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Starts a trace. 0 on success, 1 with a message in `err`.
+int headcount_trace_begin(int cuda, char* err, size_t len) {
+  try {
+    // Without a GPU, Kineto logs an error for the device count it cannot read: keep
+    // stderr for headcount's own messages unless the user set a level.
+    if (!cuda) setenv("KINETO_LOG_LEVEL", "5", 0);
+    ProfilerConfig config(ProfilerState::KINETO);
+    prof::prepareProfiler(config, activities(cuda));
+    prof::enableProfiler(config, activities(cuda));
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what(), err, len);
+  } catch (...) {
+    set_error("unknown C++ exception", err, len);
+  }
+  return 1;
+}
+
+// Stops the trace and saves it to `path` (empty: discarded). 0 on success, 1 with a message.
+int headcount_trace_end(const char* path, char* err, size_t len) {
+  try {
+    auto result = prof::disableProfiler();
+    if (path != nullptr && path[0] != '\0' && result) {
+      result->save(path);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what(), err, len);
+  } catch (...) {
+    set_error("unknown C++ exception", err, len);
+  }
+  return 1;
+}
+
+}  // extern "C"
