@@ -27,10 +27,11 @@ def load(path):
 
 def group(name):
     n = name.lower()
-    if any(k in n for k in ("gemv", "gemm", "cutlass", "xmma", "cublas", "splitk")):
-        return "matrix products"
+    # Attention first: its kernels are CUTLASS kernels too.
     if any(k in n for k in ("fmha", "attention", "flash", "softmax")):
         return "attention"
+    if any(k in n for k in ("gemv", "gemm", "cutlass", "xmma", "cublas", "splitk")):
+        return "matrix products"
     return "other"
 
 
@@ -60,14 +61,18 @@ def gpu_summary(events, kernels, args):
         corr = (k.get("args") or {}).get("correlation")
         if corr is not None:
             by_corr[corr].append(k)
+    matched = any((l.get("args") or {}).get("correlation") in by_corr for l in launches)
     steps = []
     for i, launch in enumerate(launches):
-        corr = (launch.get("args") or {}).get("correlation")
-        ks = by_corr.get(corr, [])
-        if not ks:
-            continue
         nxt = launches[i + 1]["ts"] if i + 1 < len(launches) else None
-        steps.append((launch, ks, nxt))
+        if matched:
+            ks = by_corr.get((launch.get("args") or {}).get("correlation"), [])
+        else:
+            # No correlation ids: the kernels that start before the next replay is launched
+            # (each step reads its token back, so a step's kernels end before the next).
+            ks = [k for k in kernels if k["ts"] >= launch["ts"] and (nxt is None or k["ts"] < nxt)]
+        if ks:
+            steps.append((launch, ks, nxt))
     if steps:
         print(f"CUDA graph replays with kernels: {len(steps)}")
         walls = [nxt - launch["ts"] for launch, _, nxt in steps if nxt is not None]
