@@ -1,6 +1,7 @@
 //! The libtorch calls of a decode step, counted through libtorch's operator observer
 //! (`headcount_runtime::op_count`), against what docs/PERFORMANCE.md says the decode path
-//! does: four projections and one attention call a layer, the cache written in place, no
+//! does: four projections and one attention call a layer, the cache written in place (keys
+//! and values in one call), no
 //! key/value head copied per query head, no allocation or host read inside a layer, and
 //! one argmax on the device a step. A change that adds a call to every layer fails here.
 
@@ -44,10 +45,14 @@ fn a_decode_layer_makes_the_calls_the_documentation_lists() {
             assert_eq!(calls(layer, "aten::scaled_dot_product_attention"), 1, "{what}");
             let norms = if config.family == Family::Glm4 { 4 } else { 2 };
             assert_eq!(calls(layer, "aten::rms_norm"), norms, "{what}: norms");
+            // Keys and values are written to the cache in place, both in one call; in f32 the
+            // rotary `bmm` writes q and k back first (one more copy).
+            let write_back = i64::from(dtype == DType::F32);
             if p.decode_path == "static" {
-                assert_eq!((calls(layer, "aten::index_copy_"), calls(layer, "aten::copy_")), (2, 0), "{what}");
+                let writes = (calls(layer, "aten::index_copy_"), calls(layer, "aten::copy_"));
+                assert_eq!(writes, (1, write_back), "{what}");
             } else {
-                assert_eq!(calls(layer, "aten::copy_"), 2, "{what}: cache writes in place");
+                assert_eq!(calls(layer, "aten::copy_"), 1 + write_back, "{what}: cache writes");
             }
             for absent in [
                 "aten::cat",

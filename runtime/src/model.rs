@@ -438,11 +438,12 @@ pub struct Step {
     pub slot: Option<Tensor>,
 }
 
-/// The key/value cache of one generation: per shard, per layer, `[B, kv, capacity, D]`,
-/// allocated once.
+/// The key/value cache of one generation: per shard, per layer, one tensor
+/// `[B, 2 * kv, capacity, D]` holding the keys' heads then the values' heads, allocated once.
+/// Keys and values sit side by side as they leave the q/k/v projection, so one write a step
+/// stores both.
 pub struct KvCache {
-    pub k: Vec<Vec<Tensor>>,
-    pub v: Vec<Vec<Tensor>>,
+    pub kv: Vec<Vec<Tensor>>,
     pub capacity: i64,
     pub len: i64,
 }
@@ -808,15 +809,13 @@ impl Glm {
     /// Allocates a cache for `batch` rows and `capacity` positions.
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
         let d = self.dims.head_dim as i64;
-        let mut k = Vec::new();
-        let mut v = Vec::new();
+        let mut kv = Vec::new();
         for s in &self.shards {
-            let shape = [batch as i64, s.kv_heads, capacity as i64, d];
+            let shape = [batch as i64, 2 * s.kv_heads, capacity as i64, d];
             let opts = (self.dtype.kind(), s.device);
-            k.push((0..self.dims.layers).map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?);
-            v.push((0..self.dims.layers).map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?);
+            kv.push((0..self.dims.layers).map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?);
         }
-        Ok(KvCache { k, v, capacity: capacity as i64, len: 0 })
+        Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
     }
 
     /// Embeds `ids` ([B, T], int64 on the model device): [B, T, hidden].
@@ -864,40 +863,35 @@ impl Glm {
         let g = hl / kvl; // cannot fire: a shard holds at least one kv head (ShardPlan)
         let layer = &s.layers[l]; // cannot fire: l < dims.layers, and every shard has that many
         let qkv = layer.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
+        // q and k are rotated in place, so keys and values stay side by side as the
+        // projection left them and one write a step stores both in the cache.
         let qk = qkv.f_narrow(2, 0, hl + kvl)?;
-        let [q, k, v] = match &step.rot {
-            // [B, 1, n, D] -> [B, n, D] @ [B, D, D]
+        match &step.rot {
+            // [B, 1, n, D] -> [B, n, D] @ [B, D, D], written back (`view`: never a copy).
             Some(m) if t == 1 => {
-                let qk = qk.f_reshape([b, hl + kvl, d])?.f_bmm(m)?.f_unsqueeze(1)?;
-                let [q, k] = array(qk.f_split_with_sizes([hl, kvl], 2)?)?;
-                [q, k, qkv.f_narrow(2, hl + kvl, kvl)?]
+                let flat = qk.f_view([b, hl + kvl, d])?;
+                let _ = flat.shallow_clone().f_copy_(&flat.f_bmm(m)?)?;
             }
-            _ => {
-                rope_in_place(&qk, &step.cos, &step.sin, self.dims.rotary_dim as i64, d)?;
-                // One call for the three views.
-                array(qkv.f_split_with_sizes([hl, kvl, kvl], 2)?)?
-            }
-        };
-        let (k, v) = (k.f_transpose(1, 2)?, v.f_transpose(1, 2)?);
+            _ => rope_in_place(&qk, &step.cos, &step.sin, self.dims.rotary_dim as i64, d)?,
+        }
+        let [q, kv] = array(qkv.f_split_with_sizes([hl, 2 * kvl], 2)?)?;
+        let kv = kv.f_transpose(1, 2)?; // [B, 2 * kv, T, D]
         // `forward` is public: a cache made by another model is an error, not a panic.
-        let (Some(ck), Some(cv)) =
-            (cache.k.get(s.index).and_then(|c| c.get(l)), cache.v.get(s.index).and_then(|c| c.get(l)))
-        else {
+        let Some(c) = cache.kv.get(s.index).and_then(|c| c.get(l)) else {
             return Err(Error::InvalidArgument("the KV cache was not made by this model (Glm::new_cache)".to_owned()));
         };
-        let (keys, values) = match &step.slot {
+        let written = match &step.slot {
             Some(slot) => {
                 let slot = if slot.device() == s.device { slot.shallow_clone() } else { slot.f_to_device(s.device)? };
-                let _ = ck.shallow_clone().f_index_copy_(2, &slot, &k)?;
-                let _ = cv.shallow_clone().f_index_copy_(2, &slot, &v)?;
-                (ck.shallow_clone(), cv.shallow_clone())
+                let _ = c.shallow_clone().f_index_copy_(2, &slot, &kv)?;
+                c.shallow_clone()
             }
             None => {
-                ck.f_narrow(2, step.start, t)?.f_copy_(&k)?;
-                cv.f_narrow(2, step.start, t)?.f_copy_(&v)?;
-                (ck.f_narrow(2, 0, step.start + t)?, cv.f_narrow(2, 0, step.start + t)?)
+                c.f_narrow(2, step.start, t)?.f_copy_(&kv)?;
+                c.f_narrow(2, 0, step.start + t)?
             }
         };
+        let [keys, values] = array(written.f_split(kvl, 1)?)?;
         // Grouped-query attention without copying kv heads: the g query heads of each kv
         // head become g*t query rows against that head's keys.
         let qg = if t == 1 {
