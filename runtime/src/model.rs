@@ -870,7 +870,7 @@ impl Glm {
             // [B, 1, n, D] -> [B, n, D] @ [B, D, D], written back (`view`: never a copy).
             Some(m) if t == 1 => {
                 let flat = qk.f_view([b, hl + kvl, d])?;
-                let _ = flat.shallow_clone().f_copy_(&flat.f_bmm(m)?)?;
+                flat.shallow_clone().f_copy_(&flat.f_bmm(m)?)?;
             }
             _ => rope_in_place(&qk, &step.cos, &step.sin, self.dims.rotary_dim as i64, d)?,
         }
