@@ -187,6 +187,10 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
+    // Output piped into a program that stops reading (`| head`) ends this one quietly, as
+    // it does other Unix tools, instead of a panic on the failed print.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match dispatch(&cli) {
         Ok(code) => code,
