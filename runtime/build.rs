@@ -24,6 +24,7 @@ fn main() {
     println!("cargo:rerun-if-changed=cuda/graph.cpp");
     println!("cargo:rerun-if-changed=cpp/op_count.cpp");
     println!("cargo:rerun-if-changed=cpp/trace.cpp");
+    println!("cargo:rerun-if-changed=cpp/c_api.h");
     for var in ["LIBTORCH", "HEADCOUNT_CUDA_INCLUDE", "CUDA_HOME", "CXX", "AR"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -69,28 +70,12 @@ fn build_op_counter(out: &Path) -> Result<(), String> {
     if !include.join("ATen/record_function.h").is_file() {
         return Err(format!("{} has no ATen/record_function.h", include.display()));
     }
-    let cxx = env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
-    let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
     let mut objects = Vec::new();
     for source in ["cpp/op_count.cpp", "cpp/trace.cpp"] {
         let object = out.join(Path::new(source).with_extension("o").file_name().unwrap_or_default());
-        let output = Command::new(&cxx)
-            .args(["-std=c++17", "-O2", "-fPIC", "-c", "-w"])
-            .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
-            .arg("-DGLOG_USE_GLOG_EXPORT")
-            .arg("-I")
-            .arg(&include)
-            .arg(source)
-            .arg("-o")
-            .arg(&object)
-            .output()
-            .map_err(|e| format!("could not run the C++ compiler {cxx:?}: {e}"))?;
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_owned();
-            println!("cargo:warning={source} did not compile: {first}");
-            return Err(format!("{source} did not compile: {first}"));
-        }
+        let mut args: Vec<std::ffi::OsString> = vec!["-c".into(), "-I".into(), include.clone().into(), source.into()];
+        args.extend(["-o".into(), object.clone().into()]);
+        compile(source, &args)?;
         objects.push(object);
     }
     let ar = env::var("AR").unwrap_or_else(|_| "ar".to_owned());
@@ -119,28 +104,29 @@ fn build(out: &Path) -> Result<(), String> {
         "the CUDA runtime headers (cuda_runtime_api.h and crt/host_config.h) were not found: \
          install PyPI's nvidia-cuda-crt beside torch, or set HEADCOUNT_CUDA_INCLUDE",
     )?;
+    let mut args: Vec<std::ffi::OsString> = vec!["-shared".into(), "-I".into(), include.into(), "-I".into()];
+    args.extend([cuda.into(), "cuda/graph.cpp".into(), "-L".into(), lib.into()]);
+    args.extend(["-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-lc10", "-o"].map(Into::into));
+    args.push(out.join(LIB).into());
+    compile("the CUDA graph shim", &args)
+}
+
+/// Runs the C++ compiler (`$CXX`, else `c++`) with libtorch's flags and `args`; on failure,
+/// the first error line, also shown as a cargo warning.
+fn compile(what: &str, args: &[std::ffi::OsString]) -> Result<(), String> {
     let cxx = env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
     let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
     let output = Command::new(&cxx)
-        .args(["-std=c++17", "-O2", "-fPIC", "-shared", "-w"])
+        .args(["-std=c++17", "-O2", "-fPIC", "-w", "-DGLOG_USE_GLOG_EXPORT"])
         .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
-        .arg("-DGLOG_USE_GLOG_EXPORT")
-        .arg("-I")
-        .arg(&include)
-        .arg("-I")
-        .arg(&cuda)
-        .arg("cuda/graph.cpp")
-        .arg("-L")
-        .arg(&lib)
-        .args(["-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-lc10", "-o"])
-        .arg(out.join(LIB))
+        .args(args)
         .output()
         .map_err(|e| format!("could not run the C++ compiler {cxx:?}: {e}"))?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_owned();
-        println!("cargo:warning=the CUDA graph shim did not compile: {first}");
-        return Err(format!("the CUDA graph shim did not compile: {first}"));
+        println!("cargo:warning={what} did not compile: {first}");
+        return Err(format!("{what} did not compile: {first}"));
     }
     Ok(())
 }

@@ -16,10 +16,11 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "c_api.h"
 
 namespace {
 
@@ -73,38 +74,28 @@ void on_end(const at::RecordFunction&, at::ObserverContext*) {
   }
 }
 
-void set_error(const char* what, char* err, size_t len) {
-  if (err == nullptr || len == 0) return;
-  std::strncpy(err, what, len - 1);
-  err[len - 1] = '\0';
-}
-
 }  // namespace
 
 extern "C" {
 
 // Starts counting on this thread (from zero). 0 on success, 1 with a message in `err`.
 int headcount_ops_begin(int names, char* err, size_t len) {
-  try {
-    State& s = state;
-    if (s.handle == 0) {
-      s.handle = at::addThreadLocalCallback(
-          at::RecordFunctionCallback(on_start, on_end).scopes({at::RecordScope::FUNCTION}));
-    }
-    s.active = true;
-    s.names = names != 0;
-    s.depth = 0;
-    s.nested.clear();
-    s.open.clear();
-    s.calls = s.ops = s.leaves = 0;
-    s.by_name.clear();
-    return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what(), err, len);
-  } catch (...) {
-    set_error("unknown C++ exception", err, len);
-  }
-  return 1;
+  return headcount::guarded(
+      [&] {
+        State& s = state;
+        if (s.handle == 0) {
+          s.handle = at::addThreadLocalCallback(
+              at::RecordFunctionCallback(on_start, on_end).scopes({at::RecordScope::FUNCTION}));
+        }
+        s.active = true;
+        s.names = names != 0;
+        s.depth = 0;
+        s.nested.clear();
+        s.open.clear();
+        s.calls = s.ops = s.leaves = 0;
+        s.by_name.clear();
+      },
+      err, len);
 }
 
 // Stops counting on this thread and removes its callback; the counts stay readable.
@@ -133,7 +124,7 @@ int headcount_ops_name(size_t i, char* buf, size_t len, long long* calls, long l
   if (i >= s.by_name.size()) return 0;
   auto it = s.by_name.begin();
   std::advance(it, i);
-  set_error(it->first.c_str(), buf, len);
+  headcount::set_error(it->first.c_str(), buf, len);
   *calls = it->second.calls;
   *ops = it->second.ops;
   *leaves = it->second.leaves;

@@ -10,9 +10,10 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <set>
 #include <string>
+
+#include "c_api.h"
 
 namespace {
 
@@ -20,12 +21,6 @@ namespace prof = torch::autograd::profiler;
 using torch::profiler::impl::ActivityType;
 using torch::profiler::impl::ProfilerConfig;
 using torch::profiler::impl::ProfilerState;
-
-void set_error(const char* what, char* err, size_t len) {
-  if (err == nullptr || len == 0) return;
-  std::strncpy(err, what, len - 1);
-  err[len - 1] = '\0';
-}
 
 std::set<ActivityType> activities(int cuda) {
   std::set<ActivityType> a{ActivityType::CPU};
@@ -39,36 +34,26 @@ extern "C" {
 
 // Starts a trace. 0 on success, 1 with a message in `err`.
 int headcount_trace_begin(int cuda, char* err, size_t len) {
-  try {
-    // Without a GPU, Kineto logs an error for the device count it cannot read: keep
-    // stderr for headcount's own messages unless the user set a level.
-    if (!cuda) setenv("KINETO_LOG_LEVEL", "5", 0);
-    ProfilerConfig config(ProfilerState::KINETO);
-    prof::prepareProfiler(config, activities(cuda));
-    prof::enableProfiler(config, activities(cuda));
-    return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what(), err, len);
-  } catch (...) {
-    set_error("unknown C++ exception", err, len);
-  }
-  return 1;
+  return headcount::guarded(
+      [&] {
+        // Without a GPU, Kineto logs an error for the device count it cannot read: keep
+        // stderr for headcount's own messages unless the user set a level.
+        if (!cuda) setenv("KINETO_LOG_LEVEL", "5", 0);
+        ProfilerConfig config(ProfilerState::KINETO);
+        prof::prepareProfiler(config, activities(cuda));
+        prof::enableProfiler(config, activities(cuda));
+      },
+      err, len);
 }
 
 // Stops the trace and saves it to `path` (empty: discarded). 0 on success, 1 with a message.
 int headcount_trace_end(const char* path, char* err, size_t len) {
-  try {
-    auto result = prof::disableProfiler();
-    if (path != nullptr && path[0] != '\0' && result) {
-      result->save(path);
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what(), err, len);
-  } catch (...) {
-    set_error("unknown C++ exception", err, len);
-  }
-  return 1;
+  return headcount::guarded(
+      [&] {
+        auto result = prof::disableProfiler();
+        if (path != nullptr && path[0] != '\0' && result) result->save(path);
+      },
+      err, len);
 }
 
 }  // extern "C"
