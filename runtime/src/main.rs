@@ -538,9 +538,8 @@ fn count_ops(a: &CountOpsArgs) -> Result<ExitCode> {
     };
     let p = headcount_runtime::op_count::decode_profile(&config, &opts, decode, a.batch)?;
     let layers = a.layers.unwrap_or(config.num_hidden_layers);
-    let layers =
-        usize::try_from(layers).map_err(|_| Error::InvalidArgument(format!("--layers {layers} is too large")))?;
-    let leaves = p.outside_layers.total.leaves.saturating_add(p.per_layer.total.leaves.saturating_mul(layers as i64));
+    let too_many = || Error::InvalidArgument(format!("--layers {layers}: the step's count does not fit in 64 bits"));
+    let (calls, leaves) = (p.step_calls(layers).ok_or_else(too_many)?, p.step_leaves(layers).ok_or_else(too_many)?);
     let out = serde_json::json!({
         "device": a.device,
         "dtype": dtype.name(),
@@ -548,7 +547,7 @@ fn count_ops(a: &CountOpsArgs) -> Result<ExitCode> {
         "batch": p.batch,
         "tensor_parallel": a.tensor_parallel,
         "layers": layers,
-        "step_calls": p.step_calls(layers),
+        "step_calls": calls,
         "step_leaves": leaves,
         "per_layer": p.per_layer,
         "outside_layers": p.outside_layers,

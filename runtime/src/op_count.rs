@@ -239,9 +239,19 @@ pub struct DecodeProfile {
 }
 
 impl DecodeProfile {
-    /// The calls of a decode step of `layers` layers.
-    pub fn step_calls(&self, layers: usize) -> i64 {
-        self.outside_layers.total.calls + self.per_layer.total.calls * layers as i64
+    /// The calls of a decode step of `layers` layers; `None` past i64.
+    pub fn step_calls(&self, layers: u64) -> Option<i64> {
+        self.step_total(layers, |c| c.calls)
+    }
+
+    /// The leaf operators of a decode step of `layers` layers; `None` past i64.
+    pub fn step_leaves(&self, layers: u64) -> Option<i64> {
+        self.step_total(layers, |c| c.leaves)
+    }
+
+    fn step_total(&self, layers: u64, pick: impl Fn(&Counts) -> i64) -> Option<i64> {
+        let per_layer = pick(&self.per_layer.total).checked_mul(i64::try_from(layers).ok()?)?;
+        pick(&self.outside_layers.total).checked_add(per_layer)
     }
 }
 
@@ -262,9 +272,15 @@ pub fn decode_profile(config: &Config, opts: &LoadOptions, decode: DecodeMode, b
         _ => DecodeMode::Eager,
     };
     let opts = LoadOptions { cpu_threads: Some(1), progress_above_bytes: None, ..opts.clone() };
-    let prompts: Vec<Vec<i64>> = (0..batch)
-        .map(|r| (0..8).map(|i| ((r * 31 + i * 7 + 1) % config.vocab_size.max(1) as usize) as i64).collect())
-        .collect();
+    let mut prompts: Vec<Vec<i64>> = Vec::new();
+    prompts
+        .try_reserve_exact(batch)
+        .map_err(|_| Error::InvalidArgument(format!("a batch of {batch} rows does not fit in memory")))?;
+    // Ids below the vocabulary (at least 1 in a valid config, checked by generate).
+    let vocab = config.vocab_size.max(1);
+    for r in 0..batch as u64 {
+        prompts.push((0..8u64).map(|i| (r.wrapping_mul(31).wrapping_add(i * 7 + 1) % vocab) as i64).collect());
+    }
     let mut per_model = Vec::new();
     let mut path = "";
     for layers in [1, 2] {

@@ -273,10 +273,13 @@ fn count_ops_reports_calls_per_layer() {
     let o = headcount(&["count-ops", "--config", &fixture("glm4-gqa2/config.json"), "--decode", "static"]);
     expect(&o, 0, "\"decode_path\": \"static\"");
     expect(&headcount(&["count-ops", "--config", &fixture("configs/zero-heads.json")]), 1, "num_attention_heads");
+    let glm4 = fixture("glm4-gqa2/config.json");
+    expect(&headcount(&["count-ops", "--config", &glm4, "--batch", "0"]), 1, "at least 1 row");
+    expect(&headcount(&["count-ops", "--config", &glm4, "--batch", "100000000000000"]), 1, "does not fit in memory");
     expect(
-        &headcount(&["count-ops", "--config", &fixture("glm4-gqa2/config.json"), "--batch", "0"]),
+        &headcount(&["count-ops", "--config", &glm4, "--layers", "9223372036854775807"]),
         1,
-        "at least 1 row",
+        "does not fit in 64 bits",
     );
 }
 
