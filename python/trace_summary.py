@@ -30,7 +30,8 @@ def group(name):
     # Attention first: its kernels are CUTLASS kernels too.
     if any(k in n for k in ("fmha", "attention", "flash", "softmax")):
         return "attention"
-    if any(k in n for k in ("gemv", "gemm", "cutlass", "xmma", "cublas", "splitk")):
+    # cuBLAS on Hopper with CUDA 12.8+ names its GEMM and GEMV kernels nvjet_*.
+    if any(k in n for k in ("gemv", "gemm", "cutlass", "xmma", "cublas", "splitk", "nvjet")):
         return "matrix products"
     return "other"
 
@@ -54,7 +55,10 @@ def short(name, width=90):
 
 
 def gpu_summary(events, kernels, args):
-    launches = sorted((e for e in events if e.get("name") == "cudaGraphLaunch"), key=lambda e: e["ts"])
+    # CUPTI may name the call with a suffix (cudaGraphLaunch_v10000, _ptsz).
+    launches = sorted(
+        (e for e in events if str(e.get("name", "")).startswith("cudaGraphLaunch")), key=lambda e: e["ts"]
+    )
     # Kernels are matched to a replay by correlation id where the trace has them.
     by_corr = collections.defaultdict(list)
     for k in kernels:

@@ -216,8 +216,8 @@ fn split_weights_equal_whole_weights() {
 
 /// Weights in checkpoint layout (`[out, in]`, `WeightLayout::OutIn`) give transformers'
 /// logits and continuations as the default transposed copies do: in f32 within the same
-/// tolerance, with tied and untied embeddings, and in bf16 within one bf16 step of the
-/// default layout.
+/// tolerance, with tied and untied embeddings, and in bf16 within two bf16 steps of the
+/// default layout at the largest logit (measured: equal).
 #[test]
 fn both_weight_layouts_match_transformers() {
     let mut report = Vec::new();
@@ -239,7 +239,7 @@ fn both_weight_layouts_match_transformers() {
         let d = max_abs_diff(&a, &b);
         let scale = b.abs().max().double_value(&[]);
         report.push(format!("{}: f32 {diff:.2e}, bf16 against in-out {d:.2e} (max |logit| {scale:.1})", name(&dir)));
-        // One bf16 step at the largest logit: 2^-7 of its power of two.
+        // A bf16 step at the largest logit is 2^-8 to 2^-7 of it: this allows two.
         assert!(d <= scale / 64.0, "{}: bf16 out-in against in-out {d}", name(&dir));
     }
     println!("{}", report.join("\n"));

@@ -5,6 +5,7 @@
 //! by the next generation of the same sizes.
 
 use headcount_integration::{load, max_abs_diff, model_fixtures, name, reference};
+use headcount_runtime::op_count::count;
 use headcount_runtime::{DType, DecodeMode, Error, GenerateOptions, Generation, Glm, LoadOptions, Sampling, generate};
 
 /// Masked keys add exact zeros, but the softmax sums over the whole capacity in another
@@ -157,4 +158,38 @@ fn auto_is_eager_on_cpu_and_graphs_are_refused_there() {
     assert!(e.to_string().contains("CUDA graphs need a CUDA device"), "{e}");
     assert!("graph".parse::<DecodeMode>().is_err());
     assert_eq!("cuda-graph".parse::<DecodeMode>().unwrap(), DecodeMode::CudaGraph);
+}
+
+/// `GenerateOptions::min_capacity`: a short generation that asks for a long one's capacity
+/// reuses its static decoder (and, on a GPU, its CUDA graph) instead of making another, and
+/// decodes as eagerly. A new decoder allocates a cache per layer (`aten::zeros`), which the
+/// operator counter sees.
+#[test]
+fn a_short_generation_reuses_a_long_ones_decoder_when_it_asks_for_its_capacity() {
+    let dir = model_fixtures().into_iter().find(|d| name(d) == "glm-gqa2").expect("the glm-gqa2 fixture");
+    let mut config = headcount::Config::from_file(dir.join("config.json")).unwrap();
+    config.max_position_embeddings = 1024;
+    let model = Glm::random(&config, &LoadOptions::default(), 3).unwrap();
+    let prompts = vec![(1..9).collect::<Vec<i64>>()];
+    let run_with = |new: usize, min_capacity: usize, decode: DecodeMode| {
+        let opts =
+            GenerateOptions { max_new_tokens: new, decode, min_capacity, return_logits: true, ..Default::default() };
+        let (g, r) = count(|| generate(&model, &prompts, &opts, |_, _| {}).unwrap()).unwrap();
+        (g, r.by_name.get("aten::zeros").map_or(0, |c| c.calls))
+    };
+    // 8 + 300 positions: a capacity of 512. 8 + 4 would round to 256.
+    let _ = run_with(300, 0, DecodeMode::Static);
+    let (reused, zeros_reused) = run_with(4, 308, DecodeMode::Static);
+    let (fresh, zeros_fresh) = run_with(4, 0, DecodeMode::Static);
+    let layers = config.num_hidden_layers as i64;
+    assert!(
+        zeros_fresh >= zeros_reused + layers,
+        "a fresh decoder allocates its cache: {zeros_fresh} vs {zeros_reused}"
+    );
+    let (eager, _) = run_with(4, 308, DecodeMode::Eager);
+    assert_same(&eager, &reused, "reused decoder");
+    assert_same(&eager, &fresh, "fresh decoder");
+    // A capacity beyond max_position_embeddings is held to it.
+    let (capped, _) = run_with(4, usize::MAX, DecodeMode::Static);
+    assert_same(&eager, &capped, "capacity held to max_position_embeddings");
 }

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,8 @@ int headcount_ops_begin(int names, char* err, size_t len) {
   return headcount::guarded(
       [&] {
         State& s = state;
+        // A count inside a count would reset the outer one's numbers.
+        if (s.active) throw std::logic_error("libtorch calls are already being counted on this thread");
         if (s.handle == 0) {
           s.handle = at::addThreadLocalCallback(
               at::RecordFunctionCallback(on_start, on_end).scopes({at::RecordScope::FUNCTION}));

@@ -6,10 +6,11 @@
 //
 // A C interface, built by runtime/build.rs into the runtime's static library; every entry
 // point catches C++ exceptions and returns the message. One trace at a time per process.
+// Kineto reads its settings (KINETO_LOG_LEVEL, TEARDOWN_CUPTI) from the environment; the
+// `headcount` program sets them at start, before any thread runs (runtime/src/main.rs).
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
-#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -36,9 +37,6 @@ extern "C" {
 int headcount_trace_begin(int cuda, char* err, size_t len) {
   return headcount::guarded(
       [&] {
-        // Without a GPU, Kineto logs an error for the device count it cannot read: keep
-        // stderr for headcount's own messages unless the user set a level.
-        if (!cuda) setenv("KINETO_LOG_LEVEL", "5", 0);
         ProfilerConfig config(ProfilerState::KINETO);
         prof::prepareProfiler(config, activities(cuda));
         prof::enableProfiler(config, activities(cuda));

@@ -103,6 +103,12 @@ pub struct GenerateOptions {
     pub decode: DecodeMode,
     /// Keep the logits each token was chosen from, in [`Generation::logits`].
     pub return_logits: bool,
+    /// Positions the KV cache holds at least (at most max_position_embeddings counts); the
+    /// prompt plus the new tokens when larger. Static decoders round their capacity up to a
+    /// multiple of 256 and are kept for the next generation of the same capacity: shorter
+    /// generations that ask for the capacity of longer ones reuse their decoder and CUDA
+    /// graph instead of capturing another.
+    pub min_capacity: usize,
 }
 
 /// The result of one generation.
@@ -261,7 +267,7 @@ pub fn generate(
     // Positions (longest, capacity, every `as i64` of them below) are at most
     // max_position_embeddings + STATIC_CAPACITY_STEP, which the rules keep within i64; row
     // counts are lengths of a Vec, within i64 too.
-    let need = longest + opts.max_new_tokens.max(1);
+    let need = (longest + opts.max_new_tokens.max(1)).max(opts.min_capacity.min(model.dims.max_positions));
     // Static-shape decoders round their capacity up, so that generations of similar lengths
     // reuse one decoder (and its CUDA graph).
     let capacity = if path == Path::Eager { need } else { need.div_ceil(STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP };

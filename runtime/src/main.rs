@@ -192,6 +192,19 @@ fn main() -> ExitCode {
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    if let Command::Bench(BenchArgs { trace: Some(_), .. }) = &cli.command {
+        // Kineto, libtorch's profiler, reads its settings from the environment. Without a
+        // GPU it logs an error for the device count it cannot read (the level keeps stderr
+        // for headcount's messages); CUPTI torn down after a trace is known to crash the next
+        // trace in a process that uses CUDA graphs (what torch.profiler sets too). The
+        // user's own values win.
+        for (key, value) in [("KINETO_LOG_LEVEL", "5"), ("TEARDOWN_CUPTI", "0")] {
+            if std::env::var_os(key).is_none() {
+                // SAFETY: no other thread runs yet (nothing has called libtorch or spawned).
+                unsafe { std::env::set_var(key, value) };
+            }
+        }
+    }
     match dispatch(&cli) {
         Ok(code) => code,
         Err(e) => {
@@ -397,10 +410,20 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     }
     let dtype: DType = b.dtype.parse()?;
     let decode: DecodeMode = b.decode.parse()?;
-    // A trace that cannot be written fails now, not after the runs.
-    if let Some(file) = &b.trace {
-        std::fs::File::create(file).map_err(|source| Error::Io { path: file.clone(), source })?;
-    }
+    // The trace is written beside its file and renamed when complete, so a failed run
+    // leaves an earlier trace alone; a folder that cannot be written fails now, not after
+    // the runs.
+    let partial_trace = match &b.trace {
+        Some(file) => {
+            let mut partial = file.clone().into_os_string();
+            partial.push(".partial");
+            let partial = PathBuf::from(partial);
+            std::fs::File::create(&partial).map_err(|source| Error::Io { path: partial.clone(), source })?;
+            let _ = std::fs::remove_file(&partial);
+            Some(partial)
+        }
+        None => None,
+    };
     let weight_layout: WeightLayout = b.weight_layout.parse()?;
     let device = parse_device(&b.device)?;
     let opts = LoadOptions {
@@ -452,6 +475,11 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     // One untimed warm-up (on a GPU a whole generation, which also captures the CUDA graph
     // that the timed runs replay), then the median of the timed runs.
     let warm_tokens = if device == tch::Device::Cpu { b.new_tokens.min(4) } else { b.new_tokens };
+    if b.trace.is_some() && device.is_cuda() {
+        // CUPTI set up before any CUDA graph is captured (what torch.profiler does for
+        // graphs, pytorch issue 75504): an empty profiler session.
+        headcount_runtime::op_count::init_profiler(true)?;
+    }
     generate(&model, &prompts, &GenerateOptions { max_new_tokens: warm_tokens, ..gen_opts.clone() }, |_, _| {})?;
     let peak_device = |reset: bool| -> Option<u64> {
         if device == tch::Device::Cpu {
@@ -472,10 +500,6 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         prefill.push(g.prefill_tokens_per_second());
         decode.push(g.decode_tokens_per_second());
         path = (g.decode_path, g.decode_note);
-    }
-    if let Some(file) = &b.trace {
-        let traced = GenerateOptions { max_new_tokens: b.new_tokens.min(8), ..gen_opts.clone() };
-        headcount_runtime::op_count::trace(file, device.is_cuda(), || generate(&model, &prompts, &traced, |_, _| {}))??;
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -521,6 +545,23 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "decode_fraction_of_bound": decode_median / bound,
     });
     println!("{line}");
+    // The trace comes after the line, so a failed trace loses no measurement. Its run has
+    // the timed runs' capacity, so it replays their CUDA graph rather than capturing one.
+    if let (Some(file), Some(partial)) = (&b.trace, &partial_trace) {
+        let traced = GenerateOptions {
+            max_new_tokens: b.new_tokens.min(8),
+            min_capacity: b.prompt_len + b.new_tokens,
+            ..gen_opts.clone()
+        };
+        let traced = headcount_runtime::op_count::trace(partial, device.is_cuda(), || {
+            generate(&model, &prompts, &traced, |_, _| {})
+        });
+        if let Err(e) = traced.and_then(|g| g) {
+            let _ = std::fs::remove_file(partial);
+            return Err(e);
+        }
+        std::fs::rename(partial, file).map_err(|source| Error::Io { path: file.clone(), source })?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -13,7 +13,8 @@
 //!   (not a view or an allocation) is about one kernel, which is what a CUDA graph replays.
 //!
 //! [`decode_profile`] measures a decode step and a layer by differences between whole
-//! generations of random models of 1 and 2 layers, so no line of the step is instrumented.
+//! generations of random models of 1, 2 and 3 layers, so no line of the step is
+//! instrumented.
 //!
 //! [`trace`] records a profiler trace instead (`runtime/cpp/trace.cpp`, libtorch's Kineto
 //! profiler): every operator with its CPU time and, on a GPU, every kernel with its device
@@ -169,8 +170,9 @@ pub fn count<R>(f: impl FnOnce() -> R) -> Result<(R, OpReport)> {
 }
 
 /// Runs `f` under libtorch's profiler and saves the trace (Chrome trace JSON) to `path`:
-/// operators on the CPU and, with `cuda`, kernels and copies on the GPU. The trace is saved
-/// even when `f` returns an error; a panic in `f` discards it.
+/// operators on the calling thread and, with `cuda`, kernels and copies on the GPU. The
+/// products that split CPU weights hand to worker threads ([`crate::parallel`]) are not in
+/// it. The trace is saved even when `f` returns an error; a panic in `f` discards it.
 pub fn trace<R>(path: &std::path::Path, cuda: bool, f: impl FnOnce() -> R) -> Result<R> {
     available()?;
     #[cfg(headcount_op_count)]
@@ -219,6 +221,33 @@ pub fn trace<R>(path: &std::path::Path, cuda: bool, f: impl FnOnce() -> R) -> Re
     }
 }
 
+/// Starts and stops an empty profiler session, which sets the profiler up (on a GPU,
+/// CUPTI). Run once before CUDA graphs are captured in a process that will trace them.
+pub fn init_profiler(cuda: bool) -> Result<()> {
+    available()?;
+    #[cfg(headcount_op_count)]
+    {
+        use std::ffi::{CStr, c_char};
+        let mut err = [0 as c_char; 512];
+        // SAFETY: writable buffers of the lengths passed; an empty path discards the trace.
+        let failed = unsafe {
+            ffi::headcount_trace_begin(i32::from(cuda), err.as_mut_ptr(), err.len()) != 0
+                || ffi::headcount_trace_end(c"".as_ptr(), err.as_mut_ptr(), err.len()) != 0
+        };
+        if failed {
+            // SAFETY: the shim NUL-terminates what it writes into `err`, which starts zeroed.
+            let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+            return Err(Error::InvalidArgument(format!("the profiler could not be set up: {msg}")));
+        }
+        Ok(())
+    }
+    #[cfg(not(headcount_op_count))]
+    {
+        let _ = cuda;
+        unreachable!("available() is an error in this build")
+    }
+}
+
 /// The libtorch calls of a model's decode steps and prefill, split into what each layer
 /// adds and what the step makes around its layers.
 #[derive(Clone, Debug, Serialize)]
@@ -229,6 +258,8 @@ pub struct DecodeProfile {
     pub batch: usize,
     /// One decode step of a 1-layer model.
     pub step_one_layer: OpReport,
+    /// One decode step of a 3-layer model (a check that the step is linear in the layers).
+    pub step_three_layers: OpReport,
     /// What one more layer adds to a decode step.
     pub per_layer: OpReport,
     /// What a decode step makes outside its layers (embedding, rotary inputs, final norm,
@@ -255,7 +286,7 @@ impl DecodeProfile {
     }
 }
 
-/// Counts a decode step of `config`'s architecture: random models of 1 and 2 layers, one
+/// Counts a decode step of `config`'s architecture: random models of 1, 2 and 3 layers, one
 /// generation of 1, 2 and 3 new tokens each from `batch` rows of 8 tokens. A step is the
 /// difference between 3 and 2 new tokens (the second decode step, past any one-time setup),
 /// a layer the difference between the two models. Weights are not split into column blocks
@@ -283,7 +314,7 @@ pub fn decode_profile(config: &Config, opts: &LoadOptions, decode: DecodeMode, b
     }
     let mut per_model = Vec::new();
     let mut path = "";
-    for layers in [1, 2] {
+    for layers in [1, 2, 3] {
         let mut c = config.clone();
         c.num_hidden_layers = layers;
         let model = Glm::random(&c, &opts, 0)?;
@@ -300,14 +331,15 @@ pub fn decode_profile(config: &Config, opts: &LoadOptions, decode: DecodeMode, b
         path = g.decode_path;
         per_model.push((prefill, &three - &two));
     }
-    let [(prefill1, step1), (prefill2, step2)] =
-        <[_; 2]>::try_from(per_model).map_err(|_| Error::InvalidArgument("two models were counted".to_owned()))?;
+    let [(prefill1, step1), (prefill2, step2), (_, step3)] =
+        <[_; 3]>::try_from(per_model).map_err(|_| Error::InvalidArgument("three models were counted".to_owned()))?;
     let per_layer = &step2 - &step1;
     let outside_layers = &step1 - &per_layer;
     Ok(DecodeProfile {
         decode_path: path,
         batch,
         step_one_layer: step1,
+        step_three_layers: step3,
         per_layer,
         outside_layers,
         prefill_per_layer: &prefill2 - &prefill1,

@@ -249,6 +249,13 @@ fn bench_traces_and_compares_weight_layouts() {
     }
     // No profiler log on a CPU-only run.
     assert!(!text(&o).1.contains("ERROR"), "{}", text(&o).1);
+    // A run that fails leaves the earlier trace as it was, and no partial file.
+    let before = std::fs::read(&trace).unwrap();
+    let bad = ["bench", "--config", &fixture("configs/zero-heads.json"), "--trace", trace.to_str().unwrap()];
+    expect(&headcount(&bad), 1, "num_attention_heads");
+    assert_eq!(std::fs::read(&trace).unwrap(), before);
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("trace.json")]);
     let missing = dir.path().join("no/such/dir/trace.json");
     expect(
         &headcount(&[&common[..], &["--trace", missing.to_str().unwrap()]].concat()),
