@@ -1,9 +1,8 @@
 //! The libtorch calls of a decode step, counted through libtorch's operator observer
 //! (`headcount_runtime::op_count`), against what docs/PERFORMANCE.md says the decode path
 //! does: four projections and one attention call a layer, the cache written in place (keys
-//! and values in one call), no
-//! key/value head copied per query head, no allocation or host read inside a layer, and
-//! one argmax on the device a step. A change that adds a call to every layer fails here.
+//! and values in one call), no key/value head copied per query head, no allocation or host
+//! read inside a layer, and one argmax on the device a step. A change that adds a call to every layer fails here.
 //! A nested count is refused rather than giving wrong numbers.
 
 use headcount::{Config, Family};
@@ -49,7 +48,9 @@ fn profile(dir: &std::path::Path, dtype: DType, decode: DecodeMode) -> (Config, 
 #[test]
 fn a_decode_layer_makes_the_calls_the_documentation_lists() {
     for dir in model_fixtures() {
-        for (dtype, decode) in [(DType::F32, DecodeMode::Eager), (DType::Bf16, DecodeMode::Static)] {
+        for (dtype, decode) in
+            [DType::F32, DType::Bf16].into_iter().flat_map(|t| [(t, DecodeMode::Eager), (t, DecodeMode::Static)])
+        {
             let (config, p) = profile(&dir, dtype, decode);
             let what = format!("{} {dtype:?} {}", name(&dir), p.decode_path);
             let layer = &p.per_layer;
