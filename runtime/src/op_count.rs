@@ -101,6 +101,13 @@ mod ffi {
             leaves: *mut c_longlong,
         ) -> c_int;
     }
+
+    /// The text the shim wrote into `buf`: up to its first NUL (or the whole buffer).
+    pub fn text(buf: &[c_char]) -> String {
+        // Reinterpreting each C char's bits as a byte: no value is lost.
+        let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
 }
 
 /// Ends counting when dropped, so a panic in the counted work leaves no observer behind.
@@ -139,8 +146,7 @@ pub fn count<R>(f: impl FnOnce() -> R) -> Result<(R, OpReport)> {
         let mut err = [0 as std::ffi::c_char; 512];
         // SAFETY: `err` is a writable buffer of the length passed.
         if unsafe { ffi::headcount_ops_begin(1, err.as_mut_ptr(), err.len()) } != 0 {
-            // SAFETY: the shim NUL-terminates what it writes into `err`.
-            let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+            let msg = ffi::text(&err);
             return Err(Error::InvalidArgument(format!("counting libtorch calls failed to start: {msg}")));
         }
         let mut counting = Counting { totals: Counts::default(), ended: false };
@@ -156,8 +162,7 @@ pub fn count<R>(f: impl FnOnce() -> R) -> Result<(R, OpReport)> {
             if unsafe { ffi::headcount_ops_name(i, buf.as_mut_ptr(), buf.len(), &mut c, &mut o, &mut l) } == 0 {
                 break;
             }
-            // SAFETY: the shim NUL-terminates the name.
-            let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+            let name = ffi::text(&buf);
             by_name.insert(name, Counts { calls: c, ops: o, leaves: l });
         }
         Ok((r, OpReport { total, by_name }))
@@ -177,11 +182,9 @@ pub fn trace<R>(path: &std::path::Path, cuda: bool, f: impl FnOnce() -> R) -> Re
     available()?;
     #[cfg(headcount_op_count)]
     {
-        use std::ffi::{CStr, CString, c_char};
+        use std::ffi::{CString, c_char};
         let failed = |what: &str, err: &[c_char]| {
-            // SAFETY: the shim NUL-terminates what it writes into `err`, which starts zeroed.
-            let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-            Error::InvalidArgument(format!("the profiler trace {what}: {msg}"))
+            Error::InvalidArgument(format!("the profiler trace {what}: {}", ffi::text(err)))
         };
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| Error::InvalidArgument(format!("the trace path {} holds a NUL byte", path.display())))?;
@@ -227,7 +230,7 @@ pub fn init_profiler(cuda: bool) -> Result<()> {
     available()?;
     #[cfg(headcount_op_count)]
     {
-        use std::ffi::{CStr, c_char};
+        use std::ffi::c_char;
         let mut err = [0 as c_char; 512];
         // SAFETY: writable buffers of the lengths passed; an empty path discards the trace.
         let failed = unsafe {
@@ -235,9 +238,7 @@ pub fn init_profiler(cuda: bool) -> Result<()> {
                 || ffi::headcount_trace_end(c"".as_ptr(), err.as_mut_ptr(), err.len()) != 0
         };
         if failed {
-            // SAFETY: the shim NUL-terminates what it writes into `err`, which starts zeroed.
-            let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-            return Err(Error::InvalidArgument(format!("the profiler could not be set up: {msg}")));
+            return Err(Error::InvalidArgument(format!("the profiler could not be set up: {}", ffi::text(&err))));
         }
         Ok(())
     }
