@@ -8,7 +8,7 @@
 use headcount::{Config, Family};
 use headcount_integration::{model_fixtures, name};
 use headcount_runtime::op_count::{DecodeProfile, OpReport, count, decode_profile};
-use headcount_runtime::{DType, DecodeMode, Dims, LoadOptions};
+use headcount_runtime::{DType, DecodeMode, Dims, LoadOptions, Rounding};
 
 /// Calls a layer makes, measured (docs/PERFORMANCE.md), for GLM with a q/k/v bias and
 /// partial rotary: f32 eager and static, bf16 eager and static.
@@ -141,4 +141,26 @@ fn counting_sees_nested_operators_and_stops_after_a_panic() {
     let err = inner.unwrap_err().to_string();
     assert!(err.contains("already being counted on this thread"), "{err}");
     assert_eq!(outer.total.calls, 1, "{outer:?}");
+}
+
+/// `Rounding::Fused` takes kernels out of every layer: the norms take their weights (no
+/// weight multiplies left but SiLU's), the rotary is one `bmm` (no flip), and in GLM o_proj
+/// and down_proj add into the residual stream in place (`addmm_`, no residual adds). The
+/// layer makes fewer calls than with transformers' rounding on every fixture.
+#[test]
+fn fused_rounding_takes_kernels_out_of_each_layer() {
+    for dir in model_fixtures() {
+        let config = Config::from_file(dir.join("config.json")).unwrap();
+        let fused = LoadOptions { dtype: DType::Bf16, rounding: Rounding::Fused, ..Default::default() };
+        let p = decode_profile(&config, &fused, DecodeMode::Static, 2).unwrap();
+        let (_, exact) = profile(&dir, DType::Bf16, DecodeMode::Static);
+        let (layer, what) = (&p.per_layer, name(&dir));
+        assert_eq!(calls(layer, "aten::flip"), 0, "{what}");
+        assert_eq!(calls(layer, "aten::bmm"), 1, "{what}");
+        assert_eq!(calls(layer, "aten::mul"), 1, "{what}: only SiLU's multiply");
+        let glm4 = config.family == Family::Glm4;
+        let residual = if glm4 { (2, 0) } else { (0, 2) };
+        assert_eq!((calls(layer, "aten::add"), calls(layer, "aten::addmm_")), residual, "{what}");
+        assert!(layer.total.calls < exact.per_layer.total.calls, "{what}: {} calls", layer.total.calls);
+    }
 }

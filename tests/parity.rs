@@ -3,7 +3,7 @@
 //! batched-with-padding equal to one by one, and bf16 within a stated tolerance.
 
 use headcount_integration::{load, max_abs_diff, model_fixtures, name, reference};
-use headcount_runtime::{DType, GenerateOptions, Glm, LoadOptions, Sampling, WeightLayout, generate, logits};
+use headcount_runtime::{DType, GenerateOptions, Glm, LoadOptions, Rounding, Sampling, WeightLayout, generate, logits};
 use tch::Tensor;
 
 const LOGIT_TOLERANCE: f64 = 1e-4;
@@ -241,6 +241,59 @@ fn both_weight_layouts_match_transformers() {
         report.push(format!("{}: f32 {diff:.2e}, bf16 against in-out {d:.2e} (max |logit| {scale:.1})", name(&dir)));
         // A bf16 step at the largest logit is 2^-8 to 2^-7 of it: this allows two.
         assert!(d <= scale / 64.0, "{}: bf16 out-in against in-out {d}", name(&dir));
+    }
+    println!("{}", report.join("\n"));
+}
+
+/// `Rounding::Fused` (fewer roundings, fewer GPU kernels) against transformers' f32 logits:
+/// f32 within the f32 tolerance with the same greedy tokens, and bf16, prefill and every
+/// decode step, no further from f32 than bf16 rounded where transformers rounds (each fused
+/// operation rounds once where transformers rounds two or three times).
+#[test]
+fn fused_rounding_stays_as_close_to_f32() {
+    let mut report = Vec::new();
+    for dir in model_fixtures() {
+        let r = reference(&dir);
+        let ids = &r.input_ids[0];
+        let expected = &r.greedy[0][ids.len()..];
+        let fused = |dtype| {
+            let opts = LoadOptions { dtype, rounding: Rounding::Fused, ..Default::default() };
+            Glm::load(&dir, &opts).unwrap()
+        };
+        let f32_model = fused(DType::F32);
+        let diff = max_abs_diff(&logits(&f32_model, ids).unwrap(), &r.logits.get(0).unsqueeze(0));
+        assert!(diff <= LOGIT_TOLERANCE, "{}: fused f32 max abs diff {diff}", name(&dir));
+        let g = generate(&f32_model, std::slice::from_ref(ids), &greedy(expected.len()), |_, _| {}).unwrap();
+        assert_eq!(g.tokens[0], expected, "{}: fused f32 continuation", name(&dir));
+        // bf16 decode steps against f32 steps on the same tokens: each step's logits come
+        // from the f32 model's continuation fed to both.
+        let full: Vec<i64> = r.greedy[0].clone();
+        let theirs = logits(&Glm::load(&dir, &LoadOptions::default()).unwrap(), &full).unwrap();
+        let scale = theirs.abs().max().double_value(&[]);
+        let bf16 = |rounding| {
+            let m = Glm::load(&dir, &LoadOptions { dtype: DType::Bf16, rounding, ..Default::default() }).unwrap();
+            // Cached decoding over the continuation: the prefill, then one step per token.
+            let opts = GenerateOptions { return_logits: true, ..greedy(expected.len()) };
+            let g = generate(&m, std::slice::from_ref(ids), &opts, |_, _| {}).unwrap();
+            let prefill = max_abs_diff(&logits(&m, ids).unwrap(), &theirs.narrow(1, 0, ids.len() as i64));
+            // Steps are compared only while they follow f32's tokens.
+            let mut worst = prefill;
+            for (i, step) in g.logits.iter().enumerate() {
+                worst = worst.max(max_abs_diff(step, &theirs.get(0).get((ids.len() - 1 + i) as i64).unsqueeze(0)));
+                if g.tokens[0].get(i) != expected.get(i) {
+                    break;
+                }
+            }
+            worst
+        };
+        let (exact, fewer) = (bf16(Rounding::Transformers), bf16(Rounding::Fused));
+        report.push(format!(
+            "{}: f32 {diff:.2e}; bf16 from f32, transformers' rounding {:.3}%, fused {:.3}% of max |logit| {scale:.1}",
+            name(&dir),
+            100.0 * exact / scale,
+            100.0 * fewer / scale
+        ));
+        assert!(fewer <= 1.5 * exact + scale / 256.0, "{}: fused bf16 {fewer} against {exact}", name(&dir));
     }
     println!("{}", report.join("\n"));
 }

@@ -6,7 +6,9 @@
 
 use headcount_integration::{load, max_abs_diff, model_fixtures, name, reference};
 use headcount_runtime::op_count::count;
-use headcount_runtime::{DType, DecodeMode, Error, GenerateOptions, Generation, Glm, LoadOptions, Sampling, generate};
+use headcount_runtime::{
+    DType, DecodeMode, Error, GenerateOptions, Generation, Glm, LoadOptions, Rounding, Sampling, generate,
+};
 
 /// Masked keys add exact zeros, but the softmax sums over the whole capacity in another
 /// order: differences stay at f32 rounding (measured below 1e-5).
@@ -90,8 +92,10 @@ fn a_kept_decoder_serves_padded_rows_after_unpadded_ones() {
 #[test]
 fn static_steps_follow_eager_steps_in_bf16() {
     const TOLERANCE: f64 = 0.02; // of the largest logit
-    for dir in model_fixtures() {
-        let model = Glm::load(&dir, &LoadOptions { dtype: DType::Bf16, ..Default::default() }).unwrap();
+    for (dir, rounding) in
+        model_fixtures().into_iter().flat_map(|d| [(d.clone(), Rounding::Transformers), (d, Rounding::Fused)])
+    {
+        let model = Glm::load(&dir, &LoadOptions { dtype: DType::Bf16, rounding, ..Default::default() }).unwrap();
         let prompts = padded_batch(&dir);
         let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
         let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());
@@ -115,7 +119,11 @@ fn static_steps_follow_eager_steps_in_bf16() {
                 }
             }
         }
-        println!("{} bf16: static vs eager max abs logit diff {worst:.3e} (max |logit| {scale:.2})", name(&dir));
+        println!(
+            "{} bf16, {} rounding: static vs eager max abs logit diff {worst:.3e} (max |logit| {scale:.2})",
+            name(&dir),
+            rounding.name()
+        );
     }
 }
 
@@ -192,4 +200,24 @@ fn a_short_generation_reuses_a_long_ones_decoder_when_it_asks_for_its_capacity()
     // A capacity beyond max_position_embeddings is held to it.
     let (capped, _) = run_with(4, usize::MAX, DecodeMode::Static);
     assert_same(&eager, &capped, "capacity held to max_position_embeddings");
+}
+
+/// With `Rounding::Fused` (o_proj and down_proj accumulate into the residual stream in
+/// place, rotation matrices), static steps equal eager ones in f32 on every fixture,
+/// unsharded and, where the residual cannot be fused, with 2 shards.
+#[test]
+fn fused_static_steps_equal_fused_eager_steps() {
+    for dir in model_fixtures() {
+        for tp in [1, 2] {
+            let opts = LoadOptions { rounding: Rounding::Fused, tensor_parallel: tp, ..Default::default() };
+            let Ok(model) = Glm::load(&dir, &opts) else {
+                assert!(tp > 1, "{}: unsharded fused model did not load", name(&dir));
+                continue; // a layout that 2 shards cannot split (checked in tests/sharding.rs)
+            };
+            let prompts = padded_batch(&dir);
+            let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
+            let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());
+            assert_same(&eager, &fixed, &format!("{} fused, {tp} shards", name(&dir)));
+        }
+    }
 }

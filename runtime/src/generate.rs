@@ -6,7 +6,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::model::{Glm, KvCache, Rope, Step};
+use crate::model::{Glm, KvCache, Rope, Rounding, Step};
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq)]
@@ -205,12 +205,18 @@ impl Layout {
 
     /// The rotary inputs of the one-token step at cache slot `slot` (see
     /// [`Rope::step_tables`]).
-    fn rotations_at(&self, rope: &Rope, slot: i64, kind: Kind) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    fn rotations_at(
+        &self,
+        rope: &Rope,
+        slot: i64,
+        kind: Kind,
+        rounding: Rounding,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         // Position of the slot in each row: slot - padding (padding slots get 1, as in
         // transformers), computed on the device.
         let pos = self.pads_dev.f_neg()?.f_add_scalar(slot)?;
         let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?;
-        rope.step_tables(&pos, kind)
+        rope.step_tables(&pos, kind, rounding)
     }
 
     /// The attention mask for query slots `[start, start + len)` over keys `[0, start + len)`.
@@ -394,7 +400,7 @@ pub fn generate(
             }
         }
         let (rope, cache) = state(&mut decoder, &mut eager)?;
-        let (cos, sin, rot) = layout.rotations_at(rope, start, kind)?;
+        let (cos, sin, rot) = layout.rotations_at(rope, start, kind, model.rounding)?;
         let mask = layout.mask(start, 1, kind, device)?;
         let step = Step { start, len: 1, cos, sin, rot, mask, slot: None };
         let ids = next.f_reshape([b as i64, 1])?;
@@ -574,7 +580,7 @@ impl StaticDecoder {
         // Each row's position: slot - padding (padding slots get 1, as in transformers).
         let pos = self.slot.f_sub(&self.pads)?;
         let pos = pos.f_masked_fill(&pos.f_lt(0)?, 1)?;
-        let (cos, sin, rot) = self.rope.step_tables(&pos, kind)?;
+        let (cos, sin, rot) = self.rope.step_tables(&pos, kind, model.rounding)?;
         // [B, capacity]: slots up to this one that hold real tokens.
         let allowed = self.key_slots.f_le_tensor(&self.slot)?.f_logical_and(&self.valid)?;
         let rows = self.batch as i64;

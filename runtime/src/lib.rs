@@ -15,7 +15,7 @@ pub mod typed;
 pub use device::{DType, parse_device};
 pub use error::{Error, Result};
 pub use generate::{DecodeMode, GenerateOptions, Generation, Sampling, generate, keep_freed_memory, logits};
-pub use model::{Dims, Glm, KvCache, LoadOptions, Step, WeightLayout};
+pub use model::{Dims, Glm, KvCache, LoadOptions, Rounding, Step, WeightLayout};
 pub use shard::ShardPlan;
 pub use text::{StreamDecoder, TextCodec};
 pub use typed::Model;

@@ -92,6 +92,9 @@ struct CountOpsArgs {
     /// Layers of the model the step total is given for [default: the config's].
     #[arg(long)]
     layers: Option<u64>,
+    /// transformers or fused (see `bench --rounding`).
+    #[arg(long, default_value = "transformers")]
+    rounding: String,
 }
 
 #[derive(Args)]
@@ -108,6 +111,10 @@ struct ModelArgs {
     /// Tensor-parallel shards (on CPU: shards in one process; with several GPUs: one per GPU).
     #[arg(long = "tp", default_value_t = 1, value_name = "N")]
     tensor_parallel: usize,
+    /// Round where transformers does (bit-equal bf16) or fused (fewer roundings and GPU
+    /// kernels).
+    #[arg(long, default_value = "transformers")]
+    rounding: String,
 }
 
 #[derive(Args)]
@@ -179,6 +186,10 @@ struct BenchArgs {
     /// the two matrix-vector variants BLAS offers.
     #[arg(long, default_value = "in-out")]
     weight_layout: String,
+    /// Round where transformers does (bit-equal bf16) or fused (fewer roundings and GPU
+    /// kernels).
+    #[arg(long, default_value = "transformers")]
+    rounding: String,
     /// After the timed runs, profile one more generation (up to 8 new tokens) and save the
     /// trace here (Chrome trace JSON: CPU operators, and GPU kernels on a GPU; see
     /// python/trace_summary.py).
@@ -295,6 +306,7 @@ fn load(m: &ModelArgs, quiet: bool) -> Result<Glm> {
         devices,
         tensor_parallel: m.tensor_parallel,
         progress_above_bytes: if quiet { None } else { Some(200 << 20) },
+        rounding: m.rounding.parse()?,
         ..Default::default()
     };
     Glm::load(&m.model, &opts)
@@ -432,6 +444,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         tensor_parallel: b.tensor_parallel,
         progress_above_bytes: if quiet { None } else { Some(200 << 20) },
         weight_layout,
+        rounding: b.rounding.parse()?,
         ..Default::default()
     };
     let model = match (&b.model, &b.config) {
@@ -533,6 +546,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "decode_path": path.0,
         "decode_note": path.1,
         "weight_layout": weight_layout.name(),
+        "rounding": model.rounding.name(),
         "trace": b.trace.as_ref().map(|p| p.display().to_string()),
         "peak_rss_bytes": peak_rss,
         "peak_device_bytes": peak_device_bytes,
@@ -575,6 +589,7 @@ fn count_ops(a: &CountOpsArgs) -> Result<ExitCode> {
         dtype,
         devices: shard_devices(device, a.tensor_parallel),
         tensor_parallel: a.tensor_parallel,
+        rounding: a.rounding.parse()?,
         ..Default::default()
     };
     let p = headcount_runtime::op_count::decode_profile(&config, &opts, decode, a.batch)?;
@@ -584,6 +599,7 @@ fn count_ops(a: &CountOpsArgs) -> Result<ExitCode> {
     let out = serde_json::json!({
         "device": a.device,
         "dtype": dtype.name(),
+        "rounding": opts.rounding.name(),
         "decode_path": p.decode_path,
         "batch": p.batch,
         "tensor_parallel": a.tensor_parallel,

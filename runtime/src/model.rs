@@ -201,8 +201,14 @@ impl Rope {
     /// precision, cos and sin for transformers' elementwise form, which rounds each product
     /// and the sum as transformers does: with rotation matrices, bf16 decode logits were up
     /// to 1% (of the largest) away from transformers' bf16 ones; elementwise they are equal.
-    pub fn step_tables(&self, pos: &Tensor, kind: Kind) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        if kind == Kind::Float {
+    /// [`Rounding::Fused`] takes the matrices in half precision too.
+    pub fn step_tables(
+        &self,
+        pos: &Tensor,
+        kind: Kind,
+        rounding: Rounding,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        if kind == Kind::Float || rounding == Rounding::Fused {
             let empty = Tensor::f_zeros([0], (kind, pos.device()))?;
             return Ok((empty.shallow_clone(), empty, Some(self.rotations(pos, kind)?)));
         }
@@ -290,6 +296,19 @@ impl Linear {
         Ok(y)
     }
 
+    /// `acc += x @ wt + b`, in place: one `addmm_` (the product accumulates into `acc` and
+    /// rounds once) for a whole weight without bias, else the product then an in-place add.
+    /// `acc` is `[.., out]` and contiguous.
+    fn add_into(&self, x: &Tensor, acc: &Tensor) -> Result<()> {
+        if let (None, [w]) = (&self.b, self.parts.as_slice()) {
+            let (inputs, outputs) = w.size2()?;
+            let _ = acc.f_view([-1, outputs])?.f_addmm_(&x.f_reshape([-1, inputs])?, w)?;
+        } else {
+            let _ = acc.shallow_clone().f_add_(&self.forward(x)?)?;
+        }
+        Ok(())
+    }
+
     fn numel(&self) -> i64 {
         let w: usize = self.parts.iter().map(Tensor::numel).sum();
         // cannot wrap: element counts of allocated tensors fit i64.
@@ -362,10 +381,11 @@ fn sum_into(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
 /// upcast, normalize and cast: bit-equal to them on CPU (tested below). On a GPU that is
 /// libtorch's fused kernel, so a bf16 norm is 2 kernels (the norm and the weight multiply)
 /// where transformers' composite form launches 8. With f32 activations the weight goes into
-/// the same call too (within 1e-6 of the composite form on the fixtures).
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+/// the same call too (within 1e-6 of the composite form on the fixtures), and with
+/// [`Rounding::Fused`] in half precision as well (the weight multiplies in f32, one rounding).
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, rounding: Rounding) -> Result<Tensor> {
     let last = x.size().last().copied().unwrap_or(0);
-    if x.kind() == Kind::Float {
+    if x.kind() == Kind::Float || rounding == Rounding::Fused {
         return Ok(x.f_rms_norm([last], Some(weight), eps)?);
     }
     Ok(weight.f_mul(&x.f_rms_norm([last], None::<&Tensor>, eps)?)?)
@@ -453,6 +473,7 @@ pub struct Glm {
     pub dims: Dims,
     pub plan: ShardPlan,
     pub dtype: DType,
+    pub rounding: Rounding,
     pub shards: Vec<Shard>,
     pub norms: Vec<Norms>,
     pub final_norm: Tensor,
@@ -477,6 +498,47 @@ pub struct LoadOptions {
     pub cpu_threads: Option<usize>,
     /// How projection weights are laid out in memory (see [`WeightLayout`]).
     pub weight_layout: WeightLayout,
+    /// Where half-precision results are rounded (see [`Rounding`]).
+    pub rounding: Rounding,
+}
+
+/// Where intermediate results are rounded to the activations' dtype. It matters in half
+/// precision, where each rounding moves a value by up to half a bf16 step; in f32 the
+/// two modes agree within 1e-5.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Rounding {
+    /// Where transformers rounds. bf16 logits are bit-equal to transformers' bf16 on CPU
+    /// (tests/parity.rs).
+    #[default]
+    Transformers,
+    /// Fewer roundings, fewer kernels: a step's GPU launches are the cost in a decode step
+    /// (docs/PERFORMANCE.md). RMSNorm takes its weight in f32 (1 kernel, not 2); decode
+    /// steps rotate q and k with one `bmm` against rotation matrices (2 kernels, not 4);
+    /// o_proj and down_proj add into the residual stream in place (`addmm_`, 1 kernel, not
+    /// 2) where nothing comes between them (GLM, one shard). Each fused operation rounds
+    /// once where transformers rounds two or three times: closer to the f32 result, not
+    /// bit-equal to transformers' bf16.
+    Fused,
+}
+
+impl Rounding {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rounding::Transformers => "transformers",
+            Rounding::Fused => "fused",
+        }
+    }
+}
+
+impl std::str::FromStr for Rounding {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "transformers" => Ok(Rounding::Transformers),
+            "fused" => Ok(Rounding::Fused),
+            _ => Err(Error::InvalidArgument(format!("unknown rounding {s:?}: use transformers or fused"))),
+        }
+    }
 }
 
 /// The memory layout of projection weights. Both compute `x @ W^T + b`; they differ in
@@ -526,6 +588,7 @@ impl Default for LoadOptions {
             progress_above_bytes: Some(200 << 20),
             cpu_threads: None,
             weight_layout: WeightLayout::InOut,
+            rounding: Rounding::Transformers,
         }
     }
 }
@@ -793,7 +856,16 @@ impl Glm {
                 vocab_len: vr.len() as i64,
             });
         }
-        Ok(Glm { dims, plan, dtype: opts.dtype, shards, norms, final_norm, decoder: Default::default() })
+        Ok(Glm {
+            dims,
+            plan,
+            dtype: opts.dtype,
+            rounding: opts.rounding,
+            shards,
+            norms,
+            final_norm,
+            decoder: Default::default(),
+        })
     }
 
     /// Whether some weight is stored in column blocks for worker threads (CPU only).
@@ -855,7 +927,7 @@ impl Glm {
         Ok(acc)
     }
 
-    /// One shard's attention for layer `l`: its heads' contribution to o_proj's output.
+    /// One shard's attention for layer `l`: its heads' output, o_proj's input ([B, T, heads·D]).
     fn attention(&self, s: &Shard, l: usize, x: &Tensor, step: &Step, cache: &mut KvCache) -> Result<Tensor> {
         let (b, t) = (x.size3()?.0, step.len);
         let d = self.dims.head_dim as i64;
@@ -910,17 +982,17 @@ impl Glm {
         } else {
             o.f_reshape([b, kvl, g, t, d])?.f_permute([0, 3, 1, 2, 4])?.f_reshape([b, t, hl * d])?
         };
-        layer.o.forward(&o)
+        Ok(o)
     }
 
-    /// One shard's MLP for layer `l`: its channels' contribution to down_proj's output.
+    /// One shard's MLP for layer `l`: its channels' activations, down_proj's input.
     fn mlp(&self, s: &Shard, l: usize, x: &Tensor) -> Result<Tensor> {
         let layer = &s.layers[l]; // cannot fire: l < dims.layers, and every shard has that many
         let gu = layer.gate_up.forward(x)?;
         let il = s.intermediate;
         let [gate, up] = array(gu.f_split(il, -1)?)?;
         let h = up.f_mul(&self.dims.act.apply(&gate)?)?;
-        layer.down.forward(&h)
+        Ok(h)
     }
 
     /// Runs the shards on `x` (on the model device) and all-reduces their outputs.
@@ -942,26 +1014,46 @@ impl Glm {
     /// The decoder stack on `ids` ([B, T]); returns f32 logits for every position, or for
     /// the last one only (`[B, 1, vocab]`).
     pub fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
-        let eps = self.dims.eps;
+        let (eps, rounding) = (self.dims.eps, self.rounding);
         let mut h = self.embed(ids)?;
+        // Rounding::Fused, one shard: o_proj and down_proj add into the residual stream in
+        // place, where no norm comes between (GLM; GLM-4 normalizes their outputs first).
+        let fuse = rounding == Rounding::Fused && self.shards.len() == 1;
         for l in 0..self.dims.layers {
             let n = &self.norms[l]; // cannot fire: `build` makes one Norms per layer
-            let x = rms_norm(&h, &n.input, eps)?;
-            let mut a = self.sharded(&x, |s, x| self.attention(s, l, x, step, cache))?;
-            if let Some(w) = &n.post_self_attn {
-                a = rms_norm(&a, w, eps)?;
+            let x = rms_norm(&h, &n.input, eps, rounding)?;
+            match &n.post_self_attn {
+                None if fuse => {
+                    let s = &self.shards[0]; // cannot fire: one shard
+                    s.layers[l].o.add_into(&self.attention(s, l, &x, step, cache)?, &h)?;
+                }
+                post => {
+                    let mut a =
+                        self.sharded(&x, |s, x| s.layers[l].o.forward(&self.attention(s, l, x, step, cache)?))?;
+                    if let Some(w) = post {
+                        a = rms_norm(&a, w, eps, rounding)?;
+                    }
+                    h = h.f_add(&a)?;
+                }
             }
-            h = h.f_add(&a)?;
-            let x = rms_norm(&h, &n.post_attention, eps)?;
-            let mut m = self.sharded(&x, |s, x| self.mlp(s, l, x))?;
-            if let Some(w) = &n.post_mlp {
-                m = rms_norm(&m, w, eps)?;
+            let x = rms_norm(&h, &n.post_attention, eps, rounding)?;
+            match &n.post_mlp {
+                None if fuse => {
+                    let s = &self.shards[0]; // cannot fire: one shard
+                    s.layers[l].down.add_into(&self.mlp(s, l, &x)?, &h)?;
+                }
+                post => {
+                    let mut m = self.sharded(&x, |s, x| s.layers[l].down.forward(&self.mlp(s, l, x)?))?;
+                    if let Some(w) = post {
+                        m = rms_norm(&m, w, eps, rounding)?;
+                    }
+                    h = h.f_add(&m)?;
+                }
             }
-            h = h.f_add(&m)?;
         }
         cache.len = step.start + step.len;
         let h = if last_only && step.len > 1 { h.f_narrow(1, step.len - 1, 1)? } else { h };
-        let h = rms_norm(&h, &self.final_norm, eps)?;
+        let h = rms_norm(&h, &self.final_norm, eps, rounding)?;
         let mut parts = Vec::with_capacity(self.shards.len());
         for s in &self.shards {
             let xs = if s.device == h.device() { h.shallow_clone() } else { h.f_to_device(s.device)? };
@@ -1006,7 +1098,7 @@ mod tests {
         for kind in [Kind::BFloat16, Kind::Half] {
             let x = (Tensor::randn([16, 512], (Kind::Float, Device::Cpu)) * 3.0).to_kind(kind);
             let w = (Tensor::randn([512], (Kind::Float, Device::Cpu)) * 0.1 + 1.0).to_kind(kind);
-            let ours = rms_norm(&x, &w, 1.5625e-7).unwrap();
+            let ours = rms_norm(&x, &w, 1.5625e-7, Rounding::Transformers).unwrap();
             let theirs = composite(&x, &w, 1.5625e-7);
             assert_eq!(ours.kind(), kind);
             let differing = ours.to_kind(Kind::Float).ne_tensor(&theirs.to_kind(Kind::Float)).sum(Kind::Int64);

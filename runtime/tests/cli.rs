@@ -263,6 +263,13 @@ fn bench_traces_and_compares_weight_layouts() {
         "No such file or directory",
     );
     expect(&headcount(&[&common[..], &["--weight-layout", "rows"]].concat()), 1, "use in-out or out-in");
+    let o = headcount(&[&common[..], &["--rounding", "fused"]].concat());
+    expect(&o, 0, "\"rounding\":\"fused\"");
+    expect(&headcount(&[&common[..], &["--rounding", "exact"]].concat()), 1, "use transformers or fused");
+    // The same flag on the model commands: the tiny fixture decodes the same tokens.
+    let fused = quiet_run_567(&["--rounding", "fused"]);
+    expect(&fused, 0, "");
+    assert_eq!(text(&fused).0, text(&quiet_run_567(&[])).0);
 }
 
 #[test]

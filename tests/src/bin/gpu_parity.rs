@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use headcount_integration::{max_abs_diff, model_fixtures, name, reference};
 use headcount_runtime::{
-    DType, DecodeMode, GenerateOptions, Generation, Glm, LoadOptions, generate, logits, parse_device,
+    DType, DecodeMode, GenerateOptions, Generation, Glm, LoadOptions, Rounding, generate, logits, parse_device,
 };
 
 fn generation(model: &Glm, prompts: &[Vec<i64>], decode: DecodeMode) -> Result<Generation, headcount_runtime::Error> {
@@ -58,13 +58,17 @@ fn main() -> ExitCode {
         let cpu_model = Glm::load(&dir, &LoadOptions::default()).expect("cpu load");
         let cpu = logits(&cpu_model, ids).expect("cpu logits");
         let scale = cpu.abs().max().double_value(&[]);
+        let (exact, fused) = (Rounding::Transformers, Rounding::Fused);
         let cases = [
-            ("logits f32", DType::F32, 1, 1e-4),
-            ("logits bf16", DType::Bf16, 1, 0.08 * scale),
-            ("logits f32, 2 shards", DType::F32, 2, 1e-4),
+            ("logits f32", DType::F32, 1, exact, 1e-4),
+            ("logits bf16", DType::Bf16, 1, exact, 0.08 * scale),
+            ("logits f32, 2 shards", DType::F32, 2, exact, 1e-4),
+            ("logits f32, fused rounding", DType::F32, 1, fused, 1e-4),
+            ("logits bf16, fused rounding", DType::Bf16, 1, fused, 0.08 * scale),
         ];
-        for (label, dtype, tp, tol) in cases {
-            let opts = LoadOptions { dtype, devices: vec![device], tensor_parallel: tp, ..Default::default() };
+        for (label, dtype, tp, rounding, tol) in cases {
+            let opts =
+                LoadOptions { dtype, devices: vec![device], tensor_parallel: tp, rounding, ..Default::default() };
             let outcome = Glm::load(&dir, &opts)
                 .and_then(|m| logits(&m, ids))
                 .map(|l| (max_abs_diff(&l.to_device(tch::Device::Cpu), &cpu), tol, true))
@@ -76,8 +80,10 @@ fn main() -> ExitCode {
         let mut prompts = r.input_ids.clone();
         prompts.push(ids[..3].to_vec());
         let want = generation(&cpu_model, &prompts, DecodeMode::Eager).expect("cpu generation");
-        let gpu = |dtype| Glm::load(&dir, &LoadOptions { dtype, devices: vec![device], ..Default::default() });
-        match gpu(DType::F32) {
+        let gpu = |dtype, rounding| {
+            Glm::load(&dir, &LoadOptions { dtype, devices: vec![device], rounding, ..Default::default() })
+        };
+        match gpu(DType::F32, exact) {
             Ok(m) => {
                 for (label, mode) in [
                     ("generate f32 eager", DecodeMode::Eager),
@@ -93,7 +99,13 @@ fn main() -> ExitCode {
             }
             Err(e) => report(&fixture, "generate f32", Err(e.to_string())),
         }
-        let bf16 = gpu(DType::Bf16).and_then(|m| {
+        // Fused rounding's graph (residual addmm_, rotation bmm) against CPU eager.
+        let outcome = gpu(DType::F32, fused)
+            .and_then(|m| generation(&m, &prompts, DecodeMode::CudaGraph))
+            .map(|g| (worst(&g, &want), 1e-4, g.tokens == want.tokens))
+            .map_err(|e| e.to_string());
+        report(&fixture, "generate f32 cuda-graph, fused rounding", outcome);
+        let bf16 = gpu(DType::Bf16, exact).and_then(|m| {
             let eager = generation(&m, &prompts, DecodeMode::Eager)?;
             let graph = generation(&m, &prompts, DecodeMode::CudaGraph)?;
             Ok((eager, graph))
