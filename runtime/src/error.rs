@@ -70,6 +70,28 @@ pub(crate) fn first_line(s: &str) -> String {
     if out.is_empty() { s.trim().to_owned() } else { out.join(" ") }
 }
 
+/// The named values of an option (a CLI flag's words): `(name, value)` pairs.
+pub(crate) type Choices<T> = [(&'static str, T)];
+
+/// The value named `s` among `choices`, or an error naming `what` and every legal name
+/// (`unknown rounding "x": use transformers or fused`).
+pub(crate) fn parse_choice<T: Copy>(what: &str, s: &str, choices: &Choices<T>) -> Result<T> {
+    if let Some(&(_, v)) = choices.iter().find(|(name, _)| *name == s) {
+        return Ok(v);
+    }
+    let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+    let list = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    };
+    Err(Error::InvalidArgument(format!("unknown {what} {s:?}: use {list}")))
+}
+
+/// The name of `v` among `choices` (empty if it has none, which a complete table rules out).
+pub(crate) fn choice_name<T: PartialEq>(v: &T, choices: &Choices<T>) -> &'static str {
+    choices.iter().find(|(_, c)| c == v).map_or("", |(name, _)| name)
+}
+
 impl Error {
     /// Whether the error is about what the user gave (exit code 1) rather than a bug.
     pub fn is_input_error(&self) -> bool {

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, choice_name, parse_choice};
 use crate::model::{Glm, KvCache, Rope, Rounding, Step};
 
 /// How the next token is chosen.
@@ -68,28 +68,22 @@ pub enum DecodeMode {
 }
 
 impl DecodeMode {
+    const CHOICES: [(&'static str, DecodeMode); 4] = [
+        ("auto", DecodeMode::Auto),
+        ("eager", DecodeMode::Eager),
+        ("static", DecodeMode::Static),
+        ("cuda-graph", DecodeMode::CudaGraph),
+    ];
+
     pub fn name(self) -> &'static str {
-        match self {
-            DecodeMode::Auto => "auto",
-            DecodeMode::Eager => "eager",
-            DecodeMode::Static => "static",
-            DecodeMode::CudaGraph => "cuda-graph",
-        }
+        choice_name(&self, &Self::CHOICES)
     }
 }
 
 impl std::str::FromStr for DecodeMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(DecodeMode::Auto),
-            "eager" => Ok(DecodeMode::Eager),
-            "static" => Ok(DecodeMode::Static),
-            "cuda-graph" => Ok(DecodeMode::CudaGraph),
-            _ => {
-                Err(Error::InvalidArgument(format!("unknown decode mode {s:?}: use auto, eager, static or cuda-graph")))
-            }
-        }
+        parse_choice("decode mode", s, &Self::CHOICES)
     }
 }
 

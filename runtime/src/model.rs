@@ -13,7 +13,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::device::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, choice_name, parse_choice};
 use crate::shard::ShardPlan;
 
 /// The activations of `hidden_act` the runtime implements.
@@ -522,22 +522,18 @@ pub enum Rounding {
 }
 
 impl Rounding {
+    const CHOICES: [(&'static str, Rounding); 2] =
+        [("transformers", Rounding::Transformers), ("fused", Rounding::Fused)];
+
     pub fn name(self) -> &'static str {
-        match self {
-            Rounding::Transformers => "transformers",
-            Rounding::Fused => "fused",
-        }
+        choice_name(&self, &Self::CHOICES)
     }
 }
 
 impl std::str::FromStr for Rounding {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "transformers" => Ok(Rounding::Transformers),
-            "fused" => Ok(Rounding::Fused),
-            _ => Err(Error::InvalidArgument(format!("unknown rounding {s:?}: use transformers or fused"))),
-        }
+        parse_choice("rounding", s, &Self::CHOICES)
     }
 }
 
@@ -558,22 +554,18 @@ pub enum WeightLayout {
 }
 
 impl WeightLayout {
+    const CHOICES: [(&'static str, WeightLayout); 2] =
+        [("in-out", WeightLayout::InOut), ("out-in", WeightLayout::OutIn)];
+
     pub fn name(self) -> &'static str {
-        match self {
-            WeightLayout::InOut => "in-out",
-            WeightLayout::OutIn => "out-in",
-        }
+        choice_name(&self, &Self::CHOICES)
     }
 }
 
 impl std::str::FromStr for WeightLayout {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "in-out" => Ok(WeightLayout::InOut),
-            "out-in" => Ok(WeightLayout::OutIn),
-            _ => Err(Error::InvalidArgument(format!("unknown weight layout {s:?}: use in-out or out-in"))),
-        }
+        parse_choice("weight layout", s, &Self::CHOICES)
     }
 }
 
