@@ -102,6 +102,14 @@ fn sampling() -> impl Strategy<Value = Sampling> {
         .prop_map(|(temperature, top_k, top_p, seed)| Sampling { temperature, top_k, top_p, seed })
 }
 
+/// A refusal must be a checked one (not libtorch's) and name one of `problems`.
+fn is_expected(e: &Error, problems: &[&str]) -> Result<(), TestCaseError> {
+    let msg = e.to_string();
+    prop_assert!(!matches!(e, Error::Torch(_)), "unchecked input reached libtorch: {}", msg);
+    prop_assert!(problems.iter().any(|p| msg.contains(p)), "{:?} is none of {:?}", msg, problems);
+    Ok(())
+}
+
 /// What must be wrong with a call, as the phrases its error must contain; empty when the
 /// call must succeed.
 fn expected_problems(prompts: &[Vec<i64>], max_new_tokens: usize, s: &Sampling) -> Vec<&'static str> {
@@ -173,11 +181,7 @@ fn generate_takes_any_input() {
                     }
                     generated.set(generated.get() + 1);
                 }
-                Err(e) => {
-                    let msg = e.to_string();
-                    prop_assert!(!matches!(e, Error::Torch(_)), "unchecked input reached libtorch: {}", msg);
-                    prop_assert!(problems.iter().any(|p| msg.contains(p)), "{:?} is none of {:?}", msg, problems);
-                }
+                Err(e) => is_expected(&e, &problems)?,
             }
             Ok(())
         })
@@ -199,11 +203,7 @@ fn logits_take_any_ids() {
                     prop_assert!(problems.is_empty(), "succeeded despite {:?}", problems);
                     prop_assert_eq!(t.size(), vec![1, ids.len() as i64, VOCAB]);
                 }
-                Err(e) => {
-                    let msg = e.to_string();
-                    prop_assert!(!matches!(e, Error::Torch(_)), "unchecked input reached libtorch: {}", msg);
-                    prop_assert!(problems.iter().any(|p| msg.contains(p)), "{:?} is none of {:?}", msg, problems);
-                }
+                Err(e) => is_expected(&e, &problems)?,
             }
             Ok(())
         })
