@@ -92,6 +92,29 @@ pub(crate) fn choice_name<T: PartialEq>(v: &T, choices: &Choices<T>) -> &'static
     choices.iter().find(|(_, c)| c == v).map_or("", |(name, _)| name)
 }
 
+/// Names for the variants of an option's enum: `name()` and `FromStr`, both from one
+/// table, with `what` in the error for an unknown name.
+macro_rules! named_choices {
+    ($ty:ident, $what:literal, [$(($name:literal, $variant:ident)),+ $(,)?]) => {
+        impl $ty {
+            pub(crate) const CHOICES: &'static $crate::error::Choices<$ty> = &[$(($name, $ty::$variant)),+];
+
+            /// The option's word for this value, as the CLI takes it.
+            pub fn name(self) -> &'static str {
+                $crate::error::choice_name(&self, Self::CHOICES)
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = $crate::error::Error;
+            fn from_str(s: &str) -> $crate::error::Result<Self> {
+                $crate::error::parse_choice($what, s, Self::CHOICES)
+            }
+        }
+    };
+}
+pub(crate) use named_choices;
+
 impl Error {
     /// Whether the error is about what the user gave (exit code 1) rather than a bug.
     pub fn is_input_error(&self) -> bool {
@@ -105,5 +128,28 @@ mod tests {
     fn backtraces_are_cut() {
         let raw = "Torch(\"shape mismatch\nException raised from foo at bar.cpp:1\nframe #0: x\")";
         assert_eq!(super::first_line(raw), "Torch(\"shape mismatch");
+    }
+
+    /// Every option's names parse back to their value, and an unknown name is an input
+    /// error that lists them all.
+    #[test]
+    fn option_names_round_trip() {
+        use crate::generate::DecodeMode;
+        use crate::model::{Rounding, WeightLayout};
+        fn check<T>(choices: &super::Choices<T>, name: fn(T) -> &'static str, list: &str)
+        where
+            T: Copy + PartialEq + std::fmt::Debug + std::str::FromStr<Err = super::Error>,
+        {
+            for &(word, v) in choices {
+                assert_eq!(name(v), word);
+                assert_eq!(word.parse::<T>().unwrap(), v);
+            }
+            let err = "nope".parse::<T>().unwrap_err();
+            assert!(err.is_input_error());
+            assert!(err.to_string().ends_with(&format!("\"nope\": use {list}")), "{err}");
+        }
+        check(DecodeMode::CHOICES, DecodeMode::name, "auto, eager, static or cuda-graph");
+        check(Rounding::CHOICES, Rounding::name, "transformers or fused");
+        check(WeightLayout::CHOICES, WeightLayout::name, "in-out or out-in");
     }
 }

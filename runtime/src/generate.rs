@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::error::{Error, Result, choice_name, parse_choice};
+use crate::error::{Error, Result, named_choices};
 use crate::model::{Glm, KvCache, Rope, Rounding, Step};
 
 /// How the next token is chosen.
@@ -67,25 +67,11 @@ pub enum DecodeMode {
     CudaGraph,
 }
 
-impl DecodeMode {
-    const CHOICES: [(&'static str, DecodeMode); 4] = [
-        ("auto", DecodeMode::Auto),
-        ("eager", DecodeMode::Eager),
-        ("static", DecodeMode::Static),
-        ("cuda-graph", DecodeMode::CudaGraph),
-    ];
-
-    pub fn name(self) -> &'static str {
-        choice_name(&self, &Self::CHOICES)
-    }
-}
-
-impl std::str::FromStr for DecodeMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        parse_choice("decode mode", s, &Self::CHOICES)
-    }
-}
+named_choices!(
+    DecodeMode,
+    "decode mode",
+    [("auto", Auto), ("eager", Eager), ("static", Static), ("cuda-graph", CudaGraph)]
+);
 
 /// What to generate.
 #[derive(Clone, Debug, Default)]

@@ -13,7 +13,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::device::DType;
-use crate::error::{Error, Result, choice_name, parse_choice};
+use crate::error::{Error, Result, named_choices};
 use crate::shard::ShardPlan;
 
 /// The activations of `hidden_act` the runtime implements.
@@ -521,21 +521,7 @@ pub enum Rounding {
     Fused,
 }
 
-impl Rounding {
-    const CHOICES: [(&'static str, Rounding); 2] =
-        [("transformers", Rounding::Transformers), ("fused", Rounding::Fused)];
-
-    pub fn name(self) -> &'static str {
-        choice_name(&self, &Self::CHOICES)
-    }
-}
-
-impl std::str::FromStr for Rounding {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        parse_choice("rounding", s, &Self::CHOICES)
-    }
-}
+named_choices!(Rounding, "rounding", [("transformers", Transformers), ("fused", Fused)]);
 
 /// The memory layout of projection weights. Both compute `x @ W^T + b`; they differ in
 /// which BLAS routine variant libtorch calls for it, which matters for one-row products.
@@ -553,21 +539,7 @@ pub enum WeightLayout {
     OutIn,
 }
 
-impl WeightLayout {
-    const CHOICES: [(&'static str, WeightLayout); 2] =
-        [("in-out", WeightLayout::InOut), ("out-in", WeightLayout::OutIn)];
-
-    pub fn name(self) -> &'static str {
-        choice_name(&self, &Self::CHOICES)
-    }
-}
-
-impl std::str::FromStr for WeightLayout {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        parse_choice("weight layout", s, &Self::CHOICES)
-    }
-}
+named_choices!(WeightLayout, "weight layout", [("in-out", InOut), ("out-in", OutIn)]);
 
 impl Default for LoadOptions {
     fn default() -> Self {
