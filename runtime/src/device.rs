@@ -60,6 +60,36 @@ pub fn load_cuda_library() -> bool {
     })
 }
 
+/// Memory the system can give this process, and where that number was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreeMemory {
+    pub bytes: u64,
+    pub read_from: &'static str,
+}
+
+/// The memory free for new allocations on the CPU: MemAvailable plus SwapFree of
+/// /proc/meminfo, capped by the cgroup's memory.max where one is set (a container's limit
+/// is not in /proc/meminfo). `None` where /proc/meminfo cannot be read (not Linux).
+pub fn cpu_memory_free() -> Option<FreeMemory> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let cgroup_max = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok();
+    free_memory(&meminfo, cgroup_max.as_deref())
+}
+
+fn free_memory(meminfo: &str, cgroup_max: Option<&str>) -> Option<FreeMemory> {
+    let kib = |key: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    };
+    let free = kib("MemAvailable")?.saturating_add(kib("SwapFree").unwrap_or(0)).saturating_mul(1024);
+    // memory.max holds "max" where no limit is set.
+    match cgroup_max.and_then(|m| m.trim().parse::<u64>().ok()) {
+        Some(limit) if limit < free => Some(FreeMemory { bytes: limit, read_from: "the cgroup's memory.max" }),
+        _ => Some(FreeMemory { bytes: free, read_from: "MemAvailable plus SwapFree in /proc/meminfo" }),
+    }
+}
+
 /// Parses `cpu`, `cuda` or `cuda:N` and checks the device exists.
 pub fn parse_device(s: &str) -> Result<Device> {
     let s = s.trim().to_ascii_lowercase();
@@ -93,6 +123,31 @@ pub fn parse_device(s: &str) -> Result<Device> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_free_memory_from_meminfo_and_the_cgroup_limit() {
+        let meminfo = "MemTotal:       24000000 kB\nMemFree:          100000 kB\nMemAvailable:   20000000 kB\nSwapTotal:       2000000 kB\nSwapFree:        1000000 kB\n";
+        let meminfo_source = "MemAvailable plus SwapFree in /proc/meminfo";
+        assert_eq!(
+            free_memory(meminfo, None),
+            Some(FreeMemory { bytes: 21_000_000 * 1024, read_from: meminfo_source })
+        );
+        assert_eq!(free_memory(meminfo, Some("max\n")), free_memory(meminfo, None));
+        let cgroup = Some("8589934592\n");
+        assert_eq!(
+            free_memory(meminfo, cgroup),
+            Some(FreeMemory { bytes: 8 << 30, read_from: "the cgroup's memory.max" })
+        );
+        // A limit above what the machine has changes nothing.
+        assert_eq!(free_memory(meminfo, Some("999999999999999")).map(|f| f.bytes), Some(21_000_000 * 1024));
+        // Without swap lines, MemAvailable alone; without MemAvailable (kernels before 3.14), no answer.
+        assert_eq!(free_memory("MemAvailable: 1 kB\n", None).map(|f| f.bytes), Some(1024));
+        assert_eq!(free_memory("MemFree: 1 kB\n", None), None);
+        // This machine's own answer is a plausible size.
+        if cfg!(target_os = "linux") {
+            assert!(cpu_memory_free().is_some_and(|f| f.bytes > 1 << 20));
+        }
+    }
 
     #[test]
     fn parses_devices_and_dtypes() {

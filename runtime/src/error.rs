@@ -41,6 +41,18 @@ pub enum Error {
     InvalidArgument(String),
     #[error("tensor-parallel size {size} is not legal for this model: {reason}")]
     TensorParallel { size: usize, reason: String },
+    #[error(
+        "{what} would take {} in {dtype}, more than the {} of memory free on this machine ({read_from}): {advice}",
+        gib(*need), gib(*free)
+    )]
+    OutOfMemory {
+        what: String,
+        need: u64,
+        dtype: &'static str,
+        free: u64,
+        read_from: &'static str,
+        advice: &'static str,
+    },
     #[error("libtorch: {0}")]
     Torch(String),
     #[error("CUDA graph: {0}")]
@@ -53,6 +65,11 @@ impl From<tch::TchError> for Error {
     fn from(e: tch::TchError) -> Self {
         Error::Torch(first_line(&e.to_string()))
     }
+}
+
+/// Bytes as GiB with one decimal (`3.5 GiB`), the unit memory is sold and reported in.
+pub(crate) fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
 }
 
 /// libtorch messages carry a C++ backtrace after the first lines; keep the message only.

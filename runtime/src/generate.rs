@@ -257,6 +257,12 @@ pub fn generate(
     // Static-shape decoders round their capacity up, so that generations of similar lengths
     // reuse one decoder (and its CUDA graph).
     let capacity = if path == Path::Eager { need } else { need.div_ceil(STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP };
+    // The cache is the largest thing a generation allocates: check that it fits before the
+    // padded inputs are built. A static decoder kept with this shape is reused (no new
+    // cache), and one of another shape is released first, so its memory counts as free.
+    if path == Path::Eager || !StaticDecoder::keep_only(model, b, capacity, greedy) {
+        model.check_cache_memory(b, capacity)?;
+    }
     let pad_id = 0i64;
     let pads: Vec<i64> = prompts.iter().map(|p| (longest - p.len()) as i64).collect();
     let any_pad = pads.iter().any(|&p| p > 0);
@@ -508,6 +514,17 @@ struct Captured {
 }
 
 impl StaticDecoder {
+    /// Whether the model keeps a decoder of this shape; one of another shape is dropped
+    /// (`take_or_new` would drop it too), freeing its cache.
+    fn keep_only(model: &Glm, batch: usize, capacity: usize, greedy: bool) -> bool {
+        let Ok(mut g) = model.decoder.lock() else { return false };
+        let fits = g.as_ref().is_some_and(|d| d.batch == batch && d.capacity == capacity && d.greedy == greedy);
+        if !fits {
+            *g = None;
+        }
+        fits
+    }
+
     /// The model's kept decoder if it fits, else a new one.
     fn take_or_new(model: &Glm, batch: usize, capacity: usize, greedy: bool) -> Result<StaticDecoder> {
         // A poisoned lock only means another generation panicked; its decoder is dropped.

@@ -467,6 +467,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
             max: model.dims.max_positions,
         });
     }
+    model.check_cache_memory(b.batch, need)?;
     let too_many = || Error::InvalidArgument(format!("--batch {} does not fit in memory", b.batch));
     let mut prompts: Vec<Vec<i64>> = Vec::new();
     prompts.try_reserve_exact(b.batch).map_err(|_| too_many())?;

@@ -102,11 +102,21 @@ impl Dims {
 
     /// Every weight name of the checkpoint with its shape, in transformers' naming.
     pub fn weight_shapes(&self) -> Vec<(String, Vec<i64>)> {
-        let (h, v, i) = (self.hidden as i64, self.vocab as i64, self.intermediate as i64);
+        let mut out = vec![("model.embed_tokens.weight".to_owned(), vec![self.vocab as i64, self.hidden as i64])];
+        for l in 0..self.layers {
+            out.extend(self.layer_shapes(l));
+        }
+        out.extend(self.head_shapes());
+        out
+    }
+
+    /// The weights of layer `l`, named and shaped as in the checkpoint.
+    fn layer_shapes(&self, l: usize) -> Vec<(String, Vec<i64>)> {
+        let (h, i) = (self.hidden as i64, self.intermediate as i64);
         let q = (self.heads * self.head_dim) as i64;
         let kv = (self.kv_heads * self.head_dim) as i64;
-        let mut out = vec![("model.embed_tokens.weight".to_owned(), vec![v, h])];
-        for l in 0..self.layers {
+        let mut out = Vec::new();
+        {
             let p = format!("model.layers.{l}");
             out.push((format!("{p}.input_layernorm.weight"), vec![h]));
             out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
@@ -126,17 +136,37 @@ impl Dims {
             out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
             out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
         }
-        out.push(("model.norm.weight".to_owned(), vec![h]));
+        out
+    }
+
+    /// The weights after the last layer: the final norm and an untied lm_head.
+    fn head_shapes(&self) -> Vec<(String, Vec<i64>)> {
+        let (h, v) = (self.hidden as i64, self.vocab as i64);
+        let mut out = vec![("model.norm.weight".to_owned(), vec![h])];
         if !self.tie_embeddings {
             out.push(("lm_head.weight".to_owned(), vec![v, h]));
         }
         out
     }
 
-    /// Total parameters of the unsharded model (saturating: a layer count no checkpoint
-    /// backs can make the sum exceed i64).
+    /// Total parameters of the unsharded model, counted per layer times the layer count,
+    /// so an absurd `num_hidden_layers` costs no list of its weights (saturating: a layer
+    /// count no checkpoint backs can make the sum exceed i64).
     pub fn parameter_count(&self) -> i64 {
-        self.weight_shapes().iter().map(|(_, s)| s.iter().product::<i64>()).fold(0, i64::saturating_add)
+        let count = |shapes: Vec<(String, Vec<i64>)>| {
+            shapes.iter().map(|(_, s)| s.iter().product::<i64>()).fold(0, i64::saturating_add)
+        };
+        let embedding = (self.vocab as i64).saturating_mul(self.hidden as i64);
+        let layers = i64::try_from(self.layers).unwrap_or(i64::MAX);
+        embedding
+            .saturating_add(count(self.layer_shapes(0)).saturating_mul(layers))
+            .saturating_add(count(self.head_shapes()))
+    }
+
+    /// Bytes the weights take in `kind`, unsharded (saturating like `parameter_count`).
+    pub fn weight_bytes(&self, kind: Kind) -> u64 {
+        let params = u64::try_from(self.parameter_count()).unwrap_or(0); // cannot fire: a sum of products of sizes
+        params.saturating_mul(kind.elt_size_in_bytes() as u64)
     }
 }
 
@@ -651,6 +681,25 @@ impl Progress {
     }
 }
 
+/// On the CPU, tensors that cannot fit end in the operating system's OOM killer (Linux
+/// overcommits, so allocating succeeds and writing kills), not in an error. Before the
+/// weights or a KV cache are allocated on CPU devices, their size is compared with the
+/// memory the system has free. A CUDA device needs no such check: its allocator returns an
+/// out-of-memory error, which reaches the user as one.
+fn check_cpu_memory(what: impl FnOnce() -> String, need: u64, dtype: DType, advice: &'static str) -> Result<()> {
+    match crate::device::cpu_memory_free() {
+        Some(free) if need > free.bytes => Err(Error::OutOfMemory {
+            what: what(),
+            need,
+            dtype: dtype.name(),
+            free: free.bytes,
+            read_from: free.read_from,
+            advice,
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl Glm {
     /// Loads `dir/config.json` and the checkpoint beside it.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Glm> {
@@ -703,6 +752,12 @@ impl Glm {
         if opts.devices.is_empty() {
             return Err(Error::InvalidArgument("no device given".to_owned()));
         }
+        // The unsharded weights: a lower bound of what the shards hold.
+        if opts.devices.iter().all(|d| *d == Device::Cpu) {
+            let need = dims.weight_bytes(opts.dtype.kind());
+            let advice = "use fewer layers or a smaller dtype, or free memory";
+            check_cpu_memory(|| "the weights".to_owned(), need, opts.dtype, advice)?;
+        }
         let plan = ShardPlan::new(&dims, opts.tensor_parallel, opts.kv_replication, opts.vocab_padding)?;
         let kind = opts.dtype.kind();
         let dev0 = opts.devices[0]; // cannot fire: checked non-empty above
@@ -710,7 +765,7 @@ impl Glm {
         let shape = |n: &str| shapes.get(n).cloned().unwrap_or_default();
         let d = dims.head_dim;
 
-        let mut norms = Vec::with_capacity(dims.layers);
+        let mut norms = Vec::new(); // not with_capacity(layers): an absurd count must fail as an allocation error
         for l in 0..dims.layers {
             let p = format!("model.layers.{l}");
             let mut norm = |n: &str| -> Result<Tensor> {
@@ -733,7 +788,7 @@ impl Glm {
             let qh = plan.q_heads(s);
             let kvh = plan.kv_heads(s);
             let inter = plan.intermediate(s);
-            let mut layers = Vec::with_capacity(dims.layers);
+            let mut layers = Vec::new();
             for l in 0..dims.layers {
                 let p = format!("model.layers.{l}");
                 let rows = |src: &mut dyn WeightSource, n: &str, r: (usize, usize)| -> Result<Tensor> {
@@ -844,6 +899,7 @@ impl Glm {
 
     /// Allocates a cache for `batch` rows and `capacity` positions.
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
+        self.check_cache_memory(batch, capacity)?;
         let d = self.dims.head_dim as i64;
         let mut kv = Vec::new();
         for s in &self.shards {
@@ -852,6 +908,23 @@ impl Glm {
             kv.push((0..self.dims.layers).map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?);
         }
         Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
+    }
+
+    /// Whether a cache for `batch` rows and `capacity` positions fits in the memory the CPU
+    /// has free (its shards on CPU devices; see `check_cpu_memory`): an error naming both
+    /// sizes if not. `new_cache` checks it; callers that build large inputs first can too.
+    pub fn check_cache_memory(&self, batch: usize, capacity: usize) -> Result<()> {
+        let d = self.dims.head_dim as u64;
+        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+        let cpu_bytes = self.shards.iter().filter(|s| s.device == Device::Cpu).fold(0u64, |acc, s| {
+            let per_layer = [batch as u64, 2 * s.kv_heads as u64, capacity as u64, d, elt]
+                .into_iter()
+                .fold(1u64, u64::saturating_mul);
+            acc.saturating_add(per_layer.saturating_mul(self.dims.layers as u64))
+        });
+        let what =
+            || format!("the KV cache for {batch} row{} of {capacity} positions", if batch == 1 { "" } else { "s" });
+        check_cpu_memory(what, cpu_bytes, self.dtype, "use a smaller batch or fewer tokens, or free memory")
     }
 
     /// Embeds `ids` ([B, T], int64 on the model device): [B, T, hidden].

@@ -227,6 +227,15 @@ fn bench_prints_one_json_line() {
         1,
         "more than max_position_embeddings (64)",
     );
+    // Weights or a KV cache larger than the memory free are refused before they are
+    // allocated, not left to the OOM killer (Linux overcommits: the allocation succeeds).
+    let tiny = fixture("configs/tiny-glm-gqa2.json");
+    let o = headcount(&["bench", "--config", &tiny, "--layers", "1000000000000"]);
+    expect(&o, 1, "the weights would take ");
+    assert!(text(&o).1.contains("of memory free on this machine"), "{}", text(&o).1);
+    let o =
+        headcount(&["bench", "--config", &tiny, "--batch", "1000000000000", "--prompt-len", "4", "--new-tokens", "4"]);
+    expect(&o, 1, "the KV cache for 1000000000000 rows of 8 positions would take ");
 }
 
 #[test]
