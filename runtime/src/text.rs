@@ -3,9 +3,10 @@
 //! `tokenizers` 0.22 panics on some malformed files instead of returning an error (a file
 //! cut inside its `decoder` object, a `Precompiled` normalizer with a bad charsmap), so the
 //! file is checked to be JSON first, and every call into the library runs under
-//! [`guarded`]: its panics come back as typed errors (the panic message is still printed
-//! by the default hook).
+//! [`guarded`]: its panics come back as typed errors, and the panic hook prints nothing
+//! for them (the error carries the library's message).
 
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
@@ -59,7 +60,11 @@ impl TextCodec {
 /// a panic while loading, the half-built tokenizer is dropped; `encode` and `decode` take
 /// `&self` and the library keeps no state that a panic leaves half-written.
 fn guarded<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+    install_quiet_hook();
+    let outer = QUIET.replace(true);
+    let result = catch_unwind(AssertUnwindSafe(f));
+    QUIET.set(outer);
+    result.map_err(|payload| {
         let what = payload
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())
@@ -67,6 +72,26 @@ fn guarded<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
             .unwrap_or_else(|| "unknown failure".to_owned());
         format!("the tokenizers library failed on it ({what})")
     })
+}
+
+thread_local! {
+    /// Set while this thread runs a [`guarded`] call, whose panics become errors.
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Wraps the process's panic hook, once: a panic inside a [`guarded`] call prints nothing
+/// (its message goes into the error the caller gets); every other panic, on any thread,
+/// reaches the hook that was there before.
+fn install_quiet_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.get() {
+                previous(info);
+            }
+        }));
+    });
 }
 
 /// Prints generated text as it grows: decodes everything so far and emits the new suffix,

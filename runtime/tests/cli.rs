@@ -130,6 +130,21 @@ fn run_rejects_bad_input_with_clear_errors() {
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--dtype", "int8"]), 1, "unknown dtype");
     expect(&headcount(&["run", "--model", &m, "--prompt", ""]), 1, "the prompt is empty");
     expect(&headcount(&["run", "--model", &m, "--prompt", "hello"]), 1, "has no tokenizer.json");
+    // A Precompiled normalizer with a charsmap that is not one makes the tokenizers library
+    // panic: the user gets one error line, not a panic message (`expect` checks that stderr
+    // has no "panicked").
+    let tmp = tempfile::tempdir().unwrap();
+    let addition = root().join("examples/addition/model");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(addition.join(f), tmp.path().join(f)).unwrap();
+    }
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(addition.join("tokenizer.json")).unwrap()).unwrap();
+    tokenizer["normalizer"] = serde_json::json!({"type": "Precompiled", "precompiled_charsmap": "x"});
+    std::fs::write(tmp.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let o = headcount(&["run", "--model", tmp.path().to_str().unwrap(), "--prompt", "1+2="]);
+    expect(&o, 1, "not a usable tokenizer: the tokenizers library failed on it (");
+    assert_eq!(text(&o).1.lines().count(), 1, "{}", text(&o).1);
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--temperature", "NaN"]), 1, "temperature must be");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--top-p", "0"]), 1, "top-p must be in (0, 1]");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--decode", "graph"]), 1, "unknown decode mode \"graph\"");
