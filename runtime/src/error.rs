@@ -42,7 +42,7 @@ pub enum Error {
     #[error("tensor-parallel size {size} is not legal for this model: {reason}")]
     TensorParallel { size: usize, reason: String },
     #[error(
-        "{what} would take {} in {dtype}, more than the {} of memory free on this machine ({read_from}): {advice}",
+        "{what} would take {} in {dtype}, more than the {} of memory free for it ({read_from}): {advice}",
         gib(*need), gib(*free)
     )]
     OutOfMemory {

@@ -258,9 +258,10 @@ pub fn generate(
     // reuse one decoder (and its CUDA graph).
     let capacity = if path == Path::Eager { need } else { need.div_ceil(STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP };
     // The cache is the largest thing a generation allocates: check that it fits before the
-    // padded inputs are built. A static decoder kept with this shape is reused (no new
-    // cache), and one of another shape is released first, so its memory counts as free.
-    if path == Path::Eager || !StaticDecoder::keep_only(model, b, capacity, greedy) {
+    // padded inputs are built (no cache is built for zero new tokens). A static decoder kept
+    // with this shape is reused (no new cache), and one of another shape is released first,
+    // so its memory counts as free.
+    if opts.max_new_tokens > 0 && (path == Path::Eager || !StaticDecoder::keep_only(model, b, capacity, greedy)) {
         model.check_cache_memory(b, capacity)?;
     }
     let pad_id = 0i64;
@@ -517,7 +518,14 @@ impl StaticDecoder {
     /// Whether the model keeps a decoder of this shape; one of another shape is dropped
     /// (`take_or_new` would drop it too), freeing its cache.
     fn keep_only(model: &Glm, batch: usize, capacity: usize, greedy: bool) -> bool {
-        let Ok(mut g) = model.decoder.lock() else { return false };
+        // A poisoned lock only means another generation panicked; its decoder is dropped.
+        let mut g = match model.decoder.lock() {
+            Ok(g) => g,
+            Err(p) => {
+                p.into_inner().take();
+                return false;
+            }
+        };
         let fits = g.as_ref().is_some_and(|d| d.batch == batch && d.capacity == capacity && d.greedy == greedy);
         if !fits {
             *g = None;

@@ -687,6 +687,9 @@ impl Progress {
 /// memory the system has free. A CUDA device needs no such check: its allocator returns an
 /// out-of-memory error, which reaches the user as one.
 fn check_cpu_memory(what: impl FnOnce() -> String, need: u64, dtype: DType, advice: &'static str) -> Result<()> {
+    if need == 0 {
+        return Ok(());
+    }
     match crate::device::cpu_memory_free() {
         Some(free) if need > free.bytes => Err(Error::OutOfMemory {
             what: what(),
@@ -765,7 +768,10 @@ impl Glm {
         let shape = |n: &str| shapes.get(n).cloned().unwrap_or_default();
         let d = dims.head_dim;
 
-        let mut norms = Vec::new(); // not with_capacity(layers): an absurd count must fail as an allocation error
+        // Grown as tensors are made, not reserved for `dims.layers` up front: on a CUDA device
+        // (no memory check) an absurd layer count then ends in the device's out-of-memory
+        // error, not in an aborting reservation.
+        let mut norms = Vec::new();
         for l in 0..dims.layers {
             let p = format!("model.layers.{l}");
             let mut norm = |n: &str| -> Result<Tensor> {
