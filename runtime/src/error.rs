@@ -167,6 +167,6 @@ mod tests {
         }
         check(DecodeMode::CHOICES, DecodeMode::name, "auto, eager, static or cuda-graph");
         check(Rounding::CHOICES, Rounding::name, "transformers or fused");
-        check(WeightLayout::CHOICES, WeightLayout::name, "in-out or out-in");
+        check(WeightLayout::CHOICES, WeightLayout::name, "auto, in-out or out-in");
     }
 }

@@ -182,9 +182,10 @@ struct BenchArgs {
     /// or cuda-graph.
     #[arg(long, default_value = "auto")]
     decode: String,
-    /// Projection weights as in-out (transposed copies, the default) or out-in (as stored):
-    /// the two matrix-vector variants BLAS offers.
-    #[arg(long, default_value = "in-out")]
+    /// Projection weights as in-out (transposed copies) or out-in (as stored): the two
+    /// matrix-vector variants BLAS offers; auto picks the faster one measured for the dtype
+    /// and device (in-out for f32 on CPU, out-in for bf16 and f16 on CPU).
+    #[arg(long, default_value = "auto")]
     weight_layout: String,
     /// Round where transformers does (bit-equal bf16) or fused (fewer roundings and GPU
     /// kernels).
@@ -546,7 +547,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "decode_tokens_per_s": decode_median,
         "decode_path": path.0,
         "decode_note": path.1,
-        "weight_layout": weight_layout.name(),
+        "weight_layout": model.weight_layout.name(),
         "rounding": model.rounding.name(),
         "trace": b.trace.as_ref().map(|p| p.display().to_string()),
         "peak_rss_bytes": peak_rss,

@@ -504,6 +504,9 @@ pub struct Glm {
     pub plan: ShardPlan,
     pub dtype: DType,
     pub rounding: Rounding,
+    /// The layout the projection weights got (`LoadOptions::weight_layout` resolved for
+    /// shard 0's device: never `Auto`).
+    pub weight_layout: WeightLayout,
     pub shards: Vec<Shard>,
     pub norms: Vec<Norms>,
     pub final_norm: Tensor,
@@ -557,19 +560,34 @@ named_choices!(Rounding, "rounding", [("transformers", Transformers), ("fused", 
 /// which BLAS routine variant libtorch calls for it, which matters for one-row products.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightLayout {
-    /// `[in, out]`, contiguous (a transposed copy made at load): on CPU the form BLAS reads
-    /// at the memory bandwidth for one row (4.6 ms against 0.97 ms for a
+    /// The faster of the two as measured for the dtype and device (docs/PERFORMANCE.md,
+    /// "Weight layout"): `InOut` for f32 on CPU, `OutIn` for bf16 and f16 on CPU, `InOut`
+    /// on CUDA until the GPU run measures both.
+    #[default]
+    Auto,
+    /// `[in, out]`, contiguous (a transposed copy made at load): on CPU in f32 the form BLAS
+    /// reads at the memory bandwidth for one row (4.6 ms against 0.97 ms for a
     /// `[1, 256] @ [256, 32000]` product, docs/PERFORMANCE.md); large CPU weights are also
     /// split into column blocks for worker threads.
-    #[default]
     InOut,
     /// `[out, in]`, as checkpoints store it and transformers' `linear` reads it (BLAS's
-    /// transposed variant). Never split. For measuring the GPU's matrix-vector kernels
-    /// both ways (`headcount bench --weight-layout`).
+    /// transposed variant). Never split. On CPU in bf16 and f16 the faster form: libtorch
+    /// hands it to oneDNN's half-precision kernels.
     OutIn,
 }
 
-named_choices!(WeightLayout, "weight layout", [("in-out", InOut), ("out-in", OutIn)]);
+impl WeightLayout {
+    /// `Auto` made concrete for weights of `dtype` on `device`; the others as they are.
+    pub fn resolve(self, dtype: DType, device: Device) -> WeightLayout {
+        match self {
+            WeightLayout::Auto if device == Device::Cpu && dtype != DType::F32 => WeightLayout::OutIn,
+            WeightLayout::Auto => WeightLayout::InOut,
+            layout => layout,
+        }
+    }
+}
+
+named_choices!(WeightLayout, "weight layout", [("auto", Auto), ("in-out", InOut), ("out-in", OutIn)]);
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -581,7 +599,7 @@ impl Default for LoadOptions {
             vocab_padding: 1,
             progress_above_bytes: Some(200 << 20),
             cpu_threads: None,
-            weight_layout: WeightLayout::InOut,
+            weight_layout: WeightLayout::Auto,
             rounding: Rounding::Transformers,
         }
     }
@@ -791,6 +809,7 @@ impl Glm {
         let mut shards = Vec::with_capacity(plan.size);
         for s in 0..plan.size {
             let dev = opts.devices[s % opts.devices.len()]; // cannot fire: non-empty, index taken modulo
+            let layout = opts.weight_layout.resolve(opts.dtype, dev);
             let qh = plan.q_heads(s);
             let kvh = plan.kv_heads(s);
             let inter = plan.intermediate(s);
@@ -823,19 +842,19 @@ impl Glm {
                 } else {
                     None
                 };
-                let qkv = Linear::new(&w, b, opts.cpu_threads, opts.weight_layout)?;
+                let qkv = Linear::new(&w, b, opts.cpu_threads, layout)?;
                 let o_name = format!("{p}.self_attn.o_proj.weight");
                 let o_full = src.rows(&o_name, &shape(&o_name), None, kind, dev)?;
                 let o = o_full.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
-                let o = Linear::new(&o, None, opts.cpu_threads, opts.weight_layout)?;
+                let o = Linear::new(&o, None, opts.cpu_threads, layout)?;
                 let i_total = dims.intermediate;
                 let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
                 let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
-                let gate_up = Linear::new(&Tensor::f_cat(&[gate, up], 0)?, None, opts.cpu_threads, opts.weight_layout)?;
+                let gate_up = Linear::new(&Tensor::f_cat(&[gate, up], 0)?, None, opts.cpu_threads, layout)?;
                 let down_name = format!("{p}.mlp.down_proj.weight");
                 let down_full = src.rows(&down_name, &shape(&down_name), None, kind, dev)?;
                 let down = down_full.f_narrow(1, inter.start as i64, inter.len() as i64)?;
-                let down = Linear::new(&down, None, opts.cpu_threads, opts.weight_layout)?;
+                let down = Linear::new(&down, None, opts.cpu_threads, layout)?;
                 layers.push(Layer { qkv, o, gate_up, down });
             }
             // Vocabulary rows of this shard; rows past the real vocabulary are zero padding.
@@ -855,18 +874,10 @@ impl Glm {
                 }
             };
             let (embed, lm_head) = if dims.tie_embeddings {
-                (
-                    None,
-                    Linear::new(
-                        &vocab_rows(src, "model.embed_tokens.weight")?,
-                        None,
-                        opts.cpu_threads,
-                        opts.weight_layout,
-                    )?,
-                )
+                (None, Linear::new(&vocab_rows(src, "model.embed_tokens.weight")?, None, opts.cpu_threads, layout)?)
             } else {
                 let e = vocab_rows(src, "model.embed_tokens.weight")?;
-                (Some(e), Linear::new(&vocab_rows(src, "lm_head.weight")?, None, opts.cpu_threads, opts.weight_layout)?)
+                (Some(e), Linear::new(&vocab_rows(src, "lm_head.weight")?, None, opts.cpu_threads, layout)?)
             };
             shards.push(Shard {
                 device: dev,
@@ -882,6 +893,7 @@ impl Glm {
             });
         }
         Ok(Glm {
+            weight_layout: opts.weight_layout.resolve(opts.dtype, dev0),
             dims,
             plan,
             dtype: opts.dtype,

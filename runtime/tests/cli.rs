@@ -265,6 +265,13 @@ fn bench_traces_and_compares_weight_layouts() {
     let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
     assert_eq!(v["weight_layout"], "out-in");
     assert_eq!(v["trace"], trace.display().to_string());
+    // Without the flag, the layout measured faster for the dtype on CPU.
+    for (dtype, layout) in [("f32", "in-out"), ("bf16", "out-in"), ("f16", "out-in")] {
+        let o = headcount(&[&common[..], &["--dtype", dtype]].concat());
+        expect(&o, 0, "decode_tokens_per_s");
+        let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+        assert_eq!(v["weight_layout"], layout, "{dtype}");
+    }
     // A Chrome trace of the profiled generation: its products and attention are in it.
     let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
     let names: Vec<&str> = t["traceEvents"].as_array().unwrap().iter().filter_map(|e| e["name"].as_str()).collect();
@@ -286,7 +293,7 @@ fn bench_traces_and_compares_weight_layouts() {
         1,
         "No such file or directory",
     );
-    expect(&headcount(&[&common[..], &["--weight-layout", "rows"]].concat()), 1, "use in-out or out-in");
+    expect(&headcount(&[&common[..], &["--weight-layout", "rows"]].concat()), 1, "use auto, in-out or out-in");
     let o = headcount(&[&common[..], &["--rounding", "fused"]].concat());
     expect(&o, 0, "\"rounding\":\"fused\"");
     expect(&headcount(&[&common[..], &["--rounding", "exact"]].concat()), 1, "use transformers or fused");
