@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
+use crate::device::DType;
 use crate::error::{Error, Result, named_choices};
 use crate::model::{Glm, KvCache, Rope, Rounding, Step};
 
@@ -771,6 +772,15 @@ pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
         valid: Tensor::f_ones([1, t], (Kind::Bool, device))?,
         group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
     };
+    // Every position's logits, [T, vocab], are this call's largest tensor: in the model's
+    // dtype, then in f32 (both at once for half precision). Checked like the cache on CPU.
+    if model.shards.iter().all(|s| s.device == Device::Cpu) {
+        let elt = model.dtype.kind().elt_size_in_bytes() as u64;
+        let per_logit = if model.dtype == DType::F32 { 4 } else { elt + 4 };
+        let need = (ids.len() as u64).saturating_mul(model.dims.vocab as u64).saturating_mul(per_logit);
+        let what = || format!("the logits of {t} positions over a vocabulary of {}", model.dims.vocab);
+        crate::model::check_cpu_memory(what, need, model.dtype, "give fewer ids, or free memory")?;
+    }
     let rope = Rope::new(&model.dims, ids.len(), device)?;
     let mut cache = model.new_cache(1, ids.len())?;
     let (cos, sin) = layout.rope_at(&rope, 0, t, model.dtype.kind(), device)?;

@@ -704,7 +704,12 @@ impl Progress {
 /// weights or a KV cache are allocated on CPU devices, their size is compared with the
 /// memory the system has free. A CUDA device needs no such check: its allocator returns an
 /// out-of-memory error, which reaches the user as one.
-fn check_cpu_memory(what: impl FnOnce() -> String, need: u64, dtype: DType, advice: &'static str) -> Result<()> {
+pub(crate) fn check_cpu_memory(
+    what: impl FnOnce() -> String,
+    need: u64,
+    dtype: DType,
+    advice: &'static str,
+) -> Result<()> {
     if need == 0 {
         return Ok(());
     }
