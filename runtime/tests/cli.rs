@@ -301,6 +301,11 @@ fn bench_traces_and_compares_weight_layouts() {
     let fused = quiet_run_567(&["--rounding", "fused"]);
     expect(&fused, 0, "");
     assert_eq!(text(&fused).0, text(&quiet_run_567(&[])).0);
+    // And --weight-layout: both layouts decode the same tokens; an unknown one is refused.
+    let out_in = quiet_run_567(&["--weight-layout", "out-in"]);
+    expect(&out_in, 0, "");
+    assert_eq!(text(&out_in).0, text(&quiet_run_567(&[])).0);
+    expect(&quiet_run_567(&["--weight-layout", "rows"]), 1, "unknown weight layout \"rows\"");
 }
 
 #[test]
