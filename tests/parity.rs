@@ -220,9 +220,9 @@ fn split_weights_equal_whole_weights() {
 }
 
 /// Weights in checkpoint layout (`[out, in]`, `WeightLayout::OutIn`) give transformers'
-/// logits and continuations as the default transposed copies do: in f32 within the same
-/// tolerance, with tied and untied embeddings, and in bf16 within two bf16 steps of the
-/// default layout at the largest logit (measured: equal).
+/// logits and continuations as the transposed copies (`InOut`, f32's layout on CPU) do: in
+/// f32 within the same tolerance, with tied and untied embeddings, and in bf16 within two
+/// bf16 steps of in-out at the largest logit (measured: equal).
 #[test]
 fn both_weight_layouts_match_transformers() {
     let mut report = Vec::new();

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::device::DType;
 use crate::error::{Error, Result, named_choices};
 use crate::model::{Glm, KvCache, Rope, Rounding, Step};
 
@@ -519,14 +518,7 @@ impl StaticDecoder {
     /// Whether the model keeps a decoder of this shape; one of another shape is dropped
     /// (`take_or_new` would drop it too), freeing its cache.
     fn keep_only(model: &Glm, batch: usize, capacity: usize, greedy: bool) -> bool {
-        // A poisoned lock only means another generation panicked; its decoder is dropped.
-        let mut g = match model.decoder.lock() {
-            Ok(g) => g,
-            Err(p) => {
-                p.into_inner().take();
-                return false;
-            }
-        };
+        let mut g = StaticDecoder::lock(model);
         let fits = g.as_ref().is_some_and(|d| d.batch == batch && d.capacity == capacity && d.greedy == greedy);
         if !fits {
             *g = None;
@@ -536,11 +528,7 @@ impl StaticDecoder {
 
     /// The model's kept decoder if it fits, else a new one.
     fn take_or_new(model: &Glm, batch: usize, capacity: usize, greedy: bool) -> Result<StaticDecoder> {
-        // A poisoned lock only means another generation panicked; its decoder is dropped.
-        let kept = match model.decoder.lock() {
-            Ok(mut g) => g.take(),
-            Err(p) => p.into_inner().take().and(None),
-        };
+        let kept = StaticDecoder::lock(model).take();
         if let Some(d) = kept.filter(|d| d.batch == batch && d.capacity == capacity && d.greedy == greedy) {
             return Ok(d);
         }
@@ -562,9 +550,19 @@ impl StaticDecoder {
     }
 
     fn put_back(self, model: &Glm) {
-        if let Ok(mut g) = model.decoder.lock() {
-            *g = Some(self);
-        }
+        *StaticDecoder::lock(model) = Some(self);
+    }
+
+    /// The model's decoder slot. A poisoned lock only means another generation panicked
+    /// while holding it: the decoder it held, in an unknown state, is dropped and the lock
+    /// is cleared, so later generations keep their decoders again.
+    fn lock(model: &Glm) -> std::sync::MutexGuard<'_, Option<StaticDecoder>> {
+        model.decoder.lock().unwrap_or_else(|poisoned| {
+            let mut g = poisoned.into_inner();
+            *g = None;
+            model.decoder.clear_poison();
+            g
+        })
     }
 
     /// Sets the first decode step's token ([B]) and slot.
@@ -772,13 +770,11 @@ pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
         valid: Tensor::f_ones([1, t], (Kind::Bool, device))?,
         group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
     };
-    // Every position's logits, [T, vocab], are this call's largest tensor: in the model's
-    // dtype, then in f32 (both at once for half precision). Checked like the cache on CPU.
-    if model.shards.iter().all(|s| s.device == Device::Cpu) {
-        let elt = model.dtype.kind().elt_size_in_bytes() as u64;
-        let per_logit = if model.dtype == DType::F32 { 4 } else { elt + 4 };
-        let need = (ids.len() as u64).saturating_mul(model.dims.vocab as u64).saturating_mul(per_logit);
-        let what = || format!("the logits of {t} positions over a vocabulary of {}", model.dims.vocab);
+    // Every position's logits, [T, vocab], are this call's largest tensor: checked with the
+    // cache, which they join, like the cache alone in `generate`.
+    if device == Device::Cpu {
+        let need = model.cache_bytes_on_cpu(1, ids.len()).saturating_add(model.logits_bytes(ids.len()));
+        let what = || format!("the KV cache and logits of {t} positions over a vocabulary of {}", model.dims.vocab);
         crate::model::check_cpu_memory(what, need, model.dtype, "give fewer ids, or free memory")?;
     }
     let rope = Rope::new(&model.dims, ids.len(), device)?;

@@ -292,6 +292,7 @@ impl Linear {
     /// transposed view of `w`, which `matmul` and `addmm` hand to BLAS as the transposed
     /// variant (what `linear` does).
     fn new(w: &Tensor, b: Option<Tensor>, threads: Option<usize>, layout: WeightLayout) -> Result<Linear> {
+        debug_assert_ne!(layout, WeightLayout::Auto, "resolved by `build` for the shard's device");
         if layout == WeightLayout::OutIn {
             return Ok(Linear { parts: vec![w.f_contiguous()?.f_transpose(0, 1)?], b });
         }
@@ -937,17 +938,34 @@ impl Glm {
     /// has free (its shards on CPU devices; see `check_cpu_memory`): an error naming both
     /// sizes if not. `new_cache` checks it; callers that build large inputs first can too.
     pub fn check_cache_memory(&self, batch: usize, capacity: usize) -> Result<()> {
+        let cpu_bytes = self.cache_bytes_on_cpu(batch, capacity);
+        let what =
+            || format!("the KV cache for {batch} row{} of {capacity} positions", if batch == 1 { "" } else { "s" });
+        check_cpu_memory(what, cpu_bytes, self.dtype, "use a smaller batch or fewer tokens, or free memory")
+    }
+
+    /// Bytes a cache for `batch` rows and `capacity` positions takes on CPU devices.
+    pub(crate) fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64 {
         let d = self.dims.head_dim as u64;
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let cpu_bytes = self.shards.iter().filter(|s| s.device == Device::Cpu).fold(0u64, |acc, s| {
+        self.shards.iter().filter(|s| s.device == Device::Cpu).fold(0u64, |acc, s| {
             let per_layer = [batch as u64, 2 * s.kv_heads as u64, capacity as u64, d, elt]
                 .into_iter()
                 .fold(1u64, u64::saturating_mul);
             acc.saturating_add(per_layer.saturating_mul(self.dims.layers as u64))
-        });
-        let what =
-            || format!("the KV cache for {batch} row{} of {capacity} positions", if batch == 1 { "" } else { "s" });
-        check_cpu_memory(what, cpu_bytes, self.dtype, "use a smaller batch or fewer tokens, or free memory")
+        })
+    }
+
+    /// The most bytes the logits of `rows` positions hold at once at the end of `forward`:
+    /// the padded vocabulary in the model's dtype, twice where shards or column blocks
+    /// are concatenated, plus the f32 copy in half precision.
+    pub(crate) fn logits_bytes(&self, rows: usize) -> u64 {
+        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+        let joined = self.shards.len() > 1 || self.shards.iter().any(|s| s.lm_head.parts.len() > 1);
+        let model_dtype =
+            (self.plan.padded_vocab as u64).saturating_mul(elt).saturating_mul(if joined { 2 } else { 1 });
+        let f32_copy = if self.dtype == DType::F32 { 0 } else { self.dims.vocab as u64 * 4 };
+        (rows as u64).saturating_mul(model_dtype.saturating_add(f32_copy))
     }
 
     /// Embeds `ids` ([B, T], int64 on the model device): [B, T, hidden].
