@@ -85,6 +85,31 @@ fn shard_shapes_follow_the_plan() {
     }
 }
 
+/// The memory estimates the checks compare with free memory, against the tensors made: a
+/// cache's bytes exactly, and the logits at least as large as the f32 logits returned, for
+/// every fixture, dtype and legal shard count.
+#[test]
+fn memory_estimates_match_the_tensors() {
+    use headcount_runtime::DType;
+    for dir in model_fixtures() {
+        let base = load(&dir);
+        let ids: Vec<i64> = (0..7).collect();
+        let tps = base.dims.config.legal_tensor_parallel().into_iter().filter(|&t| t <= 4);
+        for (tp, dtype) in tps.flat_map(|tp| [(tp, DType::F32), (tp, DType::Bf16)]) {
+            let opts = LoadOptions { tensor_parallel: tp as usize, dtype, ..Default::default() };
+            let m = Glm::load(&dir, &opts).unwrap();
+            let cache = m.new_cache(3, 11).unwrap();
+            let bytes: u64 = cache.kv.iter().flatten().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
+            assert_eq!(m.cache_bytes_on_cpu(3, 11), bytes, "{} tp {tp} {dtype:?}", name(&dir));
+            let out = logits(&m, &ids).unwrap();
+            assert!(m.logits_bytes(ids.len()) >= (out.numel() * 4) as u64, "{} tp {tp}", name(&dir));
+            // Gate and up beside their product: three intermediate-wide rows per position.
+            let per_shard = m.plan.intermediate_per_shard as u64 * 3 * dtype.kind().elt_size_in_bytes() as u64;
+            assert_eq!(m.activation_bytes_on_cpu(2, 5), 10 * per_shard, "{} tp {tp}", name(&dir));
+        }
+    }
+}
+
 /// GLM-4-9B's head counts (32 query heads, 2 kv heads), scaled down in width so that every
 /// legal size runs here: with replication the sizes 1, 2, 4, 8, 16 and 32 run and equal the
 /// unsharded model; without it only 1 and 2 are legal; every other size up to 64 is refused.

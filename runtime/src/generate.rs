@@ -6,7 +6,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result, named_choices};
-use crate::model::{Glm, KvCache, Rope, Rounding, Step};
+use crate::model::{Glm, KvCache, Rope, Rounding, Step, check_cpu_memory};
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq)]
@@ -257,12 +257,17 @@ pub fn generate(
     // Static-shape decoders round their capacity up, so that generations of similar lengths
     // reuse one decoder (and its CUDA graph).
     let capacity = if path == Path::Eager { need } else { need.div_ceil(STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP };
-    // The cache is the largest thing a generation allocates: check that it fits before the
-    // padded inputs are built (no cache is built for zero new tokens). A static decoder kept
-    // with this shape is reused (no new cache), and one of another shape is released first,
-    // so its memory counts as free.
-    if opts.max_new_tokens > 0 && (path == Path::Eager || !StaticDecoder::keep_only(model, b, capacity, greedy)) {
-        model.check_cache_memory(b, capacity)?;
+    // The cache and the prefill's activations are the largest things a generation
+    // allocates: check that they fit before the padded inputs are built (zero new tokens
+    // build neither). A static decoder kept with this shape is reused (no new cache), and
+    // one of another shape is released first, so its memory counts as free.
+    if opts.max_new_tokens > 0 {
+        let new_cache = path == Path::Eager || !StaticDecoder::keep_only(model, b, capacity, greedy);
+        let cache = if new_cache { model.cache_bytes_on_cpu(b, capacity) } else { 0 };
+        let need = cache.saturating_add(model.activation_bytes_on_cpu(b, longest));
+        let rows = if b == 1 { "row" } else { "rows" };
+        let what = || format!("a generation of {b} {rows} over {capacity} positions (KV cache and prefill)");
+        check_cpu_memory(what, need, model.dtype, "use fewer or shorter prompts, or fewer new tokens")?;
     }
     let pad_id = 0i64;
     let pads: Vec<i64> = prompts.iter().map(|p| (longest - p.len()) as i64).collect();
@@ -773,9 +778,11 @@ pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
     // Every position's logits, [T, vocab], are this call's largest tensor: checked with the
     // cache, which they join, like the cache alone in `generate`.
     if device == Device::Cpu {
-        let need = model.cache_bytes_on_cpu(1, ids.len()).saturating_add(model.logits_bytes(ids.len()));
-        let what = || format!("the KV cache and logits of {t} positions over a vocabulary of {}", model.dims.vocab);
-        crate::model::check_cpu_memory(what, need, model.dtype, "give fewer ids, or free memory")?;
+        let need = [model.cache_bytes_on_cpu(1, ids.len()), model.activation_bytes_on_cpu(1, ids.len())]
+            .into_iter()
+            .fold(model.logits_bytes(ids.len()), u64::saturating_add);
+        let what = || format!("the KV cache, activations and logits of {t} positions");
+        check_cpu_memory(what, need, model.dtype, "give fewer ids, or free memory")?;
     }
     let rope = Rope::new(&model.dims, ids.len(), device)?;
     let mut cache = model.new_cache(1, ids.len())?;

@@ -945,7 +945,7 @@ impl Glm {
     }
 
     /// Bytes a cache for `batch` rows and `capacity` positions takes on CPU devices.
-    pub(crate) fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64 {
+    pub fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64 {
         let d = self.dims.head_dim as u64;
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
         self.shards.iter().filter(|s| s.device == Device::Cpu).fold(0u64, |acc, s| {
@@ -956,10 +956,19 @@ impl Glm {
         })
     }
 
+    /// A lower bound of the activations a forward pass over `rows` rows of `len` positions
+    /// holds at once on a CPU shard: the MLP's `[rows, len, 2 × intermediate]` (gate and up)
+    /// beside their product, `[rows, len, intermediate]`, in the model's dtype.
+    pub fn activation_bytes_on_cpu(&self, rows: usize, len: usize) -> u64 {
+        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+        let inter = self.shards.iter().filter(|s| s.device == Device::Cpu).map(|s| s.intermediate as u64).max();
+        [rows as u64, len as u64, 3 * inter.unwrap_or(0), elt].into_iter().fold(1u64, u64::saturating_mul)
+    }
+
     /// The most bytes the logits of `rows` positions hold at once at the end of `forward`:
     /// the padded vocabulary in the model's dtype, twice where shards or column blocks
     /// are concatenated, plus the f32 copy in half precision.
-    pub(crate) fn logits_bytes(&self, rows: usize) -> u64 {
+    pub fn logits_bytes(&self, rows: usize) -> u64 {
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
         let joined = self.shards.len() > 1 || self.shards.iter().any(|s| s.lm_head.parts.len() > 1);
         let model_dtype =
