@@ -402,14 +402,30 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The file an output is written to before it is renamed over `file` once complete, so a
+/// failed run leaves an earlier output alone. It is created (and removed) now, so a folder
+/// that cannot be written fails before the work, not after it.
+fn partial_beside(file: &Path) -> Result<PathBuf> {
+    let mut partial = file.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    std::fs::File::create(&partial).map_err(|source| Error::Io { path: partial.clone(), source })?;
+    let _ = std::fs::remove_file(&partial);
+    Ok(partial)
+}
+
 fn write_logits(m: &ModelArgs, ids: &[i64], out: &Path, quiet: bool) -> Result<ExitCode> {
     if ids.is_empty() {
         return Err(Error::InvalidArgument("--ids is empty".to_owned()));
     }
+    let partial = partial_beside(out)?;
     let model = load(m, quiet)?;
     let l = logits(&model, ids)?.f_to_device(tch::Device::Cpu)?;
-    tch::Tensor::write_safetensors(&[("logits", &l)], out)
-        .map_err(|e| Error::Io { path: out.to_owned(), source: std::io::Error::other(e.to_string()) })?;
+    if let Err(e) = tch::Tensor::write_safetensors(&[("logits", &l)], &partial) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(Error::Io { path: out.to_owned(), source: std::io::Error::other(e.to_string()) });
+    }
+    std::fs::rename(&partial, out).map_err(|source| Error::Io { path: out.to_owned(), source })?;
     if !quiet {
         eprintln!("wrote logits {:?} to {}", l.size(), out.display());
     }
@@ -428,20 +444,7 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     }
     let dtype: DType = b.dtype.parse()?;
     let decode: DecodeMode = b.decode.parse()?;
-    // The trace is written beside its file and renamed when complete, so a failed run
-    // leaves an earlier trace alone; a folder that cannot be written fails now, not after
-    // the runs.
-    let partial_trace = match &b.trace {
-        Some(file) => {
-            let mut partial = file.clone().into_os_string();
-            partial.push(".partial");
-            let partial = PathBuf::from(partial);
-            std::fs::File::create(&partial).map_err(|source| Error::Io { path: partial.clone(), source })?;
-            let _ = std::fs::remove_file(&partial);
-            Some(partial)
-        }
-        None => None,
-    };
+    let partial_trace = b.trace.as_deref().map(partial_beside).transpose()?;
     let weight_layout: WeightLayout = b.weight_layout.parse()?;
     let device = parse_device(&b.device)?;
     let opts = LoadOptions {

@@ -174,11 +174,21 @@ fn logits_writes_every_position() {
     assert_eq!(t[0].0, "logits");
     assert_eq!(t[0].1.size(), vec![1, 4, 128]);
     assert_eq!(t[0].1.kind(), tch::Kind::Float);
+    // A failed run leaves the earlier output as it was, and nothing beside it.
+    let before = std::fs::read(&out).unwrap();
     expect(
         &headcount(&["logits", "--model", &fixture("glm-gqa2"), "--ids", "999", "--out", out.to_str().unwrap()]),
         1,
         "outside the vocabulary",
     );
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("logits.safetensors")]);
+    // A folder that cannot be written is named before the model is loaded: with a model
+    // folder that does not exist either, the output's error comes first.
+    let missing = tmp.path().join("no/such/dir/logits.safetensors");
+    let o = headcount(&["logits", "--model", "/nonexistent/model", "--ids", "1", "--out", missing.to_str().unwrap()]);
+    expect(&o, 1, "no/such/dir/logits.safetensors.partial: No such file or directory");
 }
 
 #[test]
