@@ -775,8 +775,8 @@ pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
         valid: Tensor::f_ones([1, t], (Kind::Bool, device))?,
         group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
     };
-    // Every position's logits, [T, vocab], are this call's largest tensor: checked with the
-    // cache, which they join, like the cache alone in `generate`.
+    // Every position's logits, [T, vocab], are this call's largest tensor: checked together
+    // with the cache and the activations beside them, as `generate` checks its own.
     if device == Device::Cpu {
         let need = [model.cache_bytes_on_cpu(1, ids.len()), model.activation_bytes_on_cpu(1, ids.len())]
             .into_iter()

@@ -116,26 +116,24 @@ impl Dims {
         let q = (self.heads * self.head_dim) as i64;
         let kv = (self.kv_heads * self.head_dim) as i64;
         let mut out = Vec::new();
-        {
-            let p = format!("model.layers.{l}");
-            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
-            out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
-            out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
-            out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
-            if self.attention_bias {
-                out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
-                out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
-                out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
-            }
-            out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
-            out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-            if self.family == Family::Glm4 {
-                out.push((format!("{p}.post_self_attn_layernorm.weight"), vec![h]));
-                out.push((format!("{p}.post_mlp_layernorm.weight"), vec![h]));
-            }
-            out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
-            out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+        if self.attention_bias {
+            out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
+            out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
+            out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
         }
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        if self.family == Family::Glm4 {
+            out.push((format!("{p}.post_self_attn_layernorm.weight"), vec![h]));
+            out.push((format!("{p}.post_mlp_layernorm.weight"), vec![h]));
+        }
+        out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
         out
     }
 
@@ -702,8 +700,9 @@ impl Progress {
 
 /// On the CPU, tensors that cannot fit end in the operating system's OOM killer (Linux
 /// overcommits, so allocating succeeds and writing kills), not in an error. Before the
-/// weights or a KV cache are allocated on CPU devices, their size is compared with the
-/// memory the system has free. A CUDA device needs no such check: its allocator returns an
+/// weights, a KV cache or a forward pass's largest tensors are allocated on CPU devices,
+/// their size is compared with the memory the system has free (`need` bytes, named by
+/// `what`). A CUDA device needs no such check: its allocator returns an
 /// out-of-memory error, which reaches the user as one.
 pub(crate) fn check_cpu_memory(
     what: impl FnOnce() -> String,
