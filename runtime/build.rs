@@ -2,6 +2,11 @@
 //! - the operator counter and the profiler trace (`cpp/op_count.cpp`, `cpp/trace.cpp`), a
 //!   static library linked into the runtime whenever libtorch's headers are found (cfg
 //!   `headcount_op_count`);
+//! - the process-group shim (`cpp/dist.cpp`, c10d's TCPStore and ProcessGroupGloo), a static
+//!   library linked whenever libtorch's and Gloo's headers are found (cfg `headcount_dist`).
+//!   The wheel ships c10d's headers but not Gloo's, which its ProcessGroupGloo.hpp includes:
+//!   they are looked for at `$HEADCOUNT_GLOO_INCLUDE`, then in /usr/include (Debian's
+//!   `libgloo-dev`, which scripts/setup installs);
 //! - the CUDA graph shim (`cuda/graph.cpp`), a shared library beside the build outputs, when
 //!   libtorch is a CUDA build and the CUDA runtime headers are found.
 //!
@@ -25,12 +30,23 @@ fn main() {
     println!("cargo:rerun-if-changed=cpp/op_count.cpp");
     println!("cargo:rerun-if-changed=cpp/trace.cpp");
     println!("cargo:rerun-if-changed=cpp/c_api.h");
-    for var in ["LIBTORCH", "HEADCOUNT_CUDA_INCLUDE", "CUDA_HOME", "CXX", "AR"] {
+    println!("cargo:rerun-if-changed=cpp/dist.cpp");
+    for var in ["LIBTORCH", "HEADCOUNT_GLOO_INCLUDE", "HEADCOUNT_CUDA_INCLUDE", "CUDA_HOME", "CXX", "AR"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo::rustc-check-cfg=cfg(headcount_cuda_graph)");
     println!("cargo::rustc-check-cfg=cfg(headcount_op_count)");
+    println!("cargo::rustc-check-cfg=cfg(headcount_dist)");
     let out = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default());
+    match build_dist(&out) {
+        Ok(()) => {
+            println!("cargo:rustc-link-search=native={}", out.display());
+            println!("cargo:rustc-link-lib=static=headcount_dist");
+            println!("cargo:rustc-cfg=headcount_dist");
+            println!("cargo:rustc-env=HEADCOUNT_DIST_WHY=");
+        }
+        Err(why) => println!("cargo:rustc-env=HEADCOUNT_DIST_WHY={why}"),
+    }
     match build_op_counter(&out) {
         Ok(()) => {
             println!("cargo:rustc-link-search=native={}", out.display());
@@ -78,13 +94,39 @@ fn build_op_counter(out: &Path) -> Result<(), String> {
         compile(source, &args)?;
         objects.push(object);
     }
+    archive(&out.join("libheadcount_ops.a"), &objects)
+}
+
+/// Compiles `cpp/dist.cpp` into `libheadcount_dist.a` in `out`, against c10d's headers
+/// (libtorch's) and Gloo's.
+fn build_dist(out: &Path) -> Result<(), String> {
+    let include = libtorch()?.join("include");
+    if !include.join("torch/csrc/distributed/c10d/ProcessGroupGloo.hpp").is_file() {
+        return Err(format!("{} has no c10d headers", include.display()));
+    }
+    let gloo = [env::var_os("HEADCOUNT_GLOO_INCLUDE").map(PathBuf::from), Some(PathBuf::from("/usr/include"))]
+        .into_iter()
+        .flatten()
+        .find(|dir| dir.join("gloo/config.h").is_file())
+        .ok_or("Gloo's headers (gloo/config.h) were not found: install Debian's libgloo-dev (scripts/setup does), or set HEADCOUNT_GLOO_INCLUDE")?;
+    let object = out.join("dist.o");
+    let mut args: Vec<std::ffi::OsString> = vec!["-c".into(), "-DUSE_DISTRIBUTED".into(), "-DUSE_C10D_GLOO".into()];
+    let api = include.join("torch/csrc/api/include");
+    args.extend(["-I".into(), include.into(), "-I".into(), api.into(), "-I".into(), gloo.into()]);
+    args.push("cpp/dist.cpp".into());
+    args.extend(["-o".into(), object.clone().into()]);
+    compile("the process-group shim", &args)?;
+    archive(&out.join("libheadcount_dist.a"), &[object])
+}
+
+/// Packs `objects` into the static library `archive`.
+fn archive(archive: &Path, objects: &[PathBuf]) -> Result<(), String> {
     let ar = env::var("AR").unwrap_or_else(|_| "ar".to_owned());
-    let archive = out.join("libheadcount_ops.a");
-    let _ = std::fs::remove_file(&archive);
+    let _ = std::fs::remove_file(archive);
     let status = Command::new(&ar)
         .arg("crs")
-        .arg(&archive)
-        .args(&objects)
+        .arg(archive)
+        .args(objects)
         .status()
         .map_err(|e| format!("could not run the archiver {ar:?}: {e}"))?;
     if !status.success() {

@@ -154,12 +154,17 @@ fn f16_on_cpu_stays_close() {
 /// (tests/fixtures/*/reference-half.safetensors, python/make_half_references.py): the same
 /// weights rounded the same way, so what is left is how each engine rounds its arithmetic.
 /// Measured here: bf16 logits bit-equal on every fixture, prefill and decode; f16 within one
-/// f16 step (7.8e-3 at |logit| 8-16), 0.08% of the largest logit at most. The tolerances
-/// leave room for another CPU's kernels; the double rounding this test caught (a bias added
-/// after the product instead of in it) was 1.7-2.2%.
+/// f16 step (7.8e-3 at |logit| 8-16), 0.08% of the largest logit at most. On a CPU without
+/// AVX-512 BF16 one bf16 decode step of glm-legacy-config differs by one bf16 step (0.03125
+/// at |logit| 5.3, 0.59%). The tolerances leave room for another CPU's kernels: 0.5% of the
+/// largest logit, or one half-precision step at its magnitude where that is more; the
+/// double rounding this test caught (a bias added after the product instead of in it) was
+/// 1.7-2.2%.
 #[test]
 fn half_precision_matches_transformers_half_precision() {
     const TOLERANCE: f64 = 0.005; // of the largest logit
+    // One step of a float with `mantissa` bits at the magnitude of `x`.
+    let step = |x: f64, mantissa: i32| 2f64.powi(x.log2().floor() as i32 - mantissa);
     let mut report = Vec::new();
     for dir in model_fixtures() {
         let r = reference(&dir);
@@ -187,13 +192,14 @@ fn half_precision_matches_transformers_half_precision() {
                 name(&dir),
                 100.0 * d.max(ds) / scale
             ));
-            assert!(d.max(ds) <= TOLERANCE * scale, "{} {name_}: {d} / {ds} vs max |logit| {scale}", name(&dir));
+            let allowed = (TOLERANCE * scale).max(step(scale, if dtype == DType::Bf16 { 7 } else { 10 }));
+            assert!(d.max(ds) <= allowed, "{} {name_}: {d} / {ds} vs max |logit| {scale}", name(&dir));
         }
     }
     println!("{}", report.join("\n"));
 }
 
-/// Large CPU weights stored in column blocks for worker threads (runtime/src/parallel.rs)
+/// Large CPU weights stored in column blocks for worker threads (runtime/src/columns.rs)
 /// give the logits and tokens of whole weights.
 #[test]
 fn split_weights_equal_whole_weights() {

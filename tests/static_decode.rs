@@ -138,18 +138,18 @@ fn static_sampling_equals_eager_sampling() {
     assert_same(&eager, &fixed, &name(dir));
 }
 
+/// Static steps on 2 x 2 ranks (tensor x pipeline) decode as eager steps of one rank.
 #[test]
-fn static_steps_run_sharded() {
+fn static_steps_run_on_ranks() {
+    let Some(env) = headcount_integration::as_ranks("static_steps_run_on_ranks", 4) else { return };
     let dir = model_fixtures().into_iter().find(|d| name(d) == "glm-gqa4").expect("the glm-gqa4 fixture");
     let model = load(&dir);
     let prompts = padded_batch(&dir);
     let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
-    for tp in [2, 4] {
-        let sharded = Glm::load(&dir, &LoadOptions { tensor_parallel: tp, ..Default::default() }).unwrap();
-        let fixed = run(&sharded, &prompts, DecodeMode::Static, Sampling::greedy());
-        // Shards sum partial products in another order (tests/sharding.rs): same tolerance.
-        assert_same(&eager, &fixed, &format!("tp {tp}"));
-    }
+    let ranked = Glm::load_rank(&dir, &LoadOptions::default(), headcount_integration::join(&env, 2, 2)).unwrap();
+    let fixed = run(&ranked, &prompts, DecodeMode::Static, Sampling::greedy());
+    // Ranks sum partial products in another order: the same tolerance as assert_same's.
+    assert_same(&eager, &fixed, &format!("rank {} of 2 x 2", env.rank));
 }
 
 #[test]
@@ -203,21 +203,35 @@ fn a_short_generation_reuses_a_long_ones_decoder_when_it_asks_for_its_capacity()
 }
 
 /// With `Rounding::Fused` (o_proj and down_proj accumulate into the residual stream in
-/// place, rotation matrices), static steps equal eager ones in f32 on every fixture,
-/// unsharded and, where the residual cannot be fused, with 2 shards.
+/// place, rotation matrices), static steps equal eager ones in f32 on every fixture.
 #[test]
 fn fused_static_steps_equal_fused_eager_steps() {
     for dir in model_fixtures() {
-        for tp in [1, 2] {
-            let opts = LoadOptions { rounding: Rounding::Fused, tensor_parallel: tp, ..Default::default() };
-            let Ok(model) = Glm::load(&dir, &opts) else {
-                assert!(tp > 1, "{}: unsharded fused model did not load", name(&dir));
-                continue; // a layout that 2 shards cannot split (checked in tests/sharding.rs)
-            };
-            let prompts = padded_batch(&dir);
-            let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
-            let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());
-            assert_same(&eager, &fixed, &format!("{} fused, {tp} shards", name(&dir)));
+        let opts = LoadOptions { rounding: Rounding::Fused, ..Default::default() };
+        let model = Glm::load(&dir, &opts).unwrap();
+        let prompts = padded_batch(&dir);
+        let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
+        let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());
+        assert_same(&eager, &fixed, &format!("{} fused", name(&dir)));
+    }
+}
+
+/// Fused rounding over 2 tensor-parallel ranks, where the residual cannot be accumulated by
+/// the product: static steps still equal eager ones, on every fixture 2 ranks split.
+#[test]
+fn fused_static_steps_on_2_ranks() {
+    let Some(env) = headcount_integration::as_ranks("fused_static_steps_on_2_ranks", 2) else { return };
+    let mut parallel = headcount_integration::join(&env, 2, 1);
+    for dir in model_fixtures() {
+        if headcount_runtime::ShardPlan::new(&load(&dir).dims, 2, true, 1).is_err() {
+            continue; // a layout that 2 ranks cannot split (tests/parallel.rs)
         }
+        let opts = LoadOptions { rounding: Rounding::Fused, ..Default::default() };
+        let model = Glm::load_rank(&dir, &opts, parallel).unwrap();
+        let prompts = padded_batch(&dir);
+        let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
+        let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());
+        assert_same(&eager, &fixed, &format!("{} fused, 2 ranks", name(&dir)));
+        parallel = model.into_parallel();
     }
 }

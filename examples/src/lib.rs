@@ -31,7 +31,8 @@ pub struct AdditionGlm;
 )]
 pub struct Glm4_9B;
 
-/// A 4-layer GLM that replicates its 2 kv heads so that 4 shards can run it.
+/// A 4-layer GLM that replicates its 2 kv heads so that 4 tensor-parallel ranks can run it,
+/// and splits into 2 pipeline stages.
 #[derive(headcount::Architecture)]
 #[arch(
     family = glm,
@@ -46,6 +47,7 @@ pub struct Glm4_9B;
     pad_token_id = 0,
     eos_token_id = [1],
     tensor_parallel = [1, 2, 4],
+    pipeline_parallel = [1, 2],
     kv_replication = true,
 )]
 pub struct SmallGlmTp;

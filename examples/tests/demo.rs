@@ -33,7 +33,7 @@ fn tensor_parallel_example_matches_unsharded() {
     let out = Command::new(env!("CARGO_BIN_EXE_tensor-parallel")).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 2, "{text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
     for line in text.lines() {
         let diff: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(diff <= 1e-5, "{line}");

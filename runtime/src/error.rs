@@ -41,6 +41,12 @@ pub enum Error {
     InvalidArgument(String),
     #[error("tensor-parallel size {size} is not legal for this model: {reason}")]
     TensorParallel { size: usize, reason: String },
+    #[error("pipeline-parallel size {size} is not legal for this model: {reason}")]
+    PipelineParallel { size: usize, reason: String },
+    /// A failure of the ranks of a parallel run: rendezvous, a collective, a peer that died
+    /// or disagrees.
+    #[error("{0}")]
+    Parallel(String),
     #[error(
         "{what} would take {} in {dtype}, more than the {} of memory free for it ({read_from}): {advice}",
         gib(*need), gib(*free)

@@ -103,6 +103,10 @@ pub struct Generation {
     pub decode_seconds: f64,
     /// How the decode steps ran: `eager`, `static` or `cuda-graph` (see [`DecodeMode`]).
     pub decode_path: &'static str,
+    /// Of the prefill's and decode steps' time, what this rank spent in collectives (0 in a
+    /// run of one rank).
+    pub prefill_comm_seconds: f64,
+    pub decode_comm_seconds: f64,
     /// Why [`DecodeMode::Auto`] did not use a CUDA graph on a CUDA device, if it did not.
     pub decode_note: Option<String>,
     /// With [`GenerateOptions::return_logits`]: per chosen token, the f32 logits `[B, vocab]`
@@ -321,6 +325,7 @@ pub fn generate(
         None => Some((Rope::new(&model.dims, capacity, device)?, model.new_cache(b, capacity)?)),
     };
     let t0 = Instant::now();
+    let comm0 = model.parallel.comm_time();
     let ids = Tensor::f_from_slice(&flat)?.f_reshape([b as i64, longest as i64])?.f_to_device(device)?;
     let logits = {
         let (rope, cache) = state(&mut decoder, &mut eager)?;
@@ -336,6 +341,8 @@ pub fn generate(
     let mut last: Vec<i64> = Vec::<i64>::try_from(&next)?;
     out.prefill_tokens = prompts.iter().map(Vec::len).sum();
     out.prefill_seconds = t0.elapsed().as_secs_f64();
+    let comm1 = model.parallel.comm_time();
+    out.prefill_comm_seconds = (comm1 - comm0).as_secs_f64();
     // Decode steps multiply one row per prompt: the split weights run on our own worker
     // threads, and libtorch's pool must not spin on the same cores meanwhile (measured:
     // 12-layer shape, 30 ms a step with its 2 threads, 20 ms with 1).
@@ -404,6 +411,7 @@ pub fn generate(
         out.decode_tokens += done.iter().filter(|&&d| !d).count();
     }
     out.decode_seconds = t1.elapsed().as_secs_f64();
+    out.decode_comm_seconds = (model.parallel.comm_time() - comm1).as_secs_f64();
     out.decode_path = path.name();
     out.decode_note = note;
     if let Some(d) = decoder {
@@ -445,16 +453,15 @@ impl Path {
 /// CUDA device.
 fn choose_path(model: &Glm, mode: DecodeMode) -> Result<(Path, Option<String>)> {
     let device = model.device();
-    let one_device = model.shards.iter().all(|s| s.device == device);
     let graph_ok = || -> Result<()> {
         if !matches!(device, Device::Cuda(_)) {
             return Err(Error::InvalidArgument(format!(
                 "CUDA graphs need a CUDA device, and this model is on {device:?}: use --decode eager or static"
             )));
         }
-        if !one_device {
+        if model.parallel.size() > 1 {
             return Err(Error::InvalidArgument(
-                "CUDA graphs need the whole model on one GPU, and its shards are on several".to_owned(),
+                "CUDA graphs are not captured around collectives: a run of several ranks decodes eagerly".to_owned(),
             ));
         }
         crate::cuda_graph::available()

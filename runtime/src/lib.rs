@@ -1,6 +1,7 @@
 //! The GLM runtime of headcount on libtorch (`tch`).
 
 pub mod checkpoint;
+pub mod columns;
 pub mod cuda_graph;
 pub mod device;
 pub mod error;
@@ -8,15 +9,14 @@ pub mod generate;
 pub mod model;
 pub mod op_count;
 pub mod parallel;
-pub mod shard;
 pub mod text;
 pub mod typed;
 
 pub use device::{DType, parse_device};
 pub use error::{Error, Result};
 pub use generate::{DecodeMode, GenerateOptions, Generation, Sampling, generate, keep_freed_memory, logits};
-pub use model::{Dims, Glm, KvCache, LoadOptions, Rounding, Step, WeightLayout};
-pub use shard::ShardPlan;
+pub use model::{Dims, Glm, KvCache, LoadOptions, Rounding, Step, WeightLayout, rank_parameter_count};
+pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
 pub use text::{StreamDecoder, TextCodec};
 pub use typed::Model;
 

@@ -8,9 +8,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use headcount::Config;
+use headcount_runtime::parallel::launch::LaunchOptions;
 use headcount_runtime::{
-    DType, DecodeMode, Error, GenerateOptions, Glm, LoadOptions, Result, Sampling, StreamDecoder, TextCodec,
-    WeightLayout, generate, logits, parse_device,
+    DType, DecodeMode, Error, GenerateOptions, Glm, LoadOptions, Parallel, RankEnv, Result, Sampling, StreamDecoder,
+    TextCodec, Timeouts, WeightLayout, generate, logits, parse_device,
 };
 
 #[derive(Parser)]
@@ -83,8 +84,6 @@ struct CountOpsArgs {
     dtype: String,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
-    tensor_parallel: usize,
     /// auto, eager, static or cuda-graph (a graph's step is counted as the static step it
     /// replays).
     #[arg(long, default_value = "auto")]
@@ -108,9 +107,8 @@ struct ModelArgs {
     /// f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     dtype: String,
-    /// Tensor-parallel shards (on CPU: shards in one process; with several GPUs: one per GPU).
-    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
-    tensor_parallel: usize,
+    #[command(flatten)]
+    parallel: ParallelArgs,
     /// Round where transformers does (bit-equal bf16) or fused (fewer roundings and GPU
     /// kernels).
     #[arg(long, default_value = "transformers")]
@@ -119,6 +117,28 @@ struct ModelArgs {
     /// once faster in f32 on CPU.
     #[arg(long, default_value = "auto")]
     weight_layout: String,
+}
+
+/// How many ranks run the model, and how long they wait for each other.
+#[derive(Args, Clone, Copy)]
+struct ParallelArgs {
+    /// Tensor-parallel ranks per pipeline stage: processes that split every layer (one per
+    /// GPU with --device cuda; on CPU the threads are divided between them).
+    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
+    tensor_parallel: usize,
+    /// Pipeline stages: processes holding contiguous blocks of layers.
+    #[arg(long = "pp", default_value_t = 1, value_name = "N")]
+    pipeline_parallel: usize,
+    /// Seconds a rank waits for another before giving up (a rank that dies is noticed at
+    /// once; the other ranks stop within this).
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    rank_timeout: u64,
+}
+
+impl ParallelArgs {
+    fn world(&self) -> usize {
+        self.tensor_parallel.saturating_mul(self.pipeline_parallel)
+    }
 }
 
 #[derive(Args)]
@@ -174,11 +194,12 @@ struct BenchArgs {
     device: String,
     #[arg(long, default_value = "f32")]
     dtype: String,
-    /// CPU threads for libtorch (default: libtorch's choice).
+    /// CPU threads for libtorch, per rank (default: libtorch's choice, or the CPU's threads
+    /// divided between the ranks).
     #[arg(long)]
     threads: Option<i32>,
-    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
-    tensor_parallel: usize,
+    #[command(flatten)]
+    parallel: ParallelArgs,
     /// Timed repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -208,6 +229,11 @@ fn main() -> ExitCode {
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    // A rank started by `headcount --tp/--pp` gets its share of the CPU's threads.
+    if let Some(t) = std::env::var("HEADCOUNT_RANK_THREADS").ok().and_then(|t| t.parse::<i32>().ok()).filter(|&t| t > 0)
+    {
+        tch::set_num_threads(t);
+    }
     if let Command::Bench(BenchArgs { trace: Some(_), .. }) = &cli.command {
         // Kineto, libtorch's profiler, reads its settings from the environment. Without a
         // GPU it logs an error for the device count it cannot read (the level keeps stderr
@@ -231,6 +257,19 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(cli: &Cli) -> Result<ExitCode> {
+    let parallel = match &cli.command {
+        Command::Run(a) => Some((a.model.parallel, a.model.device.as_str())),
+        Command::Logits { model, .. } => Some((model.parallel, model.device.as_str())),
+        Command::Bench(b) => Some((b.parallel, b.device.as_str())),
+        _ => None,
+    };
+    if let Some((p, device)) = parallel
+        && p.world() > 1
+        && RankEnv::from_env()?.is_none()
+    {
+        precheck(&cli.command, &p)?;
+        return launch(&p, device);
+    }
     match &cli.command {
         Command::Check { config, tensor_parallel, pipeline_parallel } => {
             check(config, tensor_parallel, pipeline_parallel)
@@ -303,31 +342,80 @@ fn declare(path: &Path, name: &str) -> Result<ExitCode> {
 }
 
 fn load(m: &ModelArgs, quiet: bool) -> Result<Glm> {
-    let dtype: DType = m.dtype.parse()?;
-    let device = parse_device(&m.device)?;
-    let devices = shard_devices(device, m.tensor_parallel);
+    let parallel = join(&m.parallel)?;
     let opts = LoadOptions {
-        dtype,
-        devices,
-        tensor_parallel: m.tensor_parallel,
+        dtype: m.dtype.parse()?,
+        device: rank_device(parse_device(&m.device)?, &parallel),
         progress_above_bytes: if quiet { None } else { Some(200 << 20) },
         rounding: m.rounding.parse()?,
         weight_layout: m.weight_layout.parse()?,
         ..Default::default()
     };
-    Glm::load(&m.model, &opts)
+    Glm::load_rank(&m.model, &opts, parallel)
 }
 
-/// With several GPUs, one shard per GPU starting at the one asked for; otherwise all shards
-/// on the one device.
-fn shard_devices(device: tch::Device, tp: usize) -> Vec<tch::Device> {
-    match device {
-        tch::Device::Cuda(first) if tp > 1 => {
-            let n = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
-            (0..tp.min(n.saturating_sub(first)).max(1)).map(|i| tch::Device::Cuda(first + i)).collect()
+/// This process's place in the run: a rank of the run its environment describes (started
+/// by `launch`, by torchrun or by hand), or the whole run.
+fn join(p: &ParallelArgs) -> Result<Parallel> {
+    match RankEnv::from_env()? {
+        Some(env) if env.world_size > 1 || p.world() > 1 => {
+            let timeouts =
+                Timeouts { wait: std::time::Duration::from_secs(p.rank_timeout.max(1)), ..Timeouts::default() };
+            Parallel::join(&env, p.tensor_parallel, p.pipeline_parallel, timeouts)
         }
-        d => vec![d],
+        _ => Ok(Parallel::single()),
     }
+}
+
+/// A rank's GPU: the one asked for plus its local rank, so the ranks of one machine take
+/// one GPU each.
+fn rank_device(device: tch::Device, p: &Parallel) -> tch::Device {
+    match device {
+        tch::Device::Cuda(first) if p.size() > 1 => tch::Device::Cuda(first + p.local_rank),
+        d => d,
+    }
+}
+
+/// Checks the sizes a parallel run asks for before any rank starts, so an illegal one is one
+/// error, not one per rank.
+fn precheck(command: &Command, p: &ParallelArgs) -> Result<()> {
+    headcount_runtime::parallel::group::available()?;
+    let config = match command {
+        Command::Run(a) => Config::from_file(a.model.model.join("config.json"))?,
+        Command::Logits { model, .. } => Config::from_file(model.model.join("config.json"))?,
+        Command::Bench(b) => match (&b.model, &b.config) {
+            (Some(dir), _) => Config::from_file(dir.join("config.json"))?,
+            (None, Some(path)) => {
+                let mut c = Config::from_file(path)?;
+                if let Some(l) = b.layers {
+                    c.num_hidden_layers = l;
+                }
+                c
+            }
+            (None, None) => return Err(Error::InvalidArgument("give --model or --config".to_owned())),
+        },
+        _ => return Ok(()),
+    };
+    let dims = headcount_runtime::Dims::new(&config)?;
+    headcount_runtime::ShardPlan::new(&dims, p.tensor_parallel, true, 1)?;
+    headcount_runtime::parallel::plan::check_pipeline(&dims, p.pipeline_parallel, true)?;
+    Ok(())
+}
+
+/// Runs this command again as `--tp x --pp` local ranks and waits for them.
+fn launch(p: &ParallelArgs, device: &str) -> Result<ExitCode> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Parallel(format!("cannot find this program to start its ranks: {e}")))?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let world = p.world();
+    let cpu = !device.starts_with("cuda");
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let opts = LaunchOptions {
+        world,
+        threads_per_rank: cpu.then(|| (threads / world).max(1)),
+        grace: std::time::Duration::from_secs(p.rank_timeout.max(1)),
+    };
+    Ok(ExitCode::from(headcount_runtime::parallel::launch::run_local(&exe, &args, &opts)?))
 }
 
 fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
@@ -366,6 +454,10 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     let room = model.dims.max_positions.saturating_sub(ids.len());
     let max_new_tokens = a.max_new_tokens.unwrap_or(64.min(room));
     let opts = GenerateOptions { max_new_tokens, sampling, eos_token_ids: eos.clone(), decode, ..Default::default() };
+    let job = format!("ids {ids:?}, {max_new_tokens} new tokens, {:?}, decode {}", opts.sampling, decode.name());
+    model.parallel.agree("job", &[("generation", job)])?;
+    // One rank speaks for the run.
+    let speaks = model.parallel.rank == 0;
     let mut stdout = std::io::stdout();
     let mut stream = StreamDecoder::new();
     let mut first = true;
@@ -377,10 +469,16 @@ fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
             _ => format!("{}{id}", if first { "" } else { "," }),
         };
         first = false;
+        if !speaks {
+            return;
+        }
         if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
             write_err.get_or_insert(e);
         }
     })?;
+    if !speaks {
+        return Ok(ExitCode::SUCCESS);
+    }
     println!();
     if let Some(e) = write_err {
         return Err(Error::Io { path: PathBuf::from("<stdout>"), source: e });
@@ -418,9 +516,13 @@ fn write_logits(m: &ModelArgs, ids: &[i64], out: &Path, quiet: bool) -> Result<E
     if ids.is_empty() {
         return Err(Error::InvalidArgument("--ids is empty".to_owned()));
     }
-    let partial = partial_beside(out)?;
+    // Rank 0 writes the file; the others compute their part.
+    let writes = RankEnv::from_env()?.is_none_or(|env| env.rank == 0);
+    let partial = if writes { Some(partial_beside(out)?) } else { None };
     let model = load(m, quiet)?;
+    model.parallel.agree("job", &[("logits of", format!("{ids:?}"))])?;
     let l = logits(&model, ids)?.f_to_device(tch::Device::Cpu)?;
+    let Some(partial) = partial else { return Ok(ExitCode::SUCCESS) };
     if let Err(e) = tch::Tensor::write_safetensors(&[("logits", &l)], &partial) {
         let _ = std::fs::remove_file(&partial);
         return Err(Error::Io { path: out.to_owned(), source: std::io::Error::other(e.to_string()) });
@@ -444,26 +546,29 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     }
     let dtype: DType = b.dtype.parse()?;
     let decode: DecodeMode = b.decode.parse()?;
+    if b.trace.is_some() && b.parallel.world() > 1 {
+        return Err(Error::InvalidArgument("--trace profiles a run of one rank: leave out --tp and --pp".to_owned()));
+    }
     let partial_trace = b.trace.as_deref().map(partial_beside).transpose()?;
     let weight_layout: WeightLayout = b.weight_layout.parse()?;
-    let device = parse_device(&b.device)?;
+    let parallel = join(&b.parallel)?;
+    let device = rank_device(parse_device(&b.device)?, &parallel);
     let opts = LoadOptions {
         dtype,
-        devices: shard_devices(device, b.tensor_parallel),
-        tensor_parallel: b.tensor_parallel,
-        progress_above_bytes: if quiet { None } else { Some(200 << 20) },
+        device,
+        progress_above_bytes: if quiet || parallel.rank != 0 { None } else { Some(200 << 20) },
         weight_layout,
         rounding: b.rounding.parse()?,
         ..Default::default()
     };
     let model = match (&b.model, &b.config) {
-        (Some(dir), _) => Glm::load(dir, &opts)?,
+        (Some(dir), _) => Glm::load_rank(dir, &opts, parallel)?,
         (None, Some(path)) => {
             let mut c = Config::from_file(path)?;
             if let Some(l) = b.layers {
                 c.num_hidden_layers = l;
             }
-            Glm::random(&c, &opts, 0)?
+            Glm::random_rank(&c, &opts, parallel, 0)?
         }
         (None, None) => return Err(Error::InvalidArgument("give --model or --config".to_owned())),
     };
@@ -517,11 +622,14 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     peak_device(true);
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut comm = Vec::new();
     let mut path = ("", None);
     for _ in 0..b.repeat {
         let g = generate(&model, &prompts, &gen_opts, |_, _| {})?;
         prefill.push(g.prefill_tokens_per_second());
         decode.push(g.decode_tokens_per_second());
+        comm.push(g.decode_comm_seconds / (g.decode_steps.max(1) as f64));
+        comm.push(g.decode_comm_seconds / g.decode_seconds.max(1e-9));
         path = (g.decode_path, g.decode_note);
     }
     let median = |v: &mut Vec<f64>| {
@@ -530,6 +638,20 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     };
     let peak_rss = peak_rss_bytes();
     let peak_device_bytes = peak_device(false);
+    // Every rank's resident memory and parameters, for rank 0's report.
+    let mine = [peak_rss.map_or(-1, |b| b as i64), model.parameter_count()];
+    let ranks = model.parallel.world.all_gather(&tch::Tensor::f_from_slice(&mine)?, 0)?;
+    let ranks: Vec<i64> = Vec::<i64>::try_from(&ranks)?;
+    if model.parallel.rank != 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let per_rank: Vec<serde_json::Value> = ranks
+        .chunks(2)
+        .map(|r| serde_json::json!({"peak_rss_bytes": (r[0] >= 0).then_some(r[0]), "parameters": r[1]}))
+        .collect();
+    // Per timed run: collective seconds per decode step, then their share of decode time.
+    let (mut comm_per_step, mut comm_share): (Vec<f64>, Vec<f64>) =
+        (comm.iter().step_by(2).copied().collect(), comm.iter().skip(1).step_by(2).copied().collect());
     // The memory bound of a decode step: every weight read once (the embedding only a row
     // of, unless tied to lm_head) at the device's copy bandwidth, counted read plus write.
     let bandwidth = copy_bandwidth(device)?;
@@ -550,7 +672,11 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
         "batch": b.batch,
         "prompt_len": b.prompt_len,
         "new_tokens": b.new_tokens,
-        "tensor_parallel": b.tensor_parallel,
+        "tensor_parallel": model.parallel.tp,
+        "pipeline_parallel": model.parallel.pp,
+        "ranks": per_rank,
+        "decode_collective_ms_per_step": median(&mut comm_per_step) * 1e3,
+        "decode_collective_share": median(&mut comm_share),
         "prefill_tokens_per_s": median(&mut prefill),
         "decode_tokens_per_s": decode_median,
         "decode_path": path.0,
@@ -595,13 +721,7 @@ fn count_ops(a: &CountOpsArgs) -> Result<ExitCode> {
     let device = parse_device(&a.device)?;
     let dtype: DType = a.dtype.parse()?;
     let decode: DecodeMode = a.decode.parse()?;
-    let opts = LoadOptions {
-        dtype,
-        devices: shard_devices(device, a.tensor_parallel),
-        tensor_parallel: a.tensor_parallel,
-        rounding: a.rounding.parse()?,
-        ..Default::default()
-    };
+    let opts = LoadOptions { dtype, device, rounding: a.rounding.parse()?, ..Default::default() };
     let p = headcount_runtime::op_count::decode_profile(&config, &opts, decode, a.batch)?;
     let layers = a.layers.unwrap_or(config.num_hidden_layers);
     let too_many = || Error::InvalidArgument(format!("--layers {layers}: the step's count does not fit in 64 bits"));
@@ -612,7 +732,6 @@ fn count_ops(a: &CountOpsArgs) -> Result<ExitCode> {
         "rounding": opts.rounding.name(),
         "decode_path": p.decode_path,
         "batch": p.batch,
-        "tensor_parallel": a.tensor_parallel,
         "layers": layers,
         "step_calls": calls,
         "step_leaves": leaves,

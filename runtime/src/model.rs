@@ -1,7 +1,8 @@
 //! The GLM and GLM-4 causal language models, in the order data flows: config view, rotary
 //! embedding (interleaved, partial), attention, MLP, decoder layer, model, LM head.
 //!
-//! Weights are held per tensor-parallel shard; an unsharded model is one shard. Every
+//! A model is the part of the weights one rank holds (parallel layers, see
+//! [`crate::parallel`]); a run of one rank holds them all. Every
 //! projection keeps its weight transposed (`[in, out]`, contiguous) so a decode step is a
 //! row-vector times matrix product, the fast form on CPU (docs/PERFORMANCE.md). q, k and v
 //! are fused into one projection.
@@ -14,7 +15,10 @@ use tch::{Device, Kind, Tensor};
 use crate::checkpoint::Checkpoint;
 use crate::device::DType;
 use crate::error::{Error, Result, named_choices};
-use crate::shard::ShardPlan;
+use crate::parallel::group::ProcessGroup;
+use crate::parallel::layers::{ColumnParallel, ParallelLmHead, RowParallel, VocabParallelEmbedding};
+use crate::parallel::plan::ShardPlan;
+use crate::parallel::world::Parallel;
 
 /// The activations of `hidden_act` the runtime implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,14 +293,14 @@ impl Linear {
     /// says. `parts` are `[in, out]` either way: for [`WeightLayout::OutIn`], one
     /// transposed view of `w`, which `matmul` and `addmm` hand to BLAS as the transposed
     /// variant (what `linear` does).
-    fn new(w: &Tensor, b: Option<Tensor>, threads: Option<usize>, layout: WeightLayout) -> Result<Linear> {
+    pub(crate) fn new(w: &Tensor, b: Option<Tensor>, threads: Option<usize>, layout: WeightLayout) -> Result<Linear> {
         debug_assert_ne!(layout, WeightLayout::Auto, "resolved by `build` for the shard's device");
         if layout == WeightLayout::OutIn {
             return Ok(Linear { parts: vec![w.f_contiguous()?.f_transpose(0, 1)?], b });
         }
         let wt = w.f_transpose(0, 1)?.f_contiguous()?;
         let bytes = wt.numel() * wt.kind().elt_size_in_bytes();
-        let parts = crate::parallel::split_columns(&wt, crate::parallel::blocks_for(bytes, wt.device(), threads))?;
+        let parts = crate::columns::split_columns(&wt, crate::columns::blocks_for(bytes, wt.device(), threads))?;
         Ok(Linear { parts, b })
     }
 
@@ -312,13 +316,13 @@ impl Linear {
     /// largest) away from transformers' bf16 logits. For f32 on CPU, where the second
     /// rounding is invisible, `matmul` then an in-place add is faster for one-row inputs
     /// (measured).
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if let (Some(b), [w]) = (&self.b, self.parts.as_slice())
             && (x.device().is_cuda() || x.kind() != Kind::Float)
         {
             return addmm_rows(x, w, b);
         }
-        let mut y = crate::parallel::matmul(x, &self.parts)?;
+        let mut y = crate::columns::matmul(x, &self.parts)?;
         if let Some(b) = &self.b {
             let _ = y.f_add_(b)?;
         }
@@ -328,7 +332,7 @@ impl Linear {
     /// `acc += x @ wt + b`, in place: one `addmm_` (the product accumulates into `acc` and
     /// rounds once) for a whole weight without bias, else the product then an in-place add.
     /// `acc` is `[.., out]` and contiguous.
-    fn add_into(&self, x: &Tensor, acc: &Tensor) -> Result<()> {
+    pub(crate) fn add_into(&self, x: &Tensor, acc: &Tensor) -> Result<()> {
         if let (None, [w]) = (&self.b, self.parts.as_slice()) {
             let (inputs, outputs) = w.size2()?;
             let _ = acc.f_view([-1, outputs])?.f_addmm_(&x.f_reshape([-1, inputs])?, w)?;
@@ -338,7 +342,7 @@ impl Linear {
         Ok(())
     }
 
-    fn numel(&self) -> i64 {
+    pub(crate) fn numel(&self) -> i64 {
         let w: usize = self.parts.iter().map(Tensor::numel).sum();
         // cannot wrap: element counts of allocated tensors fit i64.
         (w + self.b.as_ref().map_or(0, Tensor::numel)) as i64
@@ -356,51 +360,11 @@ fn addmm_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(b.f_addmm(&rows, w)?.f_view(shape.as_slice())?)
 }
 
-/// Rows `idx` of the matrix whose transpose is stored as the column blocks `parts`
-/// (a tied embedding read from lm_head): [len(idx), in].
-fn lookup_columns(parts: &[Tensor], idx: &Tensor) -> Result<Tensor> {
-    if let [one] = parts {
-        return Ok(one.f_index_select(1, idx)?.f_transpose(0, 1)?);
-    }
-    let mut acc = None;
-    let mut start = 0;
-    for p in parts {
-        let width = p.size2()?.1;
-        let rows = lookup_in_range(idx, start, width, |local| Ok(p.f_index_select(1, local)?.f_transpose(0, 1)?))?;
-        acc = Some(sum_into(acc, rows)?);
-        start += width;
-    }
-    acc.ok_or_else(|| Error::InvalidArgument("a projection with no weights".to_owned()))
-}
-
-/// Rows for the ids in `[start, start + width)` of a table that holds only that range
-/// (`rows_of` gets ids relative to `start`); zero rows for every other id. Summed over the
-/// tables of every range, this is the lookup in the whole table.
-fn lookup_in_range(
-    idx: &Tensor,
-    start: i64,
-    width: i64,
-    rows_of: impl FnOnce(&Tensor) -> Result<Tensor>,
-) -> Result<Tensor> {
-    let local = idx.f_sub_scalar(start)?;
-    let valid = local.f_ge(0)?.f_logical_and(&local.f_lt(width)?)?;
-    let rows = rows_of(&local.f_clamp(0, width - 1)?)?;
-    Ok(rows.f_mul(&valid.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?)
-}
-
 /// The `N` tensors of a split.
 fn array<const N: usize>(parts: Vec<Tensor>) -> Result<[Tensor; N]> {
     let got = parts.len();
     <[Tensor; N]>::try_from(parts)
         .map_err(|_| Error::InvalidArgument(format!("a split gave {got} parts where {N} were expected")))
-}
-
-/// `acc + t`, or `t` for the first term.
-fn sum_into(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
-    Ok(match acc {
-        None => t,
-        Some(a) => a.f_add(&t)?,
-    })
 }
 
 /// RMSNorm as transformers computes it: normalized in f32, cast to the input dtype, then
@@ -420,50 +384,35 @@ fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, rounding: Rounding) -> Result
     Ok(weight.f_mul(&x.f_rms_norm([last], None::<&Tensor>, eps)?)?)
 }
 
-/// One shard's weights of one decoder layer (the norms live in [`Norms`]).
-pub struct Layer {
-    pub qkv: Linear,
-    pub o: Linear,
-    pub gate_up: Linear,
-    pub down: Linear,
-}
-
-/// The replicated norms of one decoder layer.
-pub struct Norms {
-    pub input: Tensor,
-    pub post_attention: Tensor,
-    /// GLM-4 only.
-    pub post_self_attn: Option<Tensor>,
-    /// GLM-4 only.
-    pub post_mlp: Option<Tensor>,
-}
-
-/// The weights one tensor-parallel shard holds.
-pub struct Shard {
-    pub device: Device,
-    pub index: usize,
-    /// Embedding rows of this shard's vocabulary range, or `None` when tied (then the
-    /// lookup reads `lm_head`'s columns).
-    pub embed: Option<Tensor>,
-    /// `lm_head.weight` transposed: [hidden, vocab_per_shard].
-    pub lm_head: Linear,
-    pub layers: Vec<Layer>,
+/// Multi-head attention with grouped kv heads: q/k/v one column-parallel projection (this
+/// rank's whole heads), o_proj row-parallel.
+pub struct Attention {
+    pub qkv: ColumnParallel,
+    pub o: RowParallel,
+    /// Query and kv heads of this rank.
     pub heads: i64,
     pub kv_heads: i64,
-    pub intermediate: i64,
-    pub vocab_start: i64,
-    pub vocab_len: i64,
 }
 
-impl Shard {
-    /// Parameters held (including replicated kv heads and vocabulary padding).
-    pub fn parameter_count(&self) -> i64 {
-        let mut n = self.lm_head.numel() + self.embed.as_ref().map_or(0, |e| e.numel() as i64);
-        for l in &self.layers {
-            n += l.qkv.numel() + l.o.numel() + l.gate_up.numel() + l.down.numel();
-        }
-        n
-    }
+/// The gated MLP: gate and up one column-parallel projection (matching halves), down
+/// row-parallel.
+pub struct Mlp {
+    pub gate_up: ColumnParallel,
+    pub down: RowParallel,
+    /// Intermediate channels of this rank.
+    pub intermediate: i64,
+}
+
+/// One decoder layer with its norms (replicated on every rank of its stage).
+pub struct DecoderLayer {
+    pub input_layernorm: Tensor,
+    pub self_attn: Attention,
+    /// GLM-4 only: the attention output normalized before the residual add.
+    pub post_self_attn_layernorm: Option<Tensor>,
+    pub post_attention_layernorm: Tensor,
+    pub mlp: Mlp,
+    /// GLM-4 only: the MLP output normalized before the residual add.
+    pub post_mlp_layernorm: Option<Tensor>,
 }
 
 /// Per-step inputs shared by every layer: rotary tables gathered at the step's positions,
@@ -487,46 +436,58 @@ pub struct Step {
     pub slot: Option<Tensor>,
 }
 
-/// The key/value cache of one generation: per shard, per layer, one tensor
-/// `[B, 2 * kv, capacity, D]` holding the keys' heads then the values' heads, allocated once.
-/// Keys and values sit side by side as they leave the q/k/v projection, so one write a step
+/// The key/value cache of one generation on this rank: per layer of its stage, one tensor
+/// `[B, 2 * kv, capacity, D]` holding its kv heads' keys then values, allocated once. Keys
+/// and values sit side by side as they leave the q/k/v projection, so one write a step
 /// stores both.
 pub struct KvCache {
-    pub kv: Vec<Vec<Tensor>>,
+    pub kv: Vec<Tensor>,
     pub capacity: i64,
     pub len: i64,
 }
 
-/// A GLM or GLM-4 causal LM, split into one or more shards.
+/// A GLM or GLM-4 causal LM: the part one rank holds (all of it in a run of one rank).
 pub struct Glm {
     pub dims: Dims,
+    /// How the tensor-parallel ranks split the weights.
     pub plan: ShardPlan,
+    /// The layers of this rank's pipeline stage (global layer indices).
+    pub stage_layers: std::ops::Range<usize>,
     pub dtype: DType,
     pub rounding: Rounding,
     /// The layout the projection weights got (`LoadOptions::weight_layout` resolved for
-    /// shard 0's device: never `Auto`).
+    /// the device: never `Auto`).
     pub weight_layout: WeightLayout,
-    pub shards: Vec<Shard>,
-    pub norms: Vec<Norms>,
-    pub final_norm: Tensor,
+    pub device: Device,
+    /// First stage only.
+    pub embed_tokens: Option<VocabParallelEmbedding>,
+    pub layers: Vec<DecoderLayer>,
+    /// Last stage only: the final norm and lm_head.
+    pub norm: Option<Tensor>,
+    pub lm_head: Option<ParallelLmHead>,
+    /// This rank's place in the run and its groups.
+    pub parallel: Parallel,
     /// The static-shape decoder of the last generation (its cache, device buffers and CUDA
     /// graph), kept for the next one with the same batch and capacity.
     pub(crate) decoder: std::sync::Mutex<Option<crate::generate::StaticDecoder>>,
 }
 
-/// How to load or build a model.
+/// How to load or build a model. The tensor- and pipeline-parallel sizes are the run's
+/// ([`Parallel`]); these say what the declaration allows.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub dtype: DType,
-    /// Devices the shards are placed on, round robin (one entry for an unsharded model).
-    pub devices: Vec<Device>,
-    pub tensor_parallel: usize,
+    /// The device this rank's weights are placed on.
+    pub device: Device,
     pub kv_replication: bool,
     pub vocab_padding: usize,
+    /// Pipeline stages of unequal layer counts are allowed (see
+    /// [`crate::parallel::plan::stage_layers`]).
+    pub uneven_pipeline: bool,
     /// Print loading progress to stderr for checkpoints above this many bytes.
     pub progress_above_bytes: Option<usize>,
     /// Column blocks for large CPU weights (one per thread that multiplies them); `None`:
-    /// libtorch's thread count at load time. See [`crate::parallel`].
+    /// libtorch's thread count at load time. See [`crate::columns`].
     pub cpu_threads: Option<usize>,
     /// How projection weights are laid out in memory (see [`WeightLayout`]).
     pub weight_layout: WeightLayout,
@@ -592,10 +553,10 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             dtype: DType::F32,
-            devices: vec![Device::Cpu],
-            tensor_parallel: 1,
+            device: Device::Cpu,
             kv_replication: true,
             vocab_padding: 1,
+            uneven_pipeline: true,
             progress_above_bytes: Some(200 << 20),
             cpu_threads: None,
             weight_layout: WeightLayout::Auto,
@@ -727,14 +688,19 @@ pub(crate) fn check_cpu_memory(
 }
 
 impl Glm {
-    /// Loads `dir/config.json` and the checkpoint beside it.
+    /// Loads `dir/config.json` and the checkpoint beside it, as a run of one rank.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Glm> {
-        let config = Config::from_file(dir.join("config.json"))?;
-        Glm::load_with_config(dir, &config, opts)
+        Glm::load_rank(dir, opts, Parallel::single())
     }
 
-    /// Loads a checkpoint with an already-read config.
-    pub fn load_with_config(dir: &Path, config: &Config, opts: &LoadOptions) -> Result<Glm> {
+    /// Loads this rank's part of the checkpoint in `dir` (all of it for a run of one).
+    pub fn load_rank(dir: &Path, opts: &LoadOptions, parallel: Parallel) -> Result<Glm> {
+        let config = Config::from_file(dir.join("config.json"))?;
+        Glm::load_with_config(dir, &config, opts, parallel)
+    }
+
+    /// Loads this rank's part of a checkpoint with an already-read config.
+    pub fn load_with_config(dir: &Path, config: &Config, opts: &LoadOptions, parallel: Parallel) -> Result<Glm> {
         let dims = Dims::new(config)?;
         let ckpt = Checkpoint::open(dir)?;
         // No rule bounds num_hidden_layers: before listing every weight, name the first layer
@@ -762,180 +728,225 @@ impl Glm {
             ckpt.check(&name, &shape)?;
         }
         let total = ckpt.total_bytes();
-        let enabled = opts.progress_above_bytes.is_some_and(|b| total > b);
+        parallel.agree(
+            "model",
+            &Glm::fingerprint(&dims, opts, &format!("{} tensors, {total} bytes", ckpt.tensors.len())),
+        )?;
+        let enabled = parallel.rank == 0 && opts.progress_above_bytes.is_some_and(|b| total > b);
         let mut src = (&ckpt, Progress { total, done: 0, shown: 0, enabled });
-        Glm::build(dims, opts, &mut src)
+        Glm::build(dims, opts, parallel, &mut src)
     }
 
-    /// A model with seeded random weights (benchmarks, shapes without a checkpoint).
+    /// A model with seeded random weights (benchmarks, shapes without a checkpoint), as a
+    /// run of one rank.
     pub fn random(config: &Config, opts: &LoadOptions, seed: i64) -> Result<Glm> {
-        let dims = Dims::new(config)?;
-        Glm::build(dims, opts, &mut RandomSource { seed })
+        Glm::random_rank(config, opts, Parallel::single(), seed)
     }
 
-    fn build(dims: Dims, opts: &LoadOptions, src: &mut dyn WeightSource) -> Result<Glm> {
+    /// This rank's part of a model with seeded random weights: the slices of the same
+    /// tensors a run of one rank draws.
+    pub fn random_rank(config: &Config, opts: &LoadOptions, parallel: Parallel, seed: i64) -> Result<Glm> {
+        let dims = Dims::new(config)?;
+        parallel.agree("model", &Glm::fingerprint(&dims, opts, &format!("random weights, seed {seed}")))?;
+        Glm::build(dims, opts, parallel, &mut RandomSource { seed })
+    }
+
+    /// What every rank of a run must agree on before loading: the config, the weights and
+    /// the options that shape the computation.
+    fn fingerprint(dims: &Dims, opts: &LoadOptions, weights: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("config", dims.config.to_value().to_string()),
+            ("weights", weights.to_owned()),
+            ("dtype", opts.dtype.name().to_owned()),
+            ("rounding", opts.rounding.name().to_owned()),
+            ("kv_replication", opts.kv_replication.to_string()),
+            ("vocab_padding", opts.vocab_padding.to_string()),
+            ("uneven_pipeline", opts.uneven_pipeline.to_string()),
+        ]
+    }
+
+    fn build(dims: Dims, opts: &LoadOptions, parallel: Parallel, src: &mut dyn WeightSource) -> Result<Glm> {
         let _guard = tch::no_grad_guard();
-        if opts.devices.is_empty() {
-            return Err(Error::InvalidArgument("no device given".to_owned()));
-        }
-        // The unsharded weights: a lower bound of what the shards hold.
-        if opts.devices.iter().all(|d| *d == Device::Cpu) {
-            let need = dims.weight_bytes(opts.dtype.kind());
-            let advice = "use fewer layers or a smaller dtype, or free memory";
+        let plan = ShardPlan::new(&dims, parallel.tp, opts.kv_replication, opts.vocab_padding)?;
+        crate::parallel::plan::check_pipeline(&dims, parallel.pp, opts.uneven_pipeline)?;
+        let stage_layers = crate::parallel::plan::stage_layers(dims.layers, parallel.pp, parallel.stage);
+        let (first, last) = (parallel.is_first_stage(), parallel.is_last_stage());
+        if opts.device == Device::Cpu {
+            let need = rank_parameter_count(&dims, &plan, stage_layers.len(), first, last)
+                .saturating_mul(opts.dtype.kind().elt_size_in_bytes() as u64);
+            let advice = "use fewer layers, a smaller dtype or more ranks, or free memory";
             check_cpu_memory(|| "the weights".to_owned(), need, opts.dtype, advice)?;
         }
-        let plan = ShardPlan::new(&dims, opts.tensor_parallel, opts.kv_replication, opts.vocab_padding)?;
         let kind = opts.dtype.kind();
-        let dev0 = opts.devices[0]; // cannot fire: checked non-empty above
+        let dev = opts.device;
+        let layout = opts.weight_layout.resolve(opts.dtype, dev);
         let shapes: std::collections::HashMap<String, Vec<i64>> = dims.weight_shapes().into_iter().collect();
         let shape = |n: &str| shapes.get(n).cloned().unwrap_or_default();
         let d = dims.head_dim;
+        let s = parallel.tp_rank;
+        let (qh, kvh, inter) = (plan.q_heads(s), plan.kv_heads(s), plan.intermediate(s));
+        let linear = |w: &Tensor, b: Option<Tensor>| Linear::new(w, b, opts.cpu_threads, layout);
 
-        // Grown as tensors are made, not reserved for `dims.layers` up front: on a CUDA device
-        // (no memory check) an absurd layer count then ends in the device's out-of-memory
-        // error, not in an aborting reservation.
-        let mut norms = Vec::new();
-        for l in 0..dims.layers {
+        // Grown as tensors are made, not reserved for the layer count up front: on a CUDA
+        // device (no memory check) an absurd layer count then ends in the device's
+        // out-of-memory error, not in an aborting reservation.
+        let mut layers = Vec::new();
+        for l in stage_layers.clone() {
             let p = format!("model.layers.{l}");
-            let mut norm = |n: &str| -> Result<Tensor> {
-                let name = format!("{p}.{n}.weight");
-                src.rows(&name, &shape(&name), None, kind, dev0)
+            let whole = |src: &mut dyn WeightSource, n: &str| -> Result<Tensor> {
+                let name = format!("{p}.{n}");
+                src.rows(&name, &shape(&name), None, kind, dev)
             };
+            let input_layernorm = whole(src, "input_layernorm.weight")?;
+            let post_attention_layernorm = whole(src, "post_attention_layernorm.weight")?;
             let glm4 = dims.family == Family::Glm4;
-            norms.push(Norms {
-                input: norm("input_layernorm")?,
-                post_attention: norm("post_attention_layernorm")?,
-                post_self_attn: if glm4 { Some(norm("post_self_attn_layernorm")?) } else { None },
-                post_mlp: if glm4 { Some(norm("post_mlp_layernorm")?) } else { None },
-            });
-        }
-        let final_norm = src.rows("model.norm.weight", &shape("model.norm.weight"), None, kind, dev0)?;
-
-        let mut shards = Vec::with_capacity(plan.size);
-        for s in 0..plan.size {
-            let dev = opts.devices[s % opts.devices.len()]; // cannot fire: non-empty, index taken modulo
-            let layout = opts.weight_layout.resolve(opts.dtype, dev);
-            let qh = plan.q_heads(s);
-            let kvh = plan.kv_heads(s);
-            let inter = plan.intermediate(s);
-            let mut layers = Vec::new();
-            for l in 0..dims.layers {
-                let p = format!("model.layers.{l}");
-                let rows = |src: &mut dyn WeightSource, n: &str, r: (usize, usize)| -> Result<Tensor> {
-                    let name = format!("{p}.{n}");
-                    src.rows(&name, &shape(&name), Some(r), kind, dev)
-                };
-                let q_rows = (qh.start * d, qh.len() * d);
-                let kv_rows = (kvh.start * d, kvh.len() * d);
-                let w = Tensor::f_cat(
+            let post_self_attn_layernorm =
+                if glm4 { Some(whole(src, "post_self_attn_layernorm.weight")?) } else { None };
+            let post_mlp_layernorm = if glm4 { Some(whole(src, "post_mlp_layernorm.weight")?) } else { None };
+            let rows = |src: &mut dyn WeightSource, n: &str, r: (usize, usize)| -> Result<Tensor> {
+                let name = format!("{p}.{n}");
+                src.rows(&name, &shape(&name), Some(r), kind, dev)
+            };
+            let q_rows = (qh.start * d, qh.len() * d);
+            let kv_rows = (kvh.start * d, kvh.len() * d);
+            let w = Tensor::f_cat(
+                &[
+                    rows(src, "self_attn.q_proj.weight", q_rows)?,
+                    rows(src, "self_attn.k_proj.weight", kv_rows)?,
+                    rows(src, "self_attn.v_proj.weight", kv_rows)?,
+                ],
+                0,
+            )?;
+            let b = if dims.attention_bias {
+                Some(Tensor::f_cat(
                     &[
-                        rows(src, "self_attn.q_proj.weight", q_rows)?,
-                        rows(src, "self_attn.k_proj.weight", kv_rows)?,
-                        rows(src, "self_attn.v_proj.weight", kv_rows)?,
+                        rows(src, "self_attn.q_proj.bias", q_rows)?,
+                        rows(src, "self_attn.k_proj.bias", kv_rows)?,
+                        rows(src, "self_attn.v_proj.bias", kv_rows)?,
                     ],
                     0,
-                )?;
-                let b = if dims.attention_bias {
-                    Some(Tensor::f_cat(
-                        &[
-                            rows(src, "self_attn.q_proj.bias", q_rows)?,
-                            rows(src, "self_attn.k_proj.bias", kv_rows)?,
-                            rows(src, "self_attn.v_proj.bias", kv_rows)?,
-                        ],
-                        0,
-                    )?)
-                } else {
-                    None
-                };
-                let qkv = Linear::new(&w, b, opts.cpu_threads, layout)?;
-                let o_name = format!("{p}.self_attn.o_proj.weight");
-                let o_full = src.rows(&o_name, &shape(&o_name), None, kind, dev)?;
-                let o = o_full.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
-                let o = Linear::new(&o, None, opts.cpu_threads, layout)?;
-                let i_total = dims.intermediate;
-                let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
-                let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
-                let gate_up = Linear::new(&Tensor::f_cat(&[gate, up], 0)?, None, opts.cpu_threads, layout)?;
-                let down_name = format!("{p}.mlp.down_proj.weight");
-                let down_full = src.rows(&down_name, &shape(&down_name), None, kind, dev)?;
-                let down = down_full.f_narrow(1, inter.start as i64, inter.len() as i64)?;
-                let down = Linear::new(&down, None, opts.cpu_threads, layout)?;
-                layers.push(Layer { qkv, o, gate_up, down });
-            }
-            // Vocabulary rows of this shard; rows past the real vocabulary are zero padding.
-            let vr = plan.vocab(s);
-            let real = vr.start.min(dims.vocab)..vr.end.min(dims.vocab);
-            let vocab_rows = |src: &mut dyn WeightSource, name: &str| -> Result<Tensor> {
-                let t = if real.is_empty() {
-                    Tensor::f_zeros([0, dims.hidden as i64], (kind, dev))?
-                } else {
-                    src.rows(name, &shape(name), Some((real.start, real.len())), kind, dev)?
-                };
-                let pad = (vr.len() - real.len()) as i64; // cannot wrap: `real` is a part of `vr`
-                if pad > 0 {
-                    Ok(Tensor::f_cat(&[t, Tensor::f_zeros([pad, dims.hidden as i64], (kind, dev))?], 0)?)
-                } else {
-                    Ok(t)
-                }
-            };
-            let (embed, lm_head) = if dims.tie_embeddings {
-                (None, Linear::new(&vocab_rows(src, "model.embed_tokens.weight")?, None, opts.cpu_threads, layout)?)
+                )?)
             } else {
-                let e = vocab_rows(src, "model.embed_tokens.weight")?;
-                (Some(e), Linear::new(&vocab_rows(src, "lm_head.weight")?, None, opts.cpu_threads, layout)?)
+                None
             };
-            shards.push(Shard {
-                device: dev,
-                index: s,
-                embed,
-                lm_head,
-                layers,
-                heads: plan.heads_per_shard as i64,
-                kv_heads: plan.kv_per_shard as i64,
-                intermediate: plan.intermediate_per_shard as i64,
-                vocab_start: vr.start as i64,
-                vocab_len: vr.len() as i64,
+            let qkv = ColumnParallel { linear: linear(&w, b)? };
+            let o = whole(src, "self_attn.o_proj.weight")?.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
+            let o = RowParallel { linear: linear(&o, None)? };
+            let i_total = dims.intermediate;
+            let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
+            let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
+            let gate_up = ColumnParallel { linear: linear(&Tensor::f_cat(&[gate, up], 0)?, None)? };
+            let down = whole(src, "mlp.down_proj.weight")?.f_narrow(1, inter.start as i64, inter.len() as i64)?;
+            let down = RowParallel { linear: linear(&down, None)? };
+            layers.push(DecoderLayer {
+                input_layernorm,
+                self_attn: Attention { qkv, o, heads: plan.heads_per_shard as i64, kv_heads: plan.kv_per_shard as i64 },
+                post_self_attn_layernorm,
+                post_attention_layernorm,
+                mlp: Mlp { gate_up, down, intermediate: plan.intermediate_per_shard as i64 },
+                post_mlp_layernorm,
             });
         }
+        // Vocabulary rows of this rank; rows past the real vocabulary are zero padding.
+        let vr = plan.vocab(s);
+        let real = vr.start.min(dims.vocab)..vr.end.min(dims.vocab);
+        let vocab_rows = |src: &mut dyn WeightSource, name: &str| -> Result<Tensor> {
+            let t = if real.is_empty() {
+                Tensor::f_zeros([0, dims.hidden as i64], (kind, dev))?
+            } else {
+                src.rows(name, &shape(name), Some((real.start, real.len())), kind, dev)?
+            };
+            let pad = (vr.len() - real.len()) as i64; // cannot wrap: `real` is a part of `vr`
+            if pad > 0 {
+                Ok(Tensor::f_cat(&[t, Tensor::f_zeros([pad, dims.hidden as i64], (kind, dev))?], 0)?)
+            } else {
+                Ok(t)
+            }
+        };
+        let head_name = if dims.tie_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        let lm_head =
+            if last { Some(ParallelLmHead { linear: linear(&vocab_rows(src, head_name)?, None)? }) } else { None };
+        let (norm, embed_tokens) = (
+            if last {
+                Some(src.rows("model.norm.weight", &shape("model.norm.weight"), None, kind, dev)?)
+            } else {
+                None
+            },
+            if first {
+                // Tied and on the same rank as lm_head: read lm_head's columns, no second copy.
+                let rows = if dims.tie_embeddings && last {
+                    None
+                } else {
+                    Some(vocab_rows(src, "model.embed_tokens.weight")?)
+                };
+                Some(VocabParallelEmbedding { rows, vocab_start: vr.start as i64, vocab_len: vr.len() as i64 })
+            } else {
+                None
+            },
+        );
+        parallel.loaded()?;
         Ok(Glm {
-            weight_layout: opts.weight_layout.resolve(opts.dtype, dev0),
+            weight_layout: layout,
             dims,
             plan,
+            stage_layers,
             dtype: opts.dtype,
             rounding: opts.rounding,
-            shards,
-            norms,
-            final_norm,
+            device: dev,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            parallel,
             decoder: Default::default(),
         })
     }
 
+    /// This rank's place in the run, back from the model (to load another one with it).
+    pub fn into_parallel(self) -> Parallel {
+        self.parallel
+    }
+
     /// Whether some weight is stored in column blocks for worker threads (CPU only).
     pub fn splits_weights(&self) -> bool {
-        self.shards.iter().any(|s| s.lm_head.parts.len() > 1 || s.layers.iter().any(|l| l.gate_up.parts.len() > 1))
+        self.lm_head.as_ref().is_some_and(|h| h.linear.parts.len() > 1)
+            || self.layers.iter().any(|l| l.mlp.gate_up.linear.parts.len() > 1)
     }
 
-    /// The device activations are gathered on (shard 0's).
+    /// The device this rank's weights and activations are on.
     pub fn device(&self) -> Device {
-        self.shards[0].device // cannot fire: `build` makes plan.size >= 1 shards
+        self.device
     }
 
-    /// Allocates a cache for `batch` rows and `capacity` positions.
+    /// Parameters this rank holds (replicated kv heads and vocabulary padding included).
+    pub fn parameter_count(&self) -> i64 {
+        let mut n = self.lm_head.as_ref().map_or(0, |h| h.linear.numel())
+            + self.embed_tokens.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64)
+            + self.norm.as_ref().map_or(0, |t| t.numel() as i64);
+        for l in &self.layers {
+            n += l.self_attn.qkv.linear.numel() + l.self_attn.o.linear.numel();
+            n += l.mlp.gate_up.linear.numel() + l.mlp.down.linear.numel();
+            let norms = [Some(&l.input_layernorm), Some(&l.post_attention_layernorm)];
+            let more = [l.post_self_attn_layernorm.as_ref(), l.post_mlp_layernorm.as_ref()];
+            n += norms.into_iter().chain(more).flatten().map(|t| t.numel() as i64).sum::<i64>();
+        }
+        n
+    }
+
+    /// Allocates a cache for `batch` rows and `capacity` positions (this rank's layers and
+    /// kv heads).
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
         self.check_cache_memory(batch, capacity)?;
         let d = self.dims.head_dim as i64;
-        let mut kv = Vec::new();
-        for s in &self.shards {
-            let shape = [batch as i64, 2 * s.kv_heads, capacity as i64, d];
-            let opts = (self.dtype.kind(), s.device);
-            kv.push((0..self.dims.layers).map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?);
-        }
+        let shape = [batch as i64, 2 * self.plan.kv_per_shard as i64, capacity as i64, d];
+        let opts = (self.dtype.kind(), self.device);
+        let kv = self.layers.iter().map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?;
         Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
     }
 
     /// Whether a cache for `batch` rows and `capacity` positions fits in the memory the CPU
-    /// has free (its shards on CPU devices; see `check_cpu_memory`): an error naming both
-    /// sizes if not. `new_cache` checks it; callers that build large inputs first can too.
+    /// has free (see `check_cpu_memory`): an error naming both sizes if not. `new_cache`
+    /// checks it; callers that build large inputs first can too.
     pub fn check_cache_memory(&self, batch: usize, capacity: usize) -> Result<()> {
         let cpu_bytes = self.cache_bytes_on_cpu(batch, capacity);
         let what =
@@ -943,84 +954,150 @@ impl Glm {
         check_cpu_memory(what, cpu_bytes, self.dtype, "use a smaller batch or fewer tokens, or free memory")
     }
 
-    /// Bytes a cache for `batch` rows and `capacity` positions takes on CPU devices.
+    /// Bytes a cache for `batch` rows and `capacity` positions takes on this rank, if it is
+    /// on the CPU.
     pub fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64 {
+        if self.device != Device::Cpu {
+            return 0;
+        }
         let d = self.dims.head_dim as u64;
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        self.shards.iter().filter(|s| s.device == Device::Cpu).fold(0u64, |acc, s| {
-            let per_layer = [batch as u64, 2 * s.kv_heads as u64, capacity as u64, d, elt]
-                .into_iter()
-                .fold(1u64, u64::saturating_mul);
-            acc.saturating_add(per_layer.saturating_mul(self.dims.layers as u64))
-        })
+        let per_layer = [batch as u64, 2 * self.plan.kv_per_shard as u64, capacity as u64, d, elt]
+            .into_iter()
+            .fold(1u64, u64::saturating_mul);
+        per_layer.saturating_mul(self.layers.len() as u64)
     }
 
     /// A lower bound of the activations a forward pass over `rows` rows of `len` positions
-    /// holds at once on a CPU shard: the MLP's `[rows, len, 2 × intermediate]` (gate and up)
+    /// holds at once on a CPU rank: the MLP's `[rows, len, 2 × intermediate]` (gate and up)
     /// beside their product, `[rows, len, intermediate]`, in the model's dtype.
     pub fn activation_bytes_on_cpu(&self, rows: usize, len: usize) -> u64 {
+        if self.device != Device::Cpu {
+            return 0;
+        }
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let inter = self.shards.iter().filter(|s| s.device == Device::Cpu).map(|s| s.intermediate as u64).max();
-        [rows as u64, len as u64, 3 * inter.unwrap_or(0), elt].into_iter().fold(1u64, u64::saturating_mul)
+        let inter = self.plan.intermediate_per_shard as u64;
+        [rows as u64, len as u64, 3 * inter, elt].into_iter().fold(1u64, u64::saturating_mul)
     }
 
     /// The most bytes the logits of `rows` positions hold at once at the end of `forward`:
-    /// the padded vocabulary in the model's dtype, twice where shards or column blocks
-    /// are concatenated, plus the f32 copy in half precision.
+    /// the padded vocabulary in the model's dtype, twice where ranks' parts or column
+    /// blocks are joined, plus the f32 copy in half precision.
     pub fn logits_bytes(&self, rows: usize) -> u64 {
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let joined = self.shards.len() > 1 || self.shards.iter().any(|s| s.lm_head.parts.len() > 1);
+        let joined = self.parallel.tp > 1 || self.lm_head.as_ref().is_some_and(|h| h.linear.parts.len() > 1);
         let model_dtype =
             (self.plan.padded_vocab as u64).saturating_mul(elt).saturating_mul(if joined { 2 } else { 1 });
         let f32_copy = if self.dtype == DType::F32 { 0 } else { self.dims.vocab as u64 * 4 };
         (rows as u64).saturating_mul(model_dtype.saturating_add(f32_copy))
     }
 
-    /// Embeds `ids` ([B, T], int64 on the model device): [B, T, hidden].
-    fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+    /// The decoder stack on `ids` ([B, T], the same on every rank); returns f32 logits for
+    /// every position, or for the last one only (`[B, 1, vocab]`), on every rank.
+    ///
+    /// The first stage embeds, the others receive the previous stage's hidden states; the
+    /// last stage computes the logits, which every rank then receives from it.
+    pub fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
+        let (eps, rounding) = (self.dims.eps, self.rounding);
+        let p = &self.parallel;
         let (b, t) = ids.size2()?;
-        let h = self.dims.hidden as i64;
-        let flat = ids.f_reshape([-1])?;
-        let mut acc = None;
-        for s in &self.shards {
-            let ids = flat.f_to_device(s.device)?;
-            let lookup = |idx: &Tensor| -> Result<Tensor> {
-                match &s.embed {
-                    Some(e) => Ok(e.f_index_select(0, idx)?),
-                    None => lookup_columns(&s.lm_head.parts, idx),
+        let hidden = self.dims.hidden as i64;
+        let mut h = match &self.embed_tokens {
+            Some(e) => e.forward(ids, self.lm_head.as_ref(), &p.tp_group)?,
+            None => {
+                let h = Tensor::f_empty([b, t, hidden], (self.dtype.kind(), self.device))?;
+                p.world.recv(&h, p.rank_in_stage(p.stage - 1))?; // cannot wrap: not the first stage
+                h
+            }
+        };
+        if cache.kv.len() != self.layers.len() {
+            return Err(Error::InvalidArgument("the KV cache was not made by this model (Glm::new_cache)".to_owned()));
+        }
+        // Rounding::Fused, one tensor-parallel rank: o_proj and down_proj add into the
+        // residual stream in place, where no norm comes between (GLM; GLM-4 normalizes their
+        // outputs first).
+        let fuse = rounding == Rounding::Fused && p.tp == 1;
+        for (layer, kv) in self.layers.iter().zip(&cache.kv) {
+            h = layer.forward(h, step, kv, &self.dims, eps, rounding, fuse, &p.tp_group)?;
+        }
+        cache.len = step.start + step.len;
+        let rows = if last_only { 1 } else { t };
+        let logits = match (&self.norm, &self.lm_head) {
+            (Some(norm), Some(head)) => {
+                let h = if last_only && t > 1 { h.f_narrow(1, t - 1, 1)? } else { h };
+                let h = rms_norm(&h, norm, eps, rounding)?;
+                let logits = head.forward(&h, &p.tp_group)?;
+                let logits = if self.plan.padded_vocab != self.dims.vocab {
+                    logits.f_narrow(-1, 0, self.dims.vocab as i64)?
+                } else {
+                    logits
+                };
+                logits.f_to_kind(Kind::Float)?.f_contiguous()?
+            }
+            _ => {
+                p.world.send(&h, p.rank_in_stage(p.stage + 1))?;
+                Tensor::f_empty([b, rows, self.dims.vocab as i64], (Kind::Float, self.device))?
+            }
+        };
+        if p.pp > 1 {
+            p.world.broadcast(&logits, p.logits_root())?;
+        }
+        Ok(logits)
+    }
+}
+
+impl DecoderLayer {
+    /// `h` through the layer: pre-norm attention and MLP, each added to the residual stream
+    /// (GLM-4 normalizes each output first).
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        mut h: Tensor,
+        step: &Step,
+        kv: &Tensor,
+        dims: &Dims,
+        eps: f64,
+        rounding: Rounding,
+        fuse: bool,
+        group: &ProcessGroup,
+    ) -> Result<Tensor> {
+        let x = rms_norm(&h, &self.input_layernorm, eps, rounding)?;
+        let a = self.self_attn.forward(&x, step, kv, dims)?;
+        match &self.post_self_attn_layernorm {
+            None if fuse => self.self_attn.o.add_into(&a, &h, group)?,
+            post => {
+                let mut a = self.self_attn.o.forward(&a, group)?;
+                if let Some(w) = post {
+                    a = rms_norm(&a, w, eps, rounding)?;
                 }
-            };
-            // Vocab-parallel: each shard holds the rows of its vocabulary range.
-            let rows = if self.shards.len() > 1 {
-                lookup_in_range(&ids, s.vocab_start, s.vocab_len, lookup)?
-            } else {
-                lookup(&ids)?
-            };
-            acc = Some(sum_into(acc, rows.f_to_device(self.device())?)?);
+                h = h.f_add(&a)?;
+            }
         }
-        let out = acc.ok_or_else(|| Error::InvalidArgument("model has no shards".to_owned()))?;
-        Ok(out.f_reshape([b, t, h])?)
-    }
-
-    /// Sums per-shard partial outputs on the model device (the all-reduce).
-    fn all_reduce(&self, parts: Vec<Tensor>) -> Result<Tensor> {
-        let dev = self.device();
-        let mut it = parts.into_iter();
-        let mut acc = it.next().ok_or_else(|| Error::InvalidArgument("no shards".to_owned()))?.f_to_device(dev)?;
-        for p in it {
-            acc = acc.f_add(&p.f_to_device(dev)?)?;
+        let x = rms_norm(&h, &self.post_attention_layernorm, eps, rounding)?;
+        let m = self.mlp.activations(&x, dims.act)?;
+        match &self.post_mlp_layernorm {
+            None if fuse => self.mlp.down.add_into(&m, &h, group)?,
+            post => {
+                let mut m = self.mlp.down.forward(&m, group)?;
+                if let Some(w) = post {
+                    m = rms_norm(&m, w, eps, rounding)?;
+                }
+                h = h.f_add(&m)?;
+            }
         }
-        Ok(acc)
+        Ok(h)
     }
+}
 
-    /// One shard's attention for layer `l`: its heads' output, o_proj's input ([B, T, heads·D]).
-    fn attention(&self, s: &Shard, l: usize, x: &Tensor, step: &Step, cache: &mut KvCache) -> Result<Tensor> {
+impl Attention {
+    /// This rank's heads' attention output, o_proj's input ([B, T, heads·D]); the step's
+    /// keys and values are written into `kv` first.
+    fn forward(&self, x: &Tensor, step: &Step, kv_cache: &Tensor, dims: &Dims) -> Result<Tensor> {
         let (b, t) = (x.size3()?.0, step.len);
-        let d = self.dims.head_dim as i64;
-        let (hl, kvl) = (s.heads, s.kv_heads);
-        let g = hl / kvl; // cannot fire: a shard holds at least one kv head (ShardPlan)
-        let layer = &s.layers[l]; // cannot fire: l < dims.layers, and every shard has that many
-        let qkv = layer.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
+        let d = dims.head_dim as i64;
+        let (hl, kvl) = (self.heads, self.kv_heads);
+        let g = hl / kvl; // cannot fire: a rank holds at least one kv head (ShardPlan)
+        let qkv = self.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
         // q and k are rotated in place, so keys and values stay side by side as the
         // projection left them and one write a step stores both in the cache.
         let qk = qkv.f_narrow(2, 0, hl + kvl)?;
@@ -1030,23 +1107,18 @@ impl Glm {
                 let flat = qk.f_view([b, hl + kvl, d])?;
                 flat.shallow_clone().f_copy_(&flat.f_bmm(m)?)?;
             }
-            _ => rope_in_place(&qk, &step.cos, &step.sin, self.dims.rotary_dim as i64, d)?,
+            _ => rope_in_place(&qk, &step.cos, &step.sin, dims.rotary_dim as i64, d)?,
         }
         let [q, kv] = array(qkv.f_split_with_sizes([hl, 2 * kvl], 2)?)?;
         let kv = kv.f_transpose(1, 2)?; // [B, 2 * kv, T, D]
-        // `forward` is public: a cache made by another model is an error, not a panic.
-        let Some(c) = cache.kv.get(s.index).and_then(|c| c.get(l)) else {
-            return Err(Error::InvalidArgument("the KV cache was not made by this model (Glm::new_cache)".to_owned()));
-        };
         let written = match &step.slot {
             Some(slot) => {
-                let slot = if slot.device() == s.device { slot.shallow_clone() } else { slot.f_to_device(s.device)? };
-                let _ = c.shallow_clone().f_index_copy_(2, &slot, &kv)?;
-                c.shallow_clone()
+                let _ = kv_cache.shallow_clone().f_index_copy_(2, slot, &kv)?;
+                kv_cache.shallow_clone()
             }
             None => {
-                c.f_narrow(2, step.start, t)?.f_copy_(&kv)?;
-                c.f_narrow(2, 0, step.start + t)?
+                kv_cache.f_narrow(2, step.start, t)?.f_copy_(&kv)?;
+                kv_cache.f_narrow(2, 0, step.start + t)?
             }
         };
         let [keys, values] = array(written.f_split(kvl, 1)?)?;
@@ -1057,12 +1129,8 @@ impl Glm {
         } else {
             q.f_reshape([b, t, kvl, g, d])?.f_permute([0, 2, 3, 1, 4])?.f_reshape([b, kvl, g * t, d])?
         };
-        let mask = match &step.mask {
-            Some(m) if m.device() != s.device => Some(m.f_to_device(s.device)?),
-            Some(m) => Some(m.shallow_clone()),
-            None => None,
-        };
-        let o = Tensor::f_scaled_dot_product_attention(&qg, &keys, &values, mask.as_ref(), 0.0, false, None, false)?;
+        let o =
+            Tensor::f_scaled_dot_product_attention(&qg, &keys, &values, step.mask.as_ref(), 0.0, false, None, false)?;
         let o = if t == 1 {
             o.f_reshape([b, 1, hl * d])?
         } else {
@@ -1070,89 +1138,31 @@ impl Glm {
         };
         Ok(o)
     }
+}
 
-    /// One shard's MLP for layer `l`: its channels' activations, down_proj's input.
-    fn mlp(&self, s: &Shard, l: usize, x: &Tensor) -> Result<Tensor> {
-        let layer = &s.layers[l]; // cannot fire: l < dims.layers, and every shard has that many
-        let gu = layer.gate_up.forward(x)?;
-        let il = s.intermediate;
-        let [gate, up] = array(gu.f_split(il, -1)?)?;
-        let h = up.f_mul(&self.dims.act.apply(&gate)?)?;
-        Ok(h)
+impl Mlp {
+    /// This rank's channels of `act(gate) * up`, down_proj's input.
+    fn activations(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
+        let gu = self.gate_up.forward(x)?;
+        let [gate, up] = array(gu.f_split(self.intermediate, -1)?)?;
+        Ok(up.f_mul(&act.apply(&gate)?)?)
     }
+}
 
-    /// Runs the shards on `x` (on the model device) and all-reduces their outputs.
-    fn sharded<F>(&self, x: &Tensor, mut f: F) -> Result<Tensor>
-    where
-        F: FnMut(&Shard, &Tensor) -> Result<Tensor>,
-    {
-        if self.shards.len() == 1 {
-            return f(&self.shards[0], x); // cannot fire: len() == 1
-        }
-        let mut parts = Vec::with_capacity(self.shards.len());
-        for s in &self.shards {
-            let xs = if s.device == x.device() { x.shallow_clone() } else { x.f_to_device(s.device)? };
-            parts.push(f(s, &xs)?);
-        }
-        self.all_reduce(parts)
-    }
-
-    /// The decoder stack on `ids` ([B, T]); returns f32 logits for every position, or for
-    /// the last one only (`[B, 1, vocab]`).
-    pub fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
-        let (eps, rounding) = (self.dims.eps, self.rounding);
-        let mut h = self.embed(ids)?;
-        // Rounding::Fused, one shard: o_proj and down_proj add into the residual stream in
-        // place, where no norm comes between (GLM; GLM-4 normalizes their outputs first).
-        let fuse = rounding == Rounding::Fused && self.shards.len() == 1;
-        for l in 0..self.dims.layers {
-            let n = &self.norms[l]; // cannot fire: `build` makes one Norms per layer
-            let x = rms_norm(&h, &n.input, eps, rounding)?;
-            match &n.post_self_attn {
-                None if fuse => {
-                    let s = &self.shards[0]; // cannot fire: one shard
-                    s.layers[l].o.add_into(&self.attention(s, l, &x, step, cache)?, &h)?;
-                }
-                post => {
-                    let mut a =
-                        self.sharded(&x, |s, x| s.layers[l].o.forward(&self.attention(s, l, x, step, cache)?))?;
-                    if let Some(w) = post {
-                        a = rms_norm(&a, w, eps, rounding)?;
-                    }
-                    h = h.f_add(&a)?;
-                }
-            }
-            let x = rms_norm(&h, &n.post_attention, eps, rounding)?;
-            match &n.post_mlp {
-                None if fuse => {
-                    let s = &self.shards[0]; // cannot fire: one shard
-                    s.layers[l].down.add_into(&self.mlp(s, l, &x)?, &h)?;
-                }
-                post => {
-                    let mut m = self.sharded(&x, |s, x| s.layers[l].down.forward(&self.mlp(s, l, x)?))?;
-                    if let Some(w) = post {
-                        m = rms_norm(&m, w, eps, rounding)?;
-                    }
-                    h = h.f_add(&m)?;
-                }
-            }
-        }
-        cache.len = step.start + step.len;
-        let h = if last_only && step.len > 1 { h.f_narrow(1, step.len - 1, 1)? } else { h };
-        let h = rms_norm(&h, &self.final_norm, eps, rounding)?;
-        let mut parts = Vec::with_capacity(self.shards.len());
-        for s in &self.shards {
-            let xs = if s.device == h.device() { h.shallow_clone() } else { h.f_to_device(s.device)? };
-            parts.push(s.lm_head.forward(&xs)?.f_to_device(self.device())?);
-        }
-        let logits = if parts.len() == 1 { parts.remove(0) } else { Tensor::f_cat(&parts, -1)? };
-        let logits = if self.plan.padded_vocab != self.dims.vocab {
-            logits.f_narrow(-1, 0, self.dims.vocab as i64)?
-        } else {
-            logits
-        };
-        Ok(logits.f_to_kind(Kind::Float)?)
-    }
+/// Parameters a rank holds for `layers` layers of its stage (first and last stages add the
+/// embedding, the final norm and lm_head), from the plan: what the memory check compares
+/// before anything is allocated.
+pub fn rank_parameter_count(d: &Dims, plan: &ShardPlan, layers: usize, first: bool, last: bool) -> u64 {
+    let (h, hd) = (d.hidden as u64, d.head_dim as u64);
+    let (q, kv) = (plan.heads_per_shard as u64 * hd, plan.kv_per_shard as u64 * hd);
+    let inter = plan.intermediate_per_shard as u64;
+    let norms = if d.family == Family::Glm4 { 4 } else { 2 };
+    let bias = if d.attention_bias { q + 2 * kv } else { 0 };
+    let per_layer = (q + 2 * kv) * h + bias + q * h + 3 * inter * h + norms * h;
+    let vocab_rows = plan.vocab_per_shard as u64 * h;
+    let embed = if first && !(d.tie_embeddings && last) { vocab_rows } else { 0 };
+    let head = if last { vocab_rows + h } else { 0 };
+    per_layer.saturating_mul(layers as u64).saturating_add(embed).saturating_add(head)
 }
 
 #[cfg(test)]

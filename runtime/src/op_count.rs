@@ -300,7 +300,7 @@ pub fn decode_profile(config: &Config, opts: &LoadOptions, decode: DecodeMode, b
     }
     let decode = match decode {
         DecodeMode::Eager => DecodeMode::Eager,
-        _ if opts.devices.first().is_some_and(|d| d.is_cuda()) || decode != DecodeMode::Auto => DecodeMode::Static,
+        _ if opts.device.is_cuda() || decode != DecodeMode::Auto => DecodeMode::Static,
         _ => DecodeMode::Eager,
     };
     let opts = LoadOptions { cpu_threads: Some(1), progress_above_bytes: None, ..opts.clone() };

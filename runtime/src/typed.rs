@@ -6,10 +6,11 @@ use std::marker::PhantomData;
 use std::ops::Deref;
 use std::path::Path;
 
-use headcount::{Architecture, Config, SupportsTensorParallel};
+use headcount::{Architecture, Config, SupportsPipelineParallel, SupportsTensorParallel};
 
 use crate::error::{Error, Result};
 use crate::model::{Glm, LoadOptions};
+use crate::parallel::Parallel;
 
 /// A GLM model of the declared architecture `A`.
 pub struct Model<A: Architecture> {
@@ -25,32 +26,44 @@ impl<A: Architecture> Deref for Model<A> {
 }
 
 impl<A: Architecture> Model<A> {
-    /// Loads a checkpoint folder whose config.json must agree with `A`.
+    /// Loads a checkpoint folder whose config.json must agree with `A`, as a run of one rank.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
-        Self::load_parallel(dir, opts, 1)
+        Self::load_with(dir, opts, Parallel::single())
     }
 
-    /// Loads a checkpoint split over `N` tensor-parallel shards; `N` must be a size `A`
-    /// declared (`tensor_parallel = [..]`), or this does not compile.
-    pub fn load_sharded<const N: usize>(dir: &Path, opts: &LoadOptions) -> Result<Self>
+    /// Loads this rank's part of a checkpoint for a run of `TP` tensor-parallel ranks in
+    /// each of `PP` pipeline stages. Both must be sizes `A` declared (`tensor_parallel = [..]`,
+    /// `pipeline_parallel = [..]`), or this does not compile; `parallel` must be a run of
+    /// that shape ([`Parallel::join`]).
+    pub fn load_rank<const TP: usize, const PP: usize>(
+        dir: &Path,
+        opts: &LoadOptions,
+        parallel: Parallel,
+    ) -> Result<Self>
     where
-        A: SupportsTensorParallel<N>,
+        A: SupportsTensorParallel<TP> + SupportsPipelineParallel<PP>,
     {
-        Self::load_parallel(dir, opts, N)
+        Self::check_shape(&parallel, TP, PP)?;
+        Self::load_with(dir, opts, parallel)
     }
 
-    /// Seeded random weights of `A`'s shape.
+    /// Seeded random weights of `A`'s shape, as a run of one rank.
     pub fn random(opts: &LoadOptions, seed: i64) -> Result<Self> {
-        let glm = Glm::random(&A::config(), &Self::options(opts, 1), seed)?;
+        let glm = Glm::random_rank(&A::config(), &Self::options(opts), Parallel::single(), seed)?;
         Ok(Model { glm, _arch: PhantomData })
     }
 
-    /// Seeded random weights of `A`'s shape over `N` shards.
-    pub fn random_sharded<const N: usize>(opts: &LoadOptions, seed: i64) -> Result<Self>
+    /// This rank's part of seeded random weights of `A`'s shape over `TP x PP` ranks.
+    pub fn random_rank<const TP: usize, const PP: usize>(
+        opts: &LoadOptions,
+        parallel: Parallel,
+        seed: i64,
+    ) -> Result<Self>
     where
-        A: SupportsTensorParallel<N>,
+        A: SupportsTensorParallel<TP> + SupportsPipelineParallel<PP>,
     {
-        let glm = Glm::random(&A::config(), &Self::options(opts, N), seed)?;
+        Self::check_shape(&parallel, TP, PP)?;
+        let glm = Glm::random_rank(&A::config(), &Self::options(opts), parallel, seed)?;
         Ok(Model { glm, _arch: PhantomData })
     }
 
@@ -59,19 +72,36 @@ impl<A: Architecture> Model<A> {
         self.glm
     }
 
-    fn options(opts: &LoadOptions, tp: usize) -> LoadOptions {
+    /// The untyped model, borrowed.
+    pub fn glm(&self) -> &Glm {
+        &self.glm
+    }
+
+    fn check_shape(parallel: &Parallel, tp: usize, pp: usize) -> Result<()> {
+        if parallel.tp != tp || parallel.pp != pp {
+            return Err(Error::Parallel(format!(
+                "{} was asked for {tp} x {pp} ranks, but this run is {} x {}",
+                A::NAME,
+                parallel.tp,
+                parallel.pp
+            )));
+        }
+        Ok(())
+    }
+
+    fn options(opts: &LoadOptions) -> LoadOptions {
         LoadOptions {
-            tensor_parallel: tp,
             kv_replication: A::KV_REPLICATION,
             vocab_padding: A::VOCAB_PADDING as usize, // cannot wrap: usize is 64 bits (see model.rs)
+            uneven_pipeline: A::UNEVEN_PIPELINE,
             ..opts.clone()
         }
     }
 
-    fn load_parallel(dir: &Path, opts: &LoadOptions, tp: usize) -> Result<Self> {
+    fn load_with(dir: &Path, opts: &LoadOptions, parallel: Parallel) -> Result<Self> {
         let config = Config::from_file(dir.join("config.json"))?;
         check_agrees::<A>(dir, &config)?;
-        let glm = Glm::load_with_config(dir, &config, &Self::options(opts, tp))?;
+        let glm = Glm::load_with_config(dir, &config, &Self::options(opts), parallel)?;
         Ok(Model { glm, _arch: PhantomData })
     }
 }

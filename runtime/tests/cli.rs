@@ -344,11 +344,13 @@ fn count_ops_reports_calls_per_layer() {
 }
 
 #[test]
-fn tensor_parallel_flag_runs_shards_and_rejects_illegal_sizes() {
+fn parallel_flags_run_ranks_and_reject_illegal_sizes() {
     let one = quiet_run_567(&[]);
-    let two = quiet_run_567(&["--tp", "2"]);
-    assert_eq!(two.status.code(), Some(0), "{:?}", text(&two));
-    assert_eq!(text(&one).0, text(&two).0);
+    for flags in [&["--tp", "2"][..], &["--pp", "2"], &["--tp", "2", "--pp", "2"]] {
+        let ranked = quiet_run_567(flags);
+        assert_eq!(ranked.status.code(), Some(0), "{flags:?}: {:?}", text(&ranked));
+        assert_eq!(text(&one).0, text(&ranked).0, "{flags:?}");
+    }
     expect(
         &headcount(&["run", "--model", &fixture("glm-gqa2"), "--ids", "5", "--tp", "3"]),
         1,

@@ -76,3 +76,29 @@ pub fn name(dir: &Path) -> String {
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[])
 }
+
+/// Runs the test `test` of this test binary as `world` ranks, each a process running that
+/// test alone with the rank's torchrun environment (headcount's own launcher starts them).
+///
+/// In the test process this waits for the ranks, fails the test unless every rank passed,
+/// and returns `None`; in a rank it returns the rank's environment, and the rank's asserts
+/// are the test's.
+pub fn as_ranks(test: &str, world: usize) -> Option<headcount_runtime::RankEnv> {
+    use headcount_runtime::parallel::launch::{LaunchOptions, run_local};
+    if let Some(env) = headcount_runtime::RankEnv::from_env().expect("a readable rank environment") {
+        return Some(env);
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let args: Vec<std::ffi::OsString> =
+        [test, "--exact", "--nocapture", "--test-threads=1"].iter().map(Into::into).collect();
+    let opts = LaunchOptions { world, threads_per_rank: Some(1), grace: std::time::Duration::from_secs(30) };
+    let code = run_local(&exe, &args, &opts).expect("the ranks start");
+    assert_eq!(code, 0, "{test}: a rank failed (its output is above)");
+    None
+}
+
+/// This rank's place in a run of `tp x pp` ranks.
+pub fn join(env: &headcount_runtime::RankEnv, tp: usize, pp: usize) -> headcount_runtime::Parallel {
+    headcount_runtime::Parallel::join(env, tp, pp, headcount_runtime::Timeouts::default())
+        .unwrap_or_else(|e| panic!("rank {}: {e}", env.rank))
+}

@@ -53,7 +53,7 @@ fn run() -> Result<()> {
         Some(s) => s.parse().map_err(|_| Error::InvalidArgument(format!("--new-tokens {s:?} is not a count")))?,
         None => 16,
     };
-    let opts = LoadOptions { dtype, devices: vec![device], ..Default::default() };
+    let opts = LoadOptions { dtype, device, ..Default::default() };
     let model: Glm = match value(&args, "--model")? {
         Some(dir) => Model::<Glm4_9B>::load(&PathBuf::from(dir), &opts)?.into_inner(),
         None => {

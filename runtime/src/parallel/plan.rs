@@ -1,10 +1,14 @@
-//! The tensor-parallel shard plan: which rows and columns of each weight a shard holds.
+//! Which part of the model a rank holds: the tensor-parallel shard plan (rows and columns
+//! of each weight) and the pipeline stages (blocks of layers).
 //!
 //! q, k, v and the gate and up halves of `gate_up_proj` are split by output rows along
 //! whole heads (gate and up separately, so each shard keeps matching halves); `o_proj` and
 //! `down_proj` by input columns; the embedding and `lm_head` by vocabulary rows. When the
 //! size exceeds the kv heads and replication is allowed, each kv head is held by
 //! `size / kv` shards. Norms are replicated.
+//!
+//! Pipeline stages hold contiguous blocks of layers: the first stage also the embedding,
+//! the last the final norm and lm_head.
 
 use std::ops::Range;
 
@@ -76,5 +80,60 @@ impl ShardPlan {
     /// The (padded) vocabulary rows of shard `s`.
     pub fn vocab(&self, s: usize) -> Range<usize> {
         s * self.vocab_per_shard..(s + 1) * self.vocab_per_shard
+    }
+}
+
+/// The layers of pipeline stage `stage` of `pp` over `layers` layers: an even split, or, when
+/// `layers % pp != 0`, vLLM's split (`get_pp_indices`): every stage gets `layers / pp` and
+/// the remainder goes one each to the stages before the last, nearest the last first (the
+/// last stage also runs the final norm and lm_head). 6 layers over 4 stages: 1, 2, 2, 1.
+pub fn stage_layers(layers: usize, pp: usize, stage: usize) -> Range<usize> {
+    let base = layers / pp;
+    let extra = layers % pp;
+    // Stage s gets one more when it is among the `extra` stages just before the last.
+    let gets_extra = |s: usize| s + 1 < pp && s + 1 + extra >= pp;
+    let start: usize = (0..stage).map(|s| base + usize::from(gets_extra(s))).sum();
+    start..start + base + usize::from(gets_extra(stage))
+}
+
+/// Checks pipeline size `pp` with the spec's rule 7 (at most one stage per layer, an even
+/// split unless `uneven` is declared): the error names the legal sizes.
+pub fn check_pipeline(d: &Dims, pp: usize, uneven: bool) -> Result<()> {
+    let sizes = [pp as u64];
+    let spec = headcount::ArchSpec { uneven_pipeline: uneven, ..d.config.spec(&[], &sizes) };
+    let errors = headcount::rules::validate(&spec);
+    if !errors.is_empty() || pp == 0 {
+        let reason = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        let reason = if reason.is_empty() { "the size must be at least 1".to_owned() } else { reason };
+        return Err(Error::PipelineParallel { size: pp, reason });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stage_layers;
+
+    #[test]
+    fn stages_cover_the_layers_in_order() {
+        for layers in 1..20 {
+            for pp in 1..=layers {
+                let stages: Vec<_> = (0..pp).map(|s| stage_layers(layers, pp, s)).collect();
+                assert_eq!(stages[0].start, 0);
+                assert_eq!(stages[pp - 1].end, layers);
+                for w in stages.windows(2) {
+                    assert_eq!(w[0].end, w[1].start);
+                }
+                let lens: Vec<usize> = stages.iter().map(|r| r.len()).collect();
+                let (min, max) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
+                assert!(max - min <= 1 && *min >= 1, "{layers} over {pp}: {lens:?}");
+            }
+        }
+        // vLLM's split: the remainder goes to the stages before the last.
+        let lens = |l, p| (0..p).map(|s| stage_layers(l, p, s).len()).collect::<Vec<_>>();
+        assert_eq!(lens(6, 4), [1, 2, 2, 1]);
+        assert_eq!(lens(7, 4), [2, 2, 2, 1]);
+        assert_eq!(lens(5, 2), [3, 2]);
+        assert_eq!(lens(8, 4), [2, 2, 2, 2]);
     }
 }

@@ -1,0 +1,130 @@
+//! Parallel layers, as Megatron-LM and vLLM define them: each holds only its rank's part of a
+//! weight and does its own communication, so the model above them reads the same at every
+//! tensor-parallel size (a group of one communicates nothing).
+
+use tch::Tensor;
+
+use super::group::ProcessGroup;
+use crate::error::Result;
+use crate::model::Linear;
+
+/// A projection split by output features (q/k/v by whole heads, gate/up by matching
+/// halves): each rank computes its own outputs, no communication.
+pub struct ColumnParallel {
+    pub linear: Linear,
+}
+
+impl ColumnParallel {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.linear.forward(x)
+    }
+}
+
+/// A projection split by input features (o_proj, down_proj): each rank's product is a
+/// partial sum, all-reduced over the group inside the layer.
+pub struct RowParallel {
+    pub linear: Linear,
+}
+
+impl RowParallel {
+    pub fn forward(&self, x: &Tensor, group: &ProcessGroup) -> Result<Tensor> {
+        let y = self.linear.forward(x)?;
+        group.all_reduce_sum(&y)?;
+        Ok(y)
+    }
+
+    /// `acc += forward(x)`, in place; with a group of one, accumulated by the product
+    /// itself (one kernel, one rounding).
+    pub fn add_into(&self, x: &Tensor, acc: &Tensor, group: &ProcessGroup) -> Result<()> {
+        if group.size() == 1 {
+            return self.linear.add_into(x, acc);
+        }
+        let _ = acc.shallow_clone().f_add_(&self.forward(x, group)?)?;
+        Ok(())
+    }
+}
+
+/// The embedding split by vocabulary rows: each rank looks up the ids in its range (zero
+/// rows for the others) and the group sums them.
+pub struct VocabParallelEmbedding {
+    /// This rank's rows, `[vocab_len, hidden]`; `None` when tied to an lm_head on the same
+    /// rank, whose columns are then read.
+    pub rows: Option<Tensor>,
+    pub vocab_start: i64,
+    pub vocab_len: i64,
+}
+
+impl VocabParallelEmbedding {
+    /// `ids` (int64, any shape) to `[.., hidden]`; `tied` is the lm_head when `rows` is `None`.
+    pub fn forward(&self, ids: &Tensor, tied: Option<&ParallelLmHead>, group: &ProcessGroup) -> Result<Tensor> {
+        let lookup = |idx: &Tensor| -> Result<Tensor> {
+            match (&self.rows, tied) {
+                (Some(e), _) => Ok(e.f_index_select(0, idx)?),
+                (None, Some(head)) => lookup_columns(&head.linear.parts, idx),
+                (None, None) => Err(crate::error::Error::InvalidArgument(
+                    "a tied embedding without its lm_head on this rank".to_owned(),
+                )),
+            }
+        };
+        let mut shape = ids.size();
+        let flat = ids.f_reshape([-1])?;
+        let rows = if group.size() == 1 {
+            lookup(&flat)?
+        } else {
+            let rows = lookup_in_range(&flat, self.vocab_start, self.vocab_len, lookup)?;
+            group.all_reduce_sum(&rows)?;
+            rows
+        };
+        shape.push(rows.size2()?.1);
+        Ok(rows.f_reshape(&shape)?)
+    }
+}
+
+/// lm_head split by vocabulary rows: each rank's logits for its range, gathered over the
+/// group into the whole (padded) vocabulary.
+pub struct ParallelLmHead {
+    /// `lm_head.weight`'s rows of this rank, transposed: `[hidden, vocab_len]`.
+    pub linear: Linear,
+}
+
+impl ParallelLmHead {
+    pub fn forward(&self, x: &Tensor, group: &ProcessGroup) -> Result<Tensor> {
+        let local = self.linear.forward(x)?;
+        group.all_gather(&local, -1)
+    }
+}
+
+/// Rows `idx` of the matrix whose transpose is stored as the column blocks `parts` (a tied
+/// embedding read from lm_head): `[len(idx), in]`.
+fn lookup_columns(parts: &[Tensor], idx: &Tensor) -> Result<Tensor> {
+    if let [one] = parts {
+        return Ok(one.f_index_select(1, idx)?.f_transpose(0, 1)?);
+    }
+    let mut acc: Option<Tensor> = None;
+    let mut start = 0;
+    for p in parts {
+        let width = p.size2()?.1;
+        let rows = lookup_in_range(idx, start, width, |local| Ok(p.f_index_select(1, local)?.f_transpose(0, 1)?))?;
+        acc = Some(match acc {
+            None => rows,
+            Some(a) => a.f_add(&rows)?,
+        });
+        start += width;
+    }
+    acc.ok_or_else(|| crate::error::Error::InvalidArgument("a projection with no weights".to_owned()))
+}
+
+/// Rows for the ids in `[start, start + width)` of a table that holds only that range
+/// (`rows_of` gets ids relative to `start`); zero rows for every other id. Summed over the
+/// tables of every range, this is the lookup in the whole table.
+fn lookup_in_range(
+    idx: &Tensor,
+    start: i64,
+    width: i64,
+    rows_of: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let local = idx.f_sub_scalar(start)?;
+    let valid = local.f_ge(0)?.f_logical_and(&local.f_lt(width)?)?;
+    let rows = rows_of(&local.f_clamp(0, (width - 1).max(0))?)?;
+    Ok(rows.f_mul(&valid.f_unsqueeze(-1)?.f_to_kind(rows.kind())?)?)
+}

@@ -1,0 +1,286 @@
+//! Parallel runs as OS processes on Gloo (loopback): tensor-parallel, pipeline and both, on
+//! every fixture the layout can split. Each rank holds only its slices; the logits equal
+//! transformers' unsharded logits within 1e-4, greedy tokens, padded batches and seeded
+//! sampling equal the reference and the run of one rank.
+//!
+//! Each test runs itself again as its ranks (`as_ranks`); the asserts run in every rank.
+
+use headcount_integration::{as_ranks, join, load, max_abs_diff, model_fixtures, name, reference};
+use headcount_runtime::{
+    Error, GenerateOptions, Glm, LoadOptions, Parallel, RankEnv, Sampling, ShardPlan, generate, logits,
+    rank_parameter_count,
+};
+
+const LOGIT_TOLERANCE: f64 = 1e-4;
+
+fn greedy(n: usize) -> GenerateOptions {
+    GenerateOptions { max_new_tokens: n, sampling: Sampling::greedy(), eos_token_ids: vec![], ..Default::default() }
+}
+
+/// Whether a fixture's layout splits over `tp x pp` ranks (the runtime's defaults: kv
+/// replication allowed, uneven stages allowed).
+fn splits(dir: &std::path::Path, tp: usize, pp: usize) -> bool {
+    let d = load(dir).dims;
+    ShardPlan::new(&d, tp, true, 1).is_ok() && pp <= d.layers
+}
+
+/// On every fixture `tp x pp` can split: this rank's parts, and the run's outputs against
+/// transformers' and the run of one rank.
+fn check_layout(env: &RankEnv, tp: usize, pp: usize) {
+    let mut parallel = join(env, tp, pp);
+    let mut ran = 0;
+    for dir in model_fixtures() {
+        if !splits(&dir, tp, pp) {
+            continue;
+        }
+        let what = format!("{} tp {tp} pp {pp} rank {}", name(&dir), env.rank);
+        let m = Glm::load_rank(&dir, &LoadOptions::default(), parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let r = reference(&dir);
+        let d = &m.dims;
+
+        // Only this rank's slices: whole heads, its layers, its vocabulary rows.
+        let p = &m.plan;
+        assert_eq!(m.stage_layers, headcount_runtime::parallel::plan::stage_layers(d.layers, pp, env.rank / tp));
+        assert_eq!(m.layers.len(), m.stage_layers.len(), "{what}");
+        let hd = d.head_dim as i64;
+        for l in &m.layers {
+            let cols = l.self_attn.qkv.linear.shape()[1];
+            assert_eq!(cols, (p.heads_per_shard as i64 + 2 * p.kv_per_shard as i64) * hd, "{what}");
+            assert_eq!(l.self_attn.o.linear.shape(), vec![p.heads_per_shard as i64 * hd, d.hidden as i64]);
+            assert_eq!(l.mlp.gate_up.linear.shape(), vec![d.hidden as i64, 2 * p.intermediate_per_shard as i64]);
+            assert_eq!(l.mlp.down.linear.shape(), vec![p.intermediate_per_shard as i64, d.hidden as i64]);
+        }
+        assert_eq!(m.embed_tokens.is_some(), m.parallel.is_first_stage(), "{what}");
+        assert_eq!(m.lm_head.is_some(), m.parallel.is_last_stage(), "{what}");
+        let (first, last) = (m.parallel.is_first_stage(), m.parallel.is_last_stage());
+        let held = m.parameter_count();
+        assert_eq!(held as u64, rank_parameter_count(d, p, m.layers.len(), first, last), "{what}");
+        // Over all ranks: the model once, plus replicated kv heads, vocabulary padding and
+        // (tied, over several stages) the embedding again.
+        let all = m.parallel.world.all_gather(&tch::Tensor::from_slice(&[held]), 0).unwrap();
+        let total: i64 = Vec::<i64>::try_from(&all).unwrap().iter().sum();
+        let kv_params = 2 * (d.kv_heads * d.head_dim * d.hidden) as i64
+            + if d.attention_bias { 2 * (d.kv_heads * d.head_dim) as i64 } else { 0 };
+        let replicated = (p.kv_replicas as i64 - 1) * kv_params * d.layers as i64;
+        let norms_per_layer: i64 = if d.family == headcount::Family::Glm4 { 4 } else { 2 };
+        let replicated_norms = (tp as i64 - 1) * (norms_per_layer * d.layers as i64 + 1) * d.hidden as i64;
+        // The embedding and lm_head: padded, and the tied table held twice over stages.
+        let tables_held = if d.tie_embeddings && pp == 1 { 1 } else { 2 };
+        let tables = if d.tie_embeddings { 1 } else { 2 };
+        let vocab_extra = ((tables_held * p.padded_vocab - tables * d.vocab) * d.hidden) as i64;
+        assert_eq!(
+            total,
+            d.parameter_count() + replicated + replicated_norms + vocab_extra,
+            "{what}: parameters over all ranks"
+        );
+
+        // The KV cache holds this rank's layers and kv heads, as its estimate says.
+        let cache = m.new_cache(3, 11).unwrap();
+        let bytes: u64 = cache.kv.iter().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
+        assert_eq!(m.cache_bytes_on_cpu(3, 11), bytes, "{what}");
+        assert_eq!(cache.kv.len(), m.layers.len());
+
+        // Logits of every position against transformers' unsharded ones.
+        for (row, ids) in r.input_ids.iter().enumerate() {
+            let ours = logits(&m, ids).unwrap();
+            let theirs = r.logits.get(row as i64).unsqueeze(0);
+            assert_eq!(ours.size(), theirs.size(), "{what}");
+            let diff = max_abs_diff(&ours, &theirs);
+            if env.rank == 0 {
+                println!("{what} row {row}: max abs diff {diff:.2e}");
+            }
+            assert!(diff <= LOGIT_TOLERANCE, "{what} row {row}: max abs diff {diff}");
+            assert!(m.logits_bytes(ids.len()) >= (ours.numel() * 4) as u64, "{what}");
+            // Greedy continuations.
+            let expected = &r.greedy[row][ids.len()..];
+            let g = generate(&m, std::slice::from_ref(ids), &greedy(expected.len()), |_, _| {}).unwrap();
+            assert_eq!(g.tokens[0], expected, "{what} row {row}");
+        }
+        // A left-padded batch.
+        let prompts: Vec<Vec<i64>> = r
+            .padded_input_ids
+            .iter()
+            .zip(&r.padded_attention_mask)
+            .map(|(ids, mask)| ids.iter().zip(mask).filter(|(_, k)| **k == 1).map(|(i, _)| *i).collect())
+            .collect();
+        let n = r.padded_greedy[0].len() - r.padded_input_ids[0].len();
+        let batched = generate(&m, &prompts, &greedy(n), |_, _| {}).unwrap();
+        for (row, theirs) in r.padded_greedy.iter().enumerate() {
+            assert_eq!(batched.tokens[row], &theirs[r.padded_input_ids[row].len()..], "{what} padded row {row}");
+        }
+        // Seeded sampling gives the run of one rank's tokens.
+        let sampled = GenerateOptions {
+            max_new_tokens: 8,
+            sampling: Sampling { temperature: 0.9, top_k: 20, top_p: 0.95, seed: 7 },
+            eos_token_ids: vec![],
+            ..Default::default()
+        };
+        let ours = generate(&m, &prompts, &sampled, |_, _| {}).unwrap().tokens;
+        let alone = generate(&load(&dir), &prompts, &sampled, |_, _| {}).unwrap().tokens;
+        assert_eq!(ours, alone, "{what}: seeded sampling");
+        parallel = m.into_parallel();
+        ran += 1;
+    }
+    assert!(ran >= 4, "tp {tp} pp {pp}: only {ran} fixtures split");
+}
+
+#[test]
+fn tensor_parallel_2() {
+    let Some(env) = as_ranks("tensor_parallel_2", 2) else { return };
+    check_layout(&env, 2, 1);
+}
+
+/// 4 ranks over 2 kv heads: each kv head is held by two ranks.
+#[test]
+fn tensor_parallel_4_replicates_kv_heads() {
+    let Some(env) = as_ranks("tensor_parallel_4_replicates_kv_heads", 4) else { return };
+    check_layout(&env, 4, 1);
+}
+
+#[test]
+fn pipeline_parallel_2() {
+    let Some(env) = as_ranks("pipeline_parallel_2", 2) else { return };
+    check_layout(&env, 1, 2);
+}
+
+#[test]
+fn tensor_2_by_pipeline_2() {
+    let Some(env) = as_ranks("tensor_2_by_pipeline_2", 4) else { return };
+    check_layout(&env, 2, 2);
+}
+
+/// Every fixture is split by some tested layout, and the untested ones are refused.
+#[test]
+fn layouts_that_do_not_split_are_refused_before_loading() {
+    let mut split = 0;
+    for dir in model_fixtures() {
+        let d = load(&dir).dims;
+        for tp in [2usize, 4] {
+            match ShardPlan::new(&d, tp, true, 1) {
+                Ok(_) => split += 1,
+                Err(Error::TensorParallel { size, reason }) => {
+                    assert_eq!(size, tp);
+                    assert!(reason.contains("legal tensor_parallel sizes"), "{}: {reason}", name(&dir));
+                }
+                Err(e) => panic!("{}: {e}", name(&dir)),
+            }
+        }
+        let e = headcount_runtime::parallel::plan::check_pipeline(&d, d.layers + 1, true).unwrap_err();
+        assert!(matches!(e, Error::PipelineParallel { .. }), "{}: {e}", name(&dir));
+    }
+    assert!(split >= 8, "only {split} of the fixtures' tp 2 and 4 layouts split");
+}
+
+/// GLM-4-9B's head counts (32 query heads, 2 kv heads), scaled down in width: with
+/// replication the sizes 1, 2, 4, 8, 16 and 32 are legal (2 and 8 run here, as 8 ranks at
+/// most keep the test short), without it only 1 and 2; every other size up to 64 is
+/// refused. (ui-tests/tests/fail/glm4-9b-tensor-parallel-table.rs shows the same table at
+/// compile time.)
+#[derive(headcount::Architecture)]
+#[arch(
+    vocab_size = 256, hidden_size = 64, intermediate_size = 64, num_hidden_layers = 2,
+    num_attention_heads = 32, num_key_value_heads = 2, head_dim = 8, max_position_embeddings = 64,
+    pad_token_id = 0, eos_token_id = [1],
+    kv_replication = true, tensor_parallel = [1, 2, 4, 8, 16, 32], pipeline_parallel = [1, 2],
+)]
+struct Glm4HeadsSmall;
+
+fn small_ids() -> Vec<i64> {
+    (0..10).map(|i| (i * 37 + 5) % 256).collect()
+}
+
+/// Runs `Glm4HeadsSmall` over `TP x PP` ranks (the typed API: only declared sizes compile)
+/// and compares its logits with the run of one rank.
+fn small_model_on<const TP: usize, const PP: usize>(env: &RankEnv)
+where
+    Glm4HeadsSmall: headcount::SupportsTensorParallel<TP> + headcount::SupportsPipelineParallel<PP>,
+{
+    use headcount_runtime::Model;
+    let opts = LoadOptions::default();
+    let base = logits(&Model::<Glm4HeadsSmall>::random(&opts, 3).unwrap(), &small_ids()).unwrap();
+    let m = Model::<Glm4HeadsSmall>::random_rank::<TP, PP>(&opts, join(env, TP, PP), 3).unwrap();
+    let d = max_abs_diff(&logits(&m, &small_ids()).unwrap(), &base);
+    assert!(d <= 1e-5, "tp {TP} pp {PP}: {d}");
+    // A run of another shape is refused by the typed API, naming both.
+    let wrong = Model::<Glm4HeadsSmall>::random_rank::<1, 1>(&opts, m.into_inner().into_parallel(), 3);
+    let e = wrong.err().expect("a run of another shape is refused");
+    assert!(e.to_string().contains(&format!("asked for 1 x 1 ranks, but this run is {TP} x {PP}")), "{e}");
+}
+
+#[test]
+fn glm_4_9b_head_counts_over_2_ranks() {
+    let Some(env) = as_ranks("glm_4_9b_head_counts_over_2_ranks", 2) else { return };
+    small_model_on::<2, 1>(&env);
+}
+
+#[test]
+fn glm_4_9b_head_counts_over_8_ranks() {
+    let Some(env) = as_ranks("glm_4_9b_head_counts_over_8_ranks", 8) else { return };
+    small_model_on::<4, 2>(&env);
+}
+
+#[test]
+fn glm_4_9b_head_counts_table() {
+    use headcount::Architecture;
+    let config = Glm4HeadsSmall::config();
+    let strict = headcount::ArchSpec { kv_replication: false, ..config.spec(&[], &[]) };
+    assert_eq!(strict.legal_tensor_parallel().as_slice(), &[1, 2]);
+    assert_eq!(config.legal_tensor_parallel(), vec![1, 2, 4, 8, 16, 32]);
+    let dims = headcount_runtime::Dims::new(&config).unwrap();
+    for tp in 0..=64usize {
+        match ShardPlan::new(&dims, tp, true, 1) {
+            Ok(p) => {
+                assert!([1, 2, 4, 8, 16, 32].contains(&tp), "tp {tp} was accepted");
+                assert_eq!(p.heads_per_shard * tp, 32);
+                assert_eq!(p.kv_replicas, (tp / 2).max(1));
+            }
+            Err(Error::TensorParallel { size, reason }) => {
+                assert_eq!(size, tp);
+                assert!(![1, 2, 4, 8, 16, 32].contains(&tp), "tp {tp} was refused: {reason}");
+                assert!(
+                    tp == 0
+                        || reason.contains("legal tensor_parallel sizes for this architecture are 1, 2, 4, 8, 16, 32"),
+                    "{reason}"
+                );
+            }
+            Err(e) => panic!("tp {tp}: unexpected error {e}"),
+        }
+    }
+}
+
+/// A run of one rank is the same model with no communication.
+#[test]
+fn a_run_of_one_rank_is_the_unsharded_model() {
+    let dir = headcount_integration::fixtures_dir().join("glm-gqa2");
+    let m = Glm::load_rank(&dir, &LoadOptions::default(), Parallel::single()).unwrap();
+    assert_eq!(m.parallel.size(), 1);
+    assert_eq!(m.stage_layers, 0..m.dims.layers);
+    assert_eq!(m.parameter_count(), m.dims.parameter_count());
+}
+
+#[test]
+fn declared_model_refuses_a_checkpoint_that_disagrees() {
+    use headcount_runtime::Model;
+    // A declaration of glm-gqa2 with one number changed.
+    #[derive(headcount::Architecture)]
+    #[arch(
+        vocab_size = 128, hidden_size = 32, intermediate_size = 80, num_hidden_layers = 2,
+        num_attention_heads = 4, num_key_value_heads = 1, head_dim = 16, max_position_embeddings = 64,
+        rope_theta = 20_000.0, rms_norm_eps = 1.5625e-7, pad_token_id = 0, bos_token_id = 1, eos_token_id = [2],
+    )]
+    struct WrongKv;
+    let dir = headcount_integration::fixtures_dir().join("glm-gqa2");
+    let e = Model::<WrongKv>::load(&dir, &LoadOptions::default()).err().expect("must refuse");
+    assert!(matches!(e, Error::ConfigMismatch { field: "num_key_value_heads", .. }), "{e}");
+    assert!(e.to_string().contains("num_key_value_heads is 2 in config.json but 1 in the declaration"), "{e}");
+
+    #[derive(headcount::Architecture)]
+    #[arch(
+        vocab_size = 128, hidden_size = 32, intermediate_size = 80, num_hidden_layers = 2,
+        num_attention_heads = 4, num_key_value_heads = 2, head_dim = 16, max_position_embeddings = 64,
+        rope_theta = 20_000.0, rms_norm_eps = 1.5625e-7, pad_token_id = 0, bos_token_id = 1, eos_token_id = [2],
+    )]
+    struct Right;
+    let m = Model::<Right>::load(&dir, &LoadOptions::default()).unwrap();
+    assert_eq!(m.dims.kv_heads, 2);
+}
