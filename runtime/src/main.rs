@@ -368,10 +368,15 @@ fn join(p: &ParallelArgs) -> Result<Parallel> {
 }
 
 /// A rank's GPU: the one asked for plus its local rank, so the ranks of one machine take
-/// one GPU each.
+/// one GPU each; with fewer GPUs than ranks, they share them round robin.
 fn rank_device(device: tch::Device, p: &Parallel) -> tch::Device {
     match device {
-        tch::Device::Cuda(first) if p.size() > 1 => tch::Device::Cuda(first + p.local_rank),
+        tch::Device::Cuda(first) if p.size() > 1 => {
+            let count = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
+            // A GPU that does not exist stays asked for, and loading names it.
+            let gpu = if first < count { (first + p.local_rank) % count } else { first + p.local_rank };
+            tch::Device::Cuda(gpu)
+        }
         d => d,
     }
 }
@@ -622,14 +627,16 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     peak_device(true);
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
-    let mut comm = Vec::new();
+    // Per timed run: rank 0's seconds in collectives per decode step, and their share of
+    // its decode time.
+    let (mut comm_per_step, mut comm_share) = (Vec::new(), Vec::new());
     let mut path = ("", None);
     for _ in 0..b.repeat {
         let g = generate(&model, &prompts, &gen_opts, |_, _| {})?;
         prefill.push(g.prefill_tokens_per_second());
         decode.push(g.decode_tokens_per_second());
-        comm.push(g.decode_comm_seconds / (g.decode_steps.max(1) as f64));
-        comm.push(g.decode_comm_seconds / g.decode_seconds.max(1e-9));
+        comm_per_step.push(g.decode_comm_seconds / (g.decode_steps.max(1) as f64));
+        comm_share.push(g.decode_comm_seconds / g.decode_seconds.max(1e-9));
         path = (g.decode_path, g.decode_note);
     }
     let median = |v: &mut Vec<f64>| {
@@ -642,19 +649,20 @@ fn bench(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     let mine = [peak_rss.map_or(-1, |b| b as i64), model.parameter_count()];
     let ranks = model.parallel.world.all_gather(&tch::Tensor::f_from_slice(&mine)?, 0)?;
     let ranks: Vec<i64> = Vec::<i64>::try_from(&ranks)?;
-    if model.parallel.rank != 0 {
-        return Ok(ExitCode::SUCCESS);
-    }
     let per_rank: Vec<serde_json::Value> = ranks
         .chunks(2)
         .map(|r| serde_json::json!({"peak_rss_bytes": (r[0] >= 0).then_some(r[0]), "parameters": r[1]}))
         .collect();
-    // Per timed run: collective seconds per decode step, then their share of decode time.
-    let (mut comm_per_step, mut comm_share): (Vec<f64>, Vec<f64>) =
-        (comm.iter().step_by(2).copied().collect(), comm.iter().skip(1).step_by(2).copied().collect());
     // The memory bound of a decode step: every weight read once (the embedding only a row
-    // of, unless tied to lm_head) at the device's copy bandwidth, counted read plus write.
-    let bandwidth = copy_bandwidth(device)?;
+    // of, unless tied to lm_head) at the devices' copy bandwidth, counted read plus write:
+    // every rank copies at once and their bandwidths add up (ranks on one CPU share it).
+    model.parallel.world.barrier()?;
+    let mine = copy_bandwidth(device)?;
+    let all = model.parallel.world.all_gather(&tch::Tensor::f_from_slice(&[mine])?, 0)?;
+    let bandwidth: f64 = Vec::<f64>::try_from(&all)?.iter().sum();
+    if model.parallel.rank != 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
     let d = &model.dims;
     let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
     let weight_bytes =
