@@ -1,4 +1,4 @@
-"""Sums up a profiler trace written by `headcount bench --trace FILE` (Chrome trace JSON,
+"""Sums up a profiler trace written by `headcount-dev trace --out FILE` (Chrome trace JSON,
 optionally gzipped): where a decode step's time goes.
 
 On a GPU, with a CUDA graph, each replay (`cudaGraphLaunch`) is one decode step. For each

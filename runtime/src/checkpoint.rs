@@ -216,9 +216,9 @@ fn read_index(path: &Path) -> Result<Vec<String>> {
     // An index lists names only (kilobytes); read no more than a config.json may hold.
     let mut text = String::new();
     std::fs::File::open(path)
-        .and_then(|f| f.take(headcount::config::MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+        .and_then(|f| f.take(headcount_spec::config::MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
         .map_err(|source| Error::Io { path: path.to_owned(), source })?;
-    if text.len() as u64 > headcount::config::MAX_CONFIG_BYTES {
+    if text.len() as u64 > headcount_spec::config::MAX_CONFIG_BYTES {
         return Err(bad(path, "larger than any index: not a model.safetensors.index.json"));
     }
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(path, format!("not valid JSON: {e}")))?;

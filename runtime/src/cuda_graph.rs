@@ -129,7 +129,7 @@ const ERR_CAP: usize = 1024;
 
 /// The peak of bytes allocated by libtorch on a CUDA device since the last
 /// [`reset_peak_memory`] (torch.cuda.max_memory_allocated), through the shim.
-pub fn peak_memory(device: Device) -> Result<u64> {
+pub(crate) fn peak_memory(device: Device) -> Result<u64> {
     let index = cuda_index(device)?;
     let shim = shim()?;
     let mut bytes: std::ffi::c_longlong = 0;
@@ -143,7 +143,7 @@ pub fn peak_memory(device: Device) -> Result<u64> {
 }
 
 /// Starts a new peak for [`peak_memory`].
-pub fn reset_peak_memory(device: Device) -> Result<()> {
+pub(crate) fn reset_peak_memory(device: Device) -> Result<()> {
     let index = cuda_index(device)?;
     let shim = shim()?;
     let mut buf = vec![0u8; ERR_CAP];

@@ -44,6 +44,24 @@ impl FromStr for DType {
     }
 }
 
+/// Peak resident memory of this process (Linux `VmHWM`), if known.
+pub fn peak_resident_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The most memory libtorch's allocator has held on a CUDA device since the last reset.
+pub fn peak_device_memory(device: Device) -> Result<u64> {
+    crate::cuda_graph::peak_memory(device)
+}
+
+/// Starts a new peak for [`peak_device_memory`].
+pub fn reset_peak_device_memory(device: Device) -> Result<()> {
+    crate::cuda_graph::reset_peak_memory(device)
+}
+
 /// Loads libtorch's CUDA library if it is installed. The linker drops `libtorch_cuda.so`
 /// from binaries that name none of its symbols, so without this `cuda` is never available.
 pub fn load_cuda_library() -> bool {

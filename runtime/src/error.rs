@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use headcount::{ConfigError, ValidationError};
+use headcount_spec::{ConfigError, ValidationError};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -1,5 +1,6 @@
 //! The GLM runtime of headcount on libtorch (`tch`).
 
+pub mod bench;
 pub mod checkpoint;
 pub mod columns;
 pub mod cuda_graph;
@@ -9,12 +10,13 @@ pub mod generate;
 pub mod model;
 pub mod op_count;
 pub mod parallel;
+pub mod process;
 pub mod text;
 pub mod typed;
 
 pub use device::{DType, parse_device};
 pub use error::{Error, Result};
-pub use generate::{DecodeMode, GenerateOptions, Generation, Sampling, generate, keep_freed_memory, logits};
+pub use generate::{DecodeMode, GenerateOptions, Generation, Sampling, generate, logits};
 pub use model::{Dims, Glm, KvCache, LoadOptions, Rounding, Step, WeightLayout, rank_parameter_count};
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
 pub use text::{StreamDecoder, TextCodec};

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use headcount::{Config, Family};
+use headcount_spec::{Config, Family};
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;

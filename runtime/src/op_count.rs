@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::ops::Sub;
 
-use headcount::Config;
+use headcount_spec::Config;
 use serde::Serialize;
 
 use crate::error::{Error, Result};

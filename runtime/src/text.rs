@@ -3,8 +3,9 @@
 //! `tokenizers` 0.22 panics on some malformed files instead of returning an error (a file
 //! cut inside its `decoder` object, a `Precompiled` normalizer with a bad charsmap), so the
 //! file is checked to be JSON first, and every call into the library runs under
-//! [`guarded`]: its panics come back as typed errors, and the panic hook prints nothing
-//! for them (the error carries the library's message).
+//! [`guarded`]: its panics come back as typed errors. A binary that calls
+//! [`crate::process::quiet_tokenizer_panics`] also keeps the panic hook from printing them
+//! (the error carries the library's message).
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -42,6 +43,20 @@ impl TextCodec {
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
     }
 
+    /// Token ids of a prompt for a model of `config`: [`TextCodec::encode`], then the
+    /// config's bos id first when the tokenizer did not add it (models trained with a bos
+    /// token expect it).
+    pub fn encode_prompt(&self, text: &str, config: &headcount_spec::Config) -> Result<Vec<i64>> {
+        let mut ids = self.encode(text)?;
+        // cannot wrap: a valid config's ids are below vocab_size, which fits i64.
+        if let Some(bos) = config.bos_token_id.map(|b| b as i64)
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
+        }
+        Ok(ids)
+    }
+
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[i64]) -> Result<String> {
         let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect();
@@ -60,7 +75,6 @@ impl TextCodec {
 /// a panic while loading, the half-built tokenizer is dropped; `encode` and `decode` take
 /// `&self` and the library keeps no state that a panic leaves half-written.
 fn guarded<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    install_quiet_hook();
     let outer = QUIET.replace(true);
     let result = catch_unwind(AssertUnwindSafe(f));
     QUIET.set(outer);
@@ -79,10 +93,8 @@ thread_local! {
     static QUIET: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Wraps the process's panic hook, once: a panic inside a [`guarded`] call prints nothing
-/// (its message goes into the error the caller gets); every other panic, on any thread,
-/// reaches the hook that was there before.
-fn install_quiet_hook() {
+/// See [`crate::process::quiet_tokenizer_panics`].
+pub(crate) fn install_quiet_hook() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
         let previous = std::panic::take_hook();

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::ops::Deref;
 use std::path::Path;
 
-use headcount::{Architecture, Config, SupportsPipelineParallel, SupportsTensorParallel};
+use headcount_spec::{Architecture, Config, SupportsPipelineParallel, SupportsTensorParallel};
 
 use crate::error::{Error, Result};
 use crate::model::{Glm, LoadOptions};

@@ -17,6 +17,8 @@ use headcount_runtime::{Error, GenerateOptions, LoadOptions, Model, Result, Samp
 const MAX_NEW_TOKENS: usize = 5;
 
 fn main() -> ExitCode {
+    // The binary's choice (docs/PERFORMANCE.md): glibc keeps freed activations for reuse.
+    headcount_runtime::process::keep_freed_memory();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

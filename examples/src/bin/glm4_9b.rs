@@ -17,6 +17,8 @@ use headcount_runtime::{
 };
 
 fn main() -> ExitCode {
+    // The binary's choice (docs/PERFORMANCE.md): glibc keeps freed activations for reuse.
+    headcount_runtime::process::keep_freed_memory();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

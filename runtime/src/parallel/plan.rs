@@ -35,9 +35,9 @@ impl ShardPlan {
     /// replication and no padding).
     pub fn new(d: &Dims, size: usize, kv_replication: bool, vocab_padding: usize) -> Result<ShardPlan> {
         let spec = d.config.spec(&[], &[]);
-        let spec = headcount::ArchSpec { kv_replication, vocab_padding: vocab_padding.max(1) as u64, ..spec };
+        let spec = headcount_spec::ArchSpec { kv_replication, vocab_padding: vocab_padding.max(1) as u64, ..spec };
         let tp = [size as u64];
-        let errors = headcount::rules::validate(&headcount::ArchSpec { tensor_parallel: &tp, ..spec });
+        let errors = headcount_spec::rules::validate(&headcount_spec::ArchSpec { tensor_parallel: &tp, ..spec });
         if !errors.is_empty() || size == 0 {
             let reason = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
             let reason = if reason.is_empty() { "the size must be at least 1".to_owned() } else { reason };
@@ -100,8 +100,8 @@ pub fn stage_layers(layers: usize, pp: usize, stage: usize) -> Range<usize> {
 /// split unless `uneven` is declared): the error names the legal sizes.
 pub fn check_pipeline(d: &Dims, pp: usize, uneven: bool) -> Result<()> {
     let sizes = [pp as u64];
-    let spec = headcount::ArchSpec { uneven_pipeline: uneven, ..d.config.spec(&[], &sizes) };
-    let errors = headcount::rules::validate(&spec);
+    let spec = headcount_spec::ArchSpec { uneven_pipeline: uneven, ..d.config.spec(&[], &sizes) };
+    let errors = headcount_spec::rules::validate(&spec);
     if !errors.is_empty() || pp == 0 {
         let reason = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
         let reason = if reason.is_empty() { "the size must be at least 1".to_owned() } else { reason };

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use tch::Tensor;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    // runtime/cli/ -> the repository root.
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
 }
 
 fn fixture(p: &str) -> String {

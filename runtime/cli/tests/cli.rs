@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    // runtime/cli/ -> the repository root.
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
 }
 
 fn fixture(p: &str) -> String {
@@ -14,6 +15,11 @@ fn fixture(p: &str) -> String {
 
 fn headcount(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_headcount")).args(args).output().expect("run headcount")
+}
+
+/// The developer tools' binary.
+fn headcount_dev(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_headcount-dev")).args(args).output().expect("run headcount-dev")
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -127,7 +133,11 @@ fn run_rejects_bad_input_with_clear_errors() {
     expect(&headcount(&["run", "--model", "/nonexistent/model", "--ids", "1"]), 1, "/nonexistent/model");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--device", "tpu"]), 1, "unknown device \"tpu\"");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--device", "cuda:0"]), 1, "CUDA is not available");
-    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--dtype", "int8"]), 1, "unknown dtype");
+    // Enumerated flags are usage errors naming the legal values.
+    let o = headcount(&["run", "--model", &m, "--ids", "1", "--dtype", "int8"]);
+    expect(&o, 2, "invalid value 'int8' for '--dtype <DTYPE>'");
+    expect(&o, 2, "[possible values: f32, bf16, f16]");
+    expect(&headcount(&["run", "-q", "--model", &m, "--ids", "1", "--dtype", "bfloat16"]), 0, "");
     expect(&headcount(&["run", "--model", &m, "--prompt", ""]), 1, "the prompt is empty");
     expect(&headcount(&["run", "--model", &m, "--prompt", "hello"]), 1, "has no tokenizer.json");
     // A Precompiled normalizer with a charsmap that is not one makes the tokenizers library
@@ -147,7 +157,9 @@ fn run_rejects_bad_input_with_clear_errors() {
     assert_eq!(text(&o).1.lines().count(), 1, "{}", text(&o).1);
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--temperature", "NaN"]), 1, "temperature must be");
     expect(&headcount(&["run", "--model", &m, "--ids", "1", "--top-p", "0"]), 1, "top-p must be in (0, 1]");
-    expect(&headcount(&["run", "--model", &m, "--ids", "1", "--decode", "graph"]), 1, "unknown decode mode \"graph\"");
+    let o = headcount(&["run", "--model", &m, "--ids", "1", "--decode", "graph"]);
+    expect(&o, 2, "invalid value 'graph' for '--decode <DECODE>'");
+    expect(&o, 2, "[possible values: auto, eager, cuda-graph]");
     expect(
         &headcount(&["run", "--model", &m, "--ids", "1", "--decode", "cuda-graph"]),
         1,
@@ -270,11 +282,16 @@ fn bench_traces_and_compares_weight_layouts() {
     let tiny = fixture("configs/tiny-glm-gqa2.json");
     let common =
         ["bench", "--config", &tiny, "--prompt-len", "8", "--new-tokens", "3", "--repeat", "1", "--threads", "1"];
-    let o = headcount(&[&common[..], &["--trace", trace.to_str().unwrap(), "--weight-layout", "out-in"]].concat());
+    let traced = |extra: &[&str]| {
+        let mut args = vec!["trace", "--out", trace.to_str().unwrap()];
+        args.extend_from_slice(&common[1..]);
+        args.extend_from_slice(extra);
+        headcount_dev(&args)
+    };
+    let o = traced(&["--weight-layout", "out-in"]);
     expect(&o, 0, "decode_tokens_per_s");
     let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
     assert_eq!(v["weight_layout"], "out-in");
-    assert_eq!(v["trace"], trace.display().to_string());
     // Without the flag, the layout measured faster for the dtype on CPU.
     for (dtype, layout) in [("f32", "in-out"), ("bf16", "out-in"), ("f16", "out-in")] {
         let o = headcount(&[&common[..], &["--dtype", dtype]].concat());
@@ -292,21 +309,23 @@ fn bench_traces_and_compares_weight_layouts() {
     assert!(!text(&o).1.contains("ERROR"), "{}", text(&o).1);
     // A run that fails leaves the earlier trace as it was, and no partial file.
     let before = std::fs::read(&trace).unwrap();
-    let bad = ["bench", "--config", &fixture("configs/zero-heads.json"), "--trace", trace.to_str().unwrap()];
-    expect(&headcount(&bad), 1, "num_attention_heads");
+    let bad = ["trace", "--config", &fixture("configs/zero-heads.json"), "--out", trace.to_str().unwrap()];
+    expect(&headcount_dev(&bad), 1, "num_attention_heads");
     assert_eq!(std::fs::read(&trace).unwrap(), before);
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("trace.json")]);
     let missing = dir.path().join("no/such/dir/trace.json");
-    expect(
-        &headcount(&[&common[..], &["--trace", missing.to_str().unwrap()]].concat()),
-        1,
-        "No such file or directory",
-    );
-    expect(&headcount(&[&common[..], &["--weight-layout", "rows"]].concat()), 1, "use auto, in-out or out-in");
+    let mut args = vec!["trace", "--out", missing.to_str().unwrap()];
+    args.extend_from_slice(&common[1..]);
+    expect(&headcount_dev(&args), 1, "No such file or directory");
+    // The user's `headcount` has no developer tools.
+    expect(&headcount(&[&common[..], &["--trace", "t.json"]].concat()), 2, "unexpected argument '--trace'");
+    expect(&headcount(&["count-ops", "--config", &tiny]), 2, "unrecognized subcommand 'count-ops'");
+    let o = headcount(&[&common[..], &["--weight-layout", "rows"]].concat());
+    expect(&o, 2, "[possible values: auto, in-out, out-in]");
     let o = headcount(&[&common[..], &["--rounding", "fused"]].concat());
     expect(&o, 0, "\"rounding\":\"fused\"");
-    expect(&headcount(&[&common[..], &["--rounding", "exact"]].concat()), 1, "use transformers or fused");
+    expect(&headcount(&[&common[..], &["--rounding", "exact"]].concat()), 2, "[possible values: transformers, fused]");
     // The same flag on the model commands: the tiny fixture decodes the same tokens.
     let fused = quiet_run_567(&["--rounding", "fused"]);
     expect(&fused, 0, "");
@@ -315,13 +334,20 @@ fn bench_traces_and_compares_weight_layouts() {
     let out_in = quiet_run_567(&["--weight-layout", "out-in"]);
     expect(&out_in, 0, "");
     assert_eq!(text(&out_in).0, text(&quiet_run_567(&[])).0);
-    expect(&quiet_run_567(&["--weight-layout", "rows"]), 1, "unknown weight layout \"rows\"");
+    expect(&quiet_run_567(&["--weight-layout", "rows"]), 2, "invalid value 'rows' for '--weight-layout");
 }
 
 #[test]
 fn count_ops_reports_calls_per_layer() {
-    let o =
-        headcount(&["count-ops", "--config", &fixture("glm4-gqa2/config.json"), "--dtype", "bf16", "--layers", "40"]);
+    let o = headcount_dev(&[
+        "count-ops",
+        "--config",
+        &fixture("glm4-gqa2/config.json"),
+        "--dtype",
+        "bf16",
+        "--layers",
+        "40",
+    ]);
     expect(&o, 0, "per_layer");
     let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
     assert_eq!(v["decode_path"], "eager", "auto is eager on CPU");
@@ -330,14 +356,18 @@ fn count_ops_reports_calls_per_layer() {
     assert!(per_layer > 0 && outside > 0, "{v}");
     assert_eq!(v["step_calls"].as_i64().unwrap(), outside + 40 * per_layer);
     assert_eq!(v["per_layer"]["by_name"]["aten::rms_norm"]["calls"], 4, "GLM-4 has four norms a layer");
-    let o = headcount(&["count-ops", "--config", &fixture("glm4-gqa2/config.json"), "--decode", "static"]);
+    let o = headcount_dev(&["count-ops", "--config", &fixture("glm4-gqa2/config.json"), "--decode", "static"]);
     expect(&o, 0, "\"decode_path\": \"static\"");
-    expect(&headcount(&["count-ops", "--config", &fixture("configs/zero-heads.json")]), 1, "num_attention_heads");
+    expect(&headcount_dev(&["count-ops", "--config", &fixture("configs/zero-heads.json")]), 1, "num_attention_heads");
     let glm4 = fixture("glm4-gqa2/config.json");
-    expect(&headcount(&["count-ops", "--config", &glm4, "--batch", "0"]), 1, "at least 1 row");
-    expect(&headcount(&["count-ops", "--config", &glm4, "--batch", "100000000000000"]), 1, "does not fit in memory");
+    expect(&headcount_dev(&["count-ops", "--config", &glm4, "--batch", "0"]), 1, "at least 1 row");
     expect(
-        &headcount(&["count-ops", "--config", &glm4, "--layers", "9223372036854775807"]),
+        &headcount_dev(&["count-ops", "--config", &glm4, "--batch", "100000000000000"]),
+        1,
+        "does not fit in memory",
+    );
+    expect(
+        &headcount_dev(&["count-ops", "--config", &glm4, "--layers", "9223372036854775807"]),
         1,
         "does not fit in 64 bits",
     );

@@ -1,0 +1,283 @@
+//! The command line: one argument struct per concern, flattened into the commands that take
+//! it, and a `ValueEnum` for every enumerated flag (each flag declared and documented once).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use headcount_runtime::{DType, DecodeMode, Rounding, WeightLayout};
+
+#[derive(Parser)]
+#[command(
+    name = "headcount",
+    version,
+    about = "Check, declare and run GLM checkpoints with layouts checked by headcount's rules",
+    long_about = "Check, declare and run GLM checkpoints.\n\n\
+        `check` validates a Hugging Face config.json with the same rules as #[derive(Architecture)]; \
+        `declare` prints the Rust declaration of a config; `run` generates text or ids; \
+        `logits` writes every position's logits; `bench` measures prefill and decode speed.",
+    after_help = "Examples:\n  headcount check config.json --tp 2\n  headcount declare config.json --name MyGlm\n  \
+        headcount run --model examples/addition/model --prompt 12+34=\n  headcount bench --config config.json --new-tokens 32\n  \
+        headcount logits --model DIR --ids 1,2,3 --out logits.safetensors --tp 2 --pp 2"
+)]
+pub struct Cli {
+    /// Print only results: no progress, no speed report.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Validate a config.json: every violation with its fix, and the legal tensor-parallel sizes.
+    Check {
+        /// The config.json to check.
+        config: PathBuf,
+        /// Also check this tensor-parallel size (repeatable).
+        #[arg(long = "tp", value_name = "N")]
+        tensor_parallel: Vec<u64>,
+        /// Also check this pipeline-parallel size (repeatable).
+        #[arg(long = "pp", value_name = "N")]
+        pipeline_parallel: Vec<u64>,
+    },
+    /// Print the #[derive(Architecture)] declaration of a config.json.
+    Declare {
+        config: PathBuf,
+        /// Name of the declared type.
+        #[arg(long, default_value = "Model")]
+        name: String,
+    },
+    /// Generate from a prompt (text through tokenizer.json, or ids).
+    Run(RunArgs),
+    /// Write the logits of every position to a safetensors file (tensor `logits`, f32, [1, len, vocab]).
+    Logits(LogitsArgs),
+    /// Measure prefill and decode tokens/s; prints one JSON line.
+    Bench(BenchArgs),
+}
+
+/// The devices, precision and arithmetic a model runs with.
+#[derive(Args, Clone)]
+pub struct RuntimeArgs {
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
+    pub dtype: DTypeArg,
+    #[arg(long, value_enum, default_value_t = RoundingArg::Transformers)]
+    pub rounding: RoundingArg,
+    #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
+    pub weight_layout: LayoutArg,
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+}
+
+/// How many ranks run the model, and how long they wait for each other.
+#[derive(Args, Clone, Copy)]
+pub struct ParallelArgs {
+    /// Tensor-parallel ranks per pipeline stage: processes that split every layer (one per
+    /// GPU with --device cuda; on CPU the threads are divided between them).
+    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
+    pub tensor_parallel: usize,
+    /// Pipeline stages: processes holding contiguous blocks of layers.
+    #[arg(long = "pp", default_value_t = 1, value_name = "N")]
+    pub pipeline_parallel: usize,
+    /// Seconds a rank waits for another before giving up (a rank that dies is noticed at
+    /// once; the other ranks stop within this).
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub rank_timeout: u64,
+}
+
+impl ParallelArgs {
+    pub fn world(&self) -> usize {
+        self.tensor_parallel.saturating_mul(self.pipeline_parallel)
+    }
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "ids"])))]
+pub struct RunArgs {
+    /// Checkpoint folder: config.json plus model.safetensors (or a sharded index).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// Prompt text (needs tokenizer.json in the model folder).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub ids: Option<Vec<i64>>,
+    /// New tokens at most [default: 64, or fewer if the model's max_position_embeddings
+    /// leaves less room].
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling mass in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value_t = DecodeArg::Auto)]
+    pub decode: DecodeArg,
+}
+
+#[derive(Args)]
+pub struct LogitsArgs {
+    /// Checkpoint folder: config.json plus model.safetensors (or a sharded index).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',', required = true, allow_negative_numbers = true)]
+    pub ids: Vec<i64>,
+    /// Output file.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Checkpoint folder (or give --config for random weights).
+    #[arg(long, value_name = "DIR", conflicts_with = "config", required_unless_present = "config")]
+    pub model: Option<PathBuf>,
+    /// A config.json: random weights of that shape.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Override num_hidden_layers of --config (e.g. a few layers of a large model).
+    #[arg(long)]
+    pub layers: Option<u64>,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    #[arg(long, default_value_t = 512)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub new_tokens: usize,
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// CPU threads for libtorch, per rank (default: libtorch's choice, or the CPU's threads
+    /// divided between the ranks).
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Timed repetitions; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    #[arg(long, value_enum, default_value_t = DecodeArg::Auto)]
+    pub decode: DecodeArg,
+}
+
+/// The weight and activation dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    #[value(alias = "float32")]
+    F32,
+    #[value(alias = "bfloat16")]
+    Bf16,
+    #[value(alias = "float16", alias = "half")]
+    F16,
+}
+
+/// How decode steps run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DecodeArg {
+    /// A CUDA graph on one GPU, eager steps elsewhere.
+    Auto,
+    /// Each step op by op (the fastest on CPU).
+    Eager,
+    /// Static-shape steps run uncaptured: what a graph captures (for comparisons).
+    #[value(hide = true)]
+    Static,
+    /// A CUDA graph, or an error where one cannot be used.
+    CudaGraph,
+}
+
+/// Where half-precision results are rounded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RoundingArg {
+    /// Where transformers rounds (bf16 logits bit-equal to transformers').
+    Transformers,
+    /// Fewer roundings and GPU kernels.
+    Fused,
+}
+
+/// The memory layout of projection weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LayoutArg {
+    /// The faster one measured for the dtype and device.
+    Auto,
+    /// Transposed copies, `[in, out]` (f32 on CPU).
+    InOut,
+    /// As stored, `[out, in]` (bf16 and f16 on CPU).
+    OutIn,
+}
+
+impl From<DTypeArg> for DType {
+    fn from(a: DTypeArg) -> DType {
+        match a {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::Bf16 => DType::Bf16,
+            DTypeArg::F16 => DType::F16,
+        }
+    }
+}
+
+impl From<DecodeArg> for DecodeMode {
+    fn from(a: DecodeArg) -> DecodeMode {
+        match a {
+            DecodeArg::Auto => DecodeMode::Auto,
+            DecodeArg::Eager => DecodeMode::Eager,
+            DecodeArg::Static => DecodeMode::Static,
+            DecodeArg::CudaGraph => DecodeMode::CudaGraph,
+        }
+    }
+}
+
+impl From<RoundingArg> for Rounding {
+    fn from(a: RoundingArg) -> Rounding {
+        match a {
+            RoundingArg::Transformers => Rounding::Transformers,
+            RoundingArg::Fused => Rounding::Fused,
+        }
+    }
+}
+
+impl From<LayoutArg> for WeightLayout {
+    fn from(a: LayoutArg) -> WeightLayout {
+        match a {
+            LayoutArg::Auto => WeightLayout::Auto,
+            LayoutArg::InOut => WeightLayout::InOut,
+            LayoutArg::OutIn => WeightLayout::OutIn,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each flag value is the library's own name for the option it maps to.
+    #[test]
+    fn flag_values_are_the_librarys_names() {
+        fn check<A: ValueEnum + Copy, T: From<A> + PartialEq + std::fmt::Debug>(name: fn(T) -> &'static str) {
+            for v in A::value_variants() {
+                let flag = v.to_possible_value().expect("every value is listed");
+                assert_eq!(flag.get_name(), name(T::from(*v)));
+            }
+        }
+        check::<DTypeArg, DType>(DType::name);
+        check::<DecodeArg, DecodeMode>(DecodeMode::name);
+        check::<RoundingArg, Rounding>(Rounding::name);
+        check::<LayoutArg, WeightLayout>(WeightLayout::name);
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,69 @@
+//! `headcount bench`: a model's speed, one JSON line (headcount_runtime::bench measures).
+
+use std::process::ExitCode;
+
+use headcount_runtime::bench::{BenchOptions, BenchReport, bench};
+use headcount_runtime::{Error, Glm, LoadOptions, Result, parse_device};
+use headcount_spec::Config;
+
+use crate::args::BenchArgs;
+use crate::ranks::{join, rank_device};
+
+/// Sets the threads, loads the model (a checkpoint, or random weights of a config) as this
+/// rank's part, and measures it.
+pub fn load_and_bench(b: &BenchArgs, quiet: bool) -> Result<(Glm, Option<BenchReport>)> {
+    if let Some(t) = b.threads {
+        if t < 1 {
+            return Err(Error::InvalidArgument(format!("--threads must be at least 1, got {t}")));
+        }
+        tch::set_num_threads(t);
+    }
+    let model = load(b, quiet)?;
+    let opts = BenchOptions {
+        batch: b.batch,
+        prompt_len: b.prompt_len,
+        new_tokens: b.new_tokens,
+        repeat: b.repeat,
+        decode: b.decode.into(),
+    };
+    let report = bench(&model, &opts, &b.runtime.device)?;
+    Ok((model, report))
+}
+
+/// The benchmark's model: `--model`'s checkpoint, or random weights of `--config`.
+pub fn load(b: &BenchArgs, quiet: bool) -> Result<Glm> {
+    let r = &b.runtime;
+    if b.batch == 0 || b.prompt_len == 0 || b.repeat == 0 {
+        return Err(Error::InvalidArgument("--batch, --prompt-len and --repeat must be at least 1".to_owned()));
+    }
+    let parallel = join(&r.parallel)?;
+    let opts = LoadOptions {
+        dtype: r.dtype.into(),
+        device: rank_device(parse_device(&r.device)?, &parallel),
+        progress_above_bytes: if quiet || parallel.rank != 0 { None } else { Some(200 << 20) },
+        weight_layout: r.weight_layout.into(),
+        rounding: r.rounding.into(),
+        ..Default::default()
+    };
+    match (&b.model, &b.config) {
+        (Some(dir), _) => Glm::load_rank(dir, &opts, parallel),
+        (None, Some(path)) => Glm::random_rank(&config_of(path, b.layers)?, &opts, parallel, 0),
+        (None, None) => Err(Error::InvalidArgument("give --model or --config".to_owned())),
+    }
+}
+
+/// `--config` with `--layers` applied.
+pub fn config_of(path: &std::path::Path, layers: Option<u64>) -> Result<Config> {
+    let mut c = Config::from_file(path)?;
+    if let Some(l) = layers {
+        c.num_hidden_layers = l;
+    }
+    Ok(c)
+}
+
+pub fn run(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
+    if let (_, Some(report)) = load_and_bench(b, quiet)? {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    }
+    Ok(ExitCode::SUCCESS)
+}
