@@ -1,0 +1,159 @@
+//! The README's `$ headcount ...` examples, run against the real binary: each command's
+//! output must have the shape the README shows. Decimal numbers (timings, speeds) may
+//! differ, a `...` line stands for any lines, and a JSON line must have the same keys;
+//! everything else must match.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    // runtime/cli/ -> the repository root.
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+/// One `$ headcount ...` line of a README text block and the lines shown after it.
+struct Example {
+    command: String,
+    output: Vec<String>,
+}
+
+fn examples(readme: &str) -> Vec<Example> {
+    let mut out: Vec<Example> = Vec::new();
+    let mut in_text = false;
+    for line in readme.lines() {
+        if line.starts_with("```") {
+            in_text = line == "```text";
+            continue;
+        }
+        if !in_text {
+            continue;
+        }
+        if let Some(cmd) = line.strip_prefix("$ ") {
+            out.push(Example { command: cmd.to_owned(), output: Vec::new() });
+        } else if let Some(last) = out.last_mut() {
+            last.output.push(line.to_owned());
+        }
+    }
+    out.retain(|e| e.command.starts_with("headcount "));
+    out
+}
+
+/// Words of a command line, with double-quoted words kept whole.
+fn words(command: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    for c in command.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+/// A line with every decimal number replaced by `#`.
+fn shape(line: &str) -> String {
+    let mut out = String::new();
+    let chars: Vec<char> = line.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i].is_ascii_digit() {
+            let start = i;
+            while i < chars.len() && (chars[i].is_ascii_digit() || chars[i] == '.') {
+                i += 1;
+            }
+            let number: String = chars[start..i].iter().collect();
+            if number.contains('.') && !number.ends_with('.') {
+                out.push('#');
+            } else {
+                out.push_str(&number);
+            }
+        } else {
+            out.push(chars[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn keys(line: &str) -> Option<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let mut k: Vec<String> = v.as_object()?.keys().cloned().collect();
+    k.sort();
+    Some(k)
+}
+
+/// Whether `got` has the shape of `want` (see the module's doc).
+fn matches(want: &[String], got: &[String]) -> Result<(), String> {
+    let mut g = 0;
+    let mut w = 0;
+    while w < want.len() {
+        if want[w].trim() == "..." {
+            w += 1;
+            let Some(next) = want.get(w) else { return Ok(()) };
+            while g < got.len() && shape(&got[g]) != shape(next) {
+                g += 1;
+            }
+            continue;
+        }
+        let Some(line) = got.get(g) else { return Err(format!("missing line {:?}", want[w])) };
+        let same = match (keys(&want[w]), keys(line)) {
+            (Some(a), Some(b)) => a == b,
+            _ => shape(&want[w]) == shape(line),
+        };
+        if !same {
+            return Err(format!("expected a line like\n  {}\ngot\n  {line}", want[w]));
+        }
+        g += 1;
+        w += 1;
+    }
+    if g < got.len() {
+        return Err(format!("unexpected lines: {:?}", &got[g..]));
+    }
+    Ok(())
+}
+
+#[test]
+fn the_readme_examples_run_as_shown() {
+    let root = root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let examples = examples(&readme);
+    assert!(examples.len() >= 8, "found only {} examples", examples.len());
+    let tmp = tempfile::tempdir().unwrap();
+    for e in &examples {
+        // Paths into the repository are made absolute (and shown relative again below), so
+        // the files a command writes land in a temporary folder.
+        let args: Vec<String> = words(&e.command)[1..]
+            .iter()
+            .map(
+                |w| if root.join(w).exists() && !w.is_empty() { root.join(w).display().to_string() } else { w.clone() },
+            )
+            .collect();
+        let out = Command::new(env!("CARGO_BIN_EXE_headcount")).args(&args).current_dir(tmp.path()).output().unwrap();
+        let prefix = format!("{}/", root.display());
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        let got: Vec<String> = text.replace(&prefix, "").lines().map(str::to_owned).collect();
+        if let Err(why) = matches(&e.output, &got) {
+            panic!("README example `{}`: {why}\nfull output:\n{text}", e.command);
+        }
+    }
+}
+
+#[test]
+fn shapes_mask_only_decimals() {
+    assert_eq!(shape("prefill: 9 tokens in 6.6 ms (1359.5 tokens/s)"), "prefill: 9 tokens in # ms (# tokens/s)");
+    assert_eq!(shape("7,7,100"), "7,7,100");
+    assert!(matches(&["a".into(), "...".into(), "z".into()], &["a".into(), "b".into(), "z".into()]).is_ok());
+    assert!(matches(&["a 1".into()], &["a 2".into()]).is_err());
+    assert!(matches(&["{\"x\":1.5}".into()], &["{\"x\":2}".into()]).is_ok());
+    assert!(matches(&["{\"x\":1}".into()], &["{\"y\":1}".into()]).is_err());
+}
