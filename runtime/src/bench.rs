@@ -5,8 +5,7 @@ use serde::Serialize;
 use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::generate::{DecodeMode, GenerateOptions, generate};
-use crate::model::Glm;
+use crate::generate::{DecodeMode, GenerateOptions, Generator};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -87,11 +86,13 @@ pub fn prompts(batch: usize, prompt_len: usize, vocab: usize) -> Result<Vec<Vec<
     Ok(prompts)
 }
 
-/// Measures `model`: one untimed warm-up (on a GPU a whole generation, which also captures
-/// the CUDA graph the timed runs replay), then `repeat` timed generations, medians
-/// reported. Every rank of a parallel run calls it; rank 0 gets the report, the others
+/// Measures the generator's model: one untimed warm-up (on a GPU a whole generation, which
+/// also captures the CUDA graph the timed runs replay, kept in `generator`), then `repeat`
+/// timed generations, medians reported. CPU decode holds libtorch at one thread while the
+/// split products' own threads run (`GenerateOptions::decode_threads`). Every rank of a parallel run calls it; rank 0 gets the report, the others
 /// `None`. `device_name` is the device as the user named it, for the report.
-pub fn bench(model: &Glm, opts: &BenchOptions, device_name: &str) -> Result<Option<BenchReport>> {
+pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &str) -> Result<Option<BenchReport>> {
+    let model = generator.model();
     if opts.batch == 0 || opts.prompt_len == 0 || opts.repeat == 0 {
         return Err(Error::InvalidArgument("--batch, --prompt-len and --repeat must be at least 1".to_owned()));
     }
@@ -107,9 +108,9 @@ pub fn bench(model: &Glm, opts: &BenchOptions, device_name: &str) -> Result<Opti
     model.check_cache_memory(opts.batch, need)?;
     let prompts = prompts(opts.batch, opts.prompt_len, model.dims.vocab)?;
     let device = model.device();
-    let gen_opts = GenerateOptions { max_new_tokens: opts.new_tokens, decode: opts.decode, ..Default::default() };
+    let gen_opts = bench_generation(opts);
     let warm_tokens = if device == Device::Cpu { opts.new_tokens.min(4) } else { opts.new_tokens };
-    generate(model, &prompts, &GenerateOptions { max_new_tokens: warm_tokens, ..gen_opts.clone() }, |_, _| {})?;
+    generator.generate(&prompts, &GenerateOptions { max_new_tokens: warm_tokens, ..gen_opts.clone() }, |_, _| {})?;
     let peak_device = |reset: bool| -> Option<u64> {
         if device == Device::Cpu {
             return None;
@@ -125,7 +126,7 @@ pub fn bench(model: &Glm, opts: &BenchOptions, device_name: &str) -> Result<Opti
     let (mut comm_per_step, mut comm_share) = (Vec::new(), Vec::new());
     let mut path = ("", None);
     for _ in 0..opts.repeat {
-        let g = generate(model, &prompts, &gen_opts, |_, _| {})?;
+        let g = generator.generate(&prompts, &gen_opts, |_, _| {})?;
         prefill.push(g.prefill_tokens_per_second());
         decode.push(g.decode_tokens_per_second());
         comm_per_step.push(g.decode_comm_seconds / (g.decode_steps.max(1) as f64));
@@ -187,6 +188,16 @@ pub fn bench(model: &Glm, opts: &BenchOptions, device_name: &str) -> Result<Opti
         decode_bound_tokens_per_s: bound,
         decode_fraction_of_bound: decode_median / bound,
     }))
+}
+
+/// The generation each timed run of [`bench`] makes.
+pub fn bench_generation(opts: &BenchOptions) -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens: opts.new_tokens,
+        decode: opts.decode,
+        decode_threads: Some(1),
+        ..Default::default()
+    }
 }
 
 /// The median of a non-empty list (0 for an empty one).

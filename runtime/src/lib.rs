@@ -16,7 +16,7 @@ pub mod typed;
 
 pub use device::{DType, parse_device};
 pub use error::{Error, Result};
-pub use generate::{DecodeMode, GenerateOptions, Generation, Sampling, generate, logits};
+pub use generate::{DecodeMode, GenerateOptions, Generation, Generator, Sampling, generate, logits};
 pub use model::{Dims, Glm, KvCache, LoadOptions, Rounding, Step, WeightLayout, rank_parameter_count};
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
 pub use text::{StreamDecoder, TextCodec};

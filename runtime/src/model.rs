@@ -218,12 +218,14 @@ impl Rope {
         Ok(Rope { cos, sin, cos_ext, sin_ext, swap })
     }
 
-    /// cos and sin at one position per row (`pos`, [B] int64 on the device), as `kind`:
-    /// [B, 1, 1, R] each, for one-token steps rotated elementwise.
-    pub fn tables_at(&self, pos: &Tensor, kind: Kind) -> Result<(Tensor, Tensor)> {
+    /// cos and sin at the positions `pos` ([B, S] int64 on the device), as `kind`:
+    /// [B, S, 1, R] each, rotated elementwise.
+    pub fn tables(&self, pos: &Tensor, kind: Kind) -> Result<(Tensor, Tensor)> {
+        let (b, len) = pos.size2()?;
         let r = self.cos.size()[1]; // cannot fire: [len, R]
-        let c = self.cos.f_index_select(0, pos)?.f_view([-1, 1, 1, r])?.f_to_kind(kind)?;
-        let s = self.sin.f_index_select(0, pos)?.f_view([-1, 1, 1, r])?.f_to_kind(kind)?;
+        let flat = pos.f_reshape([-1])?;
+        let c = self.cos.f_index_select(0, &flat)?.f_reshape([b, len, 1, r])?.f_to_kind(kind)?;
+        let s = self.sin.f_index_select(0, &flat)?.f_reshape([b, len, 1, r])?.f_to_kind(kind)?;
         Ok((c, s))
     }
 
@@ -244,7 +246,7 @@ impl Rope {
             let empty = Tensor::f_zeros([0], (kind, pos.device()))?;
             return Ok((empty.shallow_clone(), empty, Some(self.rotations(pos, kind)?)));
         }
-        let (c, s) = self.tables_at(pos, kind)?;
+        let (c, s) = self.tables(&pos.f_unsqueeze(1)?, kind)?;
         Ok((c, s, None))
     }
 
@@ -428,8 +430,8 @@ pub struct Step {
     /// `[B or 1, 1, G*T or 1, S]` additive (0 = attend, -inf = not); `None` = attend to
     /// every key up to the step.
     pub mask: Option<Tensor>,
-    /// Static-shape steps (one token, see [`crate::generate::DecodeMode::Static`]): the cache
-    /// slot to write at, a one-element int64 tensor on the device. Then no tensor shape
+    /// Static-shape steps (one token): the cache slot to write at, a one-element int64
+    /// tensor on the device. Then no tensor shape
     /// depends on the position: keys are the whole cache and `mask` spans its capacity, so
     /// the step can be captured in a CUDA graph and replayed at later slots. `start` is then
     /// only bookkeeping.
@@ -467,9 +469,6 @@ pub struct Glm {
     pub lm_head: Option<ParallelLmHead>,
     /// This rank's place in the run and its groups.
     pub parallel: Parallel,
-    /// The static-shape decoder of the last generation (its cache, device buffers and CUDA
-    /// graph), kept for the next one with the same batch and capacity.
-    pub(crate) decoder: std::sync::Mutex<Option<crate::generate::StaticDecoder>>,
 }
 
 /// How to load or build a model. The tensor- and pipeline-parallel sizes are the run's
@@ -898,7 +897,6 @@ impl Glm {
             norm,
             lm_head,
             parallel,
-            decoder: Default::default(),
         })
     }
 

@@ -3,15 +3,20 @@
 use std::process::ExitCode;
 
 use headcount_runtime::bench::{BenchOptions, BenchReport, bench};
-use headcount_runtime::{Error, Glm, LoadOptions, Result, parse_device};
+use headcount_runtime::{Error, Generator, Glm, LoadOptions, Result, parse_device};
 use headcount_spec::Config;
 
 use crate::args::BenchArgs;
 use crate::ranks::{join, rank_device};
 
 /// Sets the threads, loads the model (a checkpoint, or random weights of a config) as this
-/// rank's part, and measures it.
-pub fn load_and_bench(b: &BenchArgs, quiet: bool) -> Result<(Glm, Option<BenchReport>)> {
+/// rank's part, measures it, and hands `then` the generator the measurement used and the
+/// report (rank 0's only).
+pub fn load_and_bench(
+    b: &BenchArgs,
+    quiet: bool,
+    then: impl FnOnce(&mut Generator, Option<&BenchReport>) -> Result<()>,
+) -> Result<()> {
     if let Some(t) = b.threads {
         if t < 1 {
             return Err(Error::InvalidArgument(format!("--threads must be at least 1, got {t}")));
@@ -26,8 +31,9 @@ pub fn load_and_bench(b: &BenchArgs, quiet: bool) -> Result<(Glm, Option<BenchRe
         repeat: b.repeat,
         decode: b.decode.into(),
     };
-    let report = bench(&model, &opts, &b.runtime.device)?;
-    Ok((model, report))
+    let mut generator = Generator::new(&model);
+    let report = bench(&mut generator, &opts, &b.runtime.device)?;
+    then(&mut generator, report.as_ref())
 }
 
 /// The benchmark's model: `--model`'s checkpoint, or random weights of `--config`.
@@ -62,8 +68,16 @@ pub fn config_of(path: &std::path::Path, layers: Option<u64>) -> Result<Config> 
 }
 
 pub fn run(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {
-    if let (_, Some(report)) = load_and_bench(b, quiet)? {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
-    }
+    load_and_bench(b, quiet, |_, report| {
+        print_report(report);
+        Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The report as one JSON line on stdout.
+pub fn print_report(report: Option<&BenchReport>) {
+    if let Some(r) = report {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+    }
 }

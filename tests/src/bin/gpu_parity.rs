@@ -130,8 +130,7 @@ fn main() -> ExitCode {
                 ..Default::default()
             };
             let before = generate(&m, &prompts, &opts(DecodeMode::Eager), |_, _| {})?;
-            // SAFETY: no other thread of this program reads the environment.
-            unsafe { std::env::set_var("HEADCOUNT_TEST_BREAK_CAPTURE", "1") };
+            headcount_runtime::generate::break_next_capture();
             let after = generate(&m, &prompts, &opts(DecodeMode::Auto), |_, _| {})?;
             let again = generate(&m, &prompts, &opts(DecodeMode::Auto), |_, _| {})?;
             Ok((before, after, again))

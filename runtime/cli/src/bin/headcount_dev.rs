@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use headcount_cli::args::{BenchArgs, DTypeArg, DecodeArg, RoundingArg};
 use headcount_cli::generate::partial_beside;
 use headcount_cli::{exit, set_up_process};
-use headcount_runtime::{DType, Error, GenerateOptions, LoadOptions, Result, generate, parse_device};
+use headcount_runtime::{DType, Error, GenerateOptions, LoadOptions, Result, parse_device};
 use headcount_spec::Config;
 
 #[derive(Parser)]
@@ -109,9 +109,7 @@ fn count_ops(a: &CountOpsArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The benchmark's line, then a trace of one more generation at the timed runs' capacity
-/// (so it replays their CUDA graph rather than capturing one). The trace comes after the
-/// line, so a failed trace loses no measurement.
+/// The benchmark's line, then a trace of one more generation.
 fn trace(a: &TraceArgs) -> Result<ExitCode> {
     let b = &a.bench;
     if b.runtime.parallel.world() > 1 {
@@ -124,19 +122,23 @@ fn trace(a: &TraceArgs) -> Result<ExitCode> {
         // graphs, pytorch issue 75504): an empty profiler session.
         headcount_runtime::op_count::init_profiler(true)?;
     }
-    let (model, report) = headcount_cli::bench::load_and_bench(b, true)?;
-    if let Some(report) = report {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
-    }
-    let prompts = headcount_runtime::bench::prompts(b.batch, b.prompt_len, model.dims.vocab)?;
-    let traced = GenerateOptions {
-        max_new_tokens: b.new_tokens.min(8),
-        min_capacity: b.prompt_len + b.new_tokens,
-        decode: b.decode.into(),
-        ..Default::default()
-    };
-    let outcome = headcount_runtime::op_count::trace(&partial, cuda, || generate(&model, &prompts, &traced, |_, _| {}));
-    if let Err(e) = outcome.and_then(|g| g) {
+    // The bench line comes first, so a failed trace loses no measurement; the trace's
+    // generation runs on the timed runs' generator at their capacity, so it replays their
+    // CUDA graph rather than capturing one.
+    let outcome = headcount_cli::bench::load_and_bench(b, true, |generator, report| {
+        headcount_cli::bench::print_report(report);
+        let model = generator.model();
+        let prompts = headcount_runtime::bench::prompts(b.batch, b.prompt_len, model.dims.vocab)?;
+        let opts = GenerateOptions {
+            max_new_tokens: b.new_tokens.min(8),
+            min_capacity: b.prompt_len + b.new_tokens,
+            decode: b.decode.into(),
+            ..Default::default()
+        };
+        headcount_runtime::op_count::trace(&partial, cuda, || generator.generate(&prompts, &opts, |_, _| {}))??;
+        Ok(())
+    });
+    if let Err(e) = outcome {
         let _ = std::fs::remove_file(&partial);
         return Err(e);
     }

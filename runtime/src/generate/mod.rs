@@ -1,0 +1,36 @@
+//! Generation: options, sampling, the padded batch (positions and masks), static-shape
+//! steps and their CUDA graph, and the [`Generator`] that runs the loop and keeps its
+//! decoder between generations. The model holds no generation state.
+
+mod batch;
+mod generator;
+mod options;
+mod sampling;
+mod static_decoder;
+
+pub use batch::check_prompts;
+pub use generator::Generator;
+pub use options::{DecodeMode, GenerateOptions, Generation, Sampling};
+pub use sampling::{SampleRng, select};
+pub use static_decoder::break_next_capture;
+
+use tch::Tensor;
+
+use crate::error::Result;
+use crate::model::Glm;
+
+/// One generation with a fresh [`Generator`] (no decoder kept for the next call); see
+/// [`Generator::generate`].
+pub fn generate(
+    model: &Glm,
+    prompts: &[Vec<i64>],
+    opts: &GenerateOptions,
+    on_token: impl FnMut(usize, i64),
+) -> Result<Generation> {
+    Generator::new(model).generate(prompts, opts, on_token)
+}
+
+/// Logits of every position of one sequence: [1, T, vocab], f32.
+pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
+    Generator::new(model).logits(ids)
+}

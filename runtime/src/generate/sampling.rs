@@ -1,0 +1,124 @@
+//! Choosing the next token: greedy, or sampled with temperature, top-k and top-p from the
+//! generation's own seeded random stream.
+
+use tch::{Device, Kind, Tensor};
+
+use super::options::Sampling;
+use crate::error::Result;
+
+/// A generation's random stream (SplitMix64): seeded per generation, so sampling touches no
+/// process-wide generator and every rank of a run draws the same numbers.
+#[derive(Clone, Debug)]
+pub struct SampleRng(u64);
+
+impl SampleRng {
+    pub fn new(seed: u64) -> SampleRng {
+        SampleRng(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1), 53 random bits.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// An index drawn with probability proportional to `weights` (non-negative, not all 0);
+    /// the last index with positive weight when rounding leaves the draw past the sum.
+    fn pick(&mut self, weights: &[f64]) -> usize {
+        let total: f64 = weights.iter().sum();
+        let mut u = self.next_f64() * total;
+        let mut last = 0;
+        for (i, &w) in weights.iter().enumerate() {
+            if w > 0.0 {
+                if u < w {
+                    return i;
+                }
+                u -= w;
+                last = i;
+            }
+        }
+        last
+    }
+}
+
+/// Picks one token per row from f32 logits [B, V]; `rng` draws the samples.
+///
+/// Sampling works in f64 on logits shifted so that each row's largest is 0, then divided by
+/// the temperature: the most likely token keeps weight exp(0) = 1 and every other weight is
+/// finite or exactly 0, so no positive finite temperature can make an infinite or NaN
+/// probability. Temperatures so small that every other weight underflows to 0 (1e-30 and
+/// below, for typical logits) therefore pick the most likely token, as greedy does (exact
+/// ties are still sampled).
+pub fn select(logits: &Tensor, s: &Sampling, rng: &mut SampleRng) -> Result<Tensor> {
+    if s.temperature == 0.0 {
+        return Ok(logits.f_argmax(-1, false)?);
+    }
+    let l = logits.f_to_kind(Kind::Double)?;
+    let (max, _) = l.f_max_dim(-1, true)?;
+    let mut l = l.f_sub(&max)?.f_div_scalar(s.temperature)?;
+    let v = l.size2()?.1;
+    // A k at or above the vocabulary keeps every token (and a k beyond i64 never reaches
+    // libtorch as a negative number).
+    if let Ok(k) = i64::try_from(s.top_k)
+        && k > 0
+        && k < v
+    {
+        let (top, _) = l.f_topk(k, -1, true, true)?;
+        let kth = top.f_narrow(1, k - 1, 1)?;
+        l = l.f_masked_fill(&l.f_lt_tensor(&kth)?, f64::NEG_INFINITY)?;
+    }
+    if s.top_p < 1.0 {
+        // Drop the least likely tokens whose total probability stays within 1 - p.
+        let (sorted, idx) = l.f_sort(-1, false)?;
+        let cum = sorted.f_softmax(-1, Kind::Double)?.f_cumsum(-1, Kind::Double)?;
+        let remove = cum.f_le(1.0 - s.top_p)?;
+        // Always keep the most likely token.
+        let _ = remove.f_narrow(1, v - 1, 1)?.f_fill_(0)?;
+        let remove = remove.f_scatter(1, &idx, &remove)?;
+        l = l.f_masked_fill(&remove, f64::NEG_INFINITY)?;
+    }
+    let probs = l.f_softmax(-1, Kind::Double)?.f_to_device(Device::Cpu)?.f_contiguous()?;
+    let rows = Vec::<f64>::try_from(&probs.f_reshape([-1])?)?;
+    let v = usize::try_from(v).unwrap_or(0).max(1);
+    let picked: Vec<i64> = rows.chunks(v).map(|row| rng.pick(row) as i64).collect();
+    Ok(Tensor::f_from_slice(&picked)?.f_to_device(logits.device())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_follow_the_weights_and_repeat_with_the_seed() {
+        let weights = [0.0, 0.25, 0.0, 0.75];
+        let mut rng = SampleRng::new(7);
+        let mut counts = [0usize; 4];
+        for _ in 0..20_000 {
+            counts[rng.pick(&weights)] += 1;
+        }
+        assert_eq!((counts[0], counts[2]), (0, 0), "a zero weight is never drawn");
+        let share = counts[3] as f64 / 20_000.0;
+        assert!((share - 0.75).abs() < 0.02, "{share}");
+        let (mut a, mut b) = (SampleRng::new(3), SampleRng::new(3));
+        assert!((0..100).all(|_| a.next_u64() == b.next_u64()));
+        assert_ne!(SampleRng::new(3).next_u64(), SampleRng::new(4).next_u64());
+    }
+
+    #[test]
+    fn select_samples_within_top_k() {
+        let logits = Tensor::from_slice(&[1f32, 5., 4., -2., 3.]).reshape([1, 5]);
+        let s = Sampling { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 0 };
+        let mut rng = SampleRng::new(1);
+        for _ in 0..200 {
+            let t = select(&logits, &s, &mut rng).unwrap().int64_value(&[0]);
+            assert!(t == 1 || t == 2, "{t}");
+        }
+    }
+}
