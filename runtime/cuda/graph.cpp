@@ -18,6 +18,8 @@
 #include <optional>
 #include <string>
 
+#include "../cpp/c_api.h"
+
 namespace {
 
 struct Graph {
@@ -59,28 +61,6 @@ void recover_from_failed_capture(Graph* g) {
   }
 }
 
-void write_error(const std::string& msg, char* err, size_t cap) {
-  if (err == nullptr || cap == 0) return;
-  size_t n = msg.size() < cap - 1 ? msg.size() : cap - 1;
-  std::memcpy(err, msg.data(), n);
-  err[n] = '\0';
-}
-
-template <typename F>
-int guarded(char* err, size_t cap, F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const c10::Error& e) {
-    write_error(e.what_without_backtrace(), err, cap);
-  } catch (const std::exception& e) {
-    write_error(e.what(), err, cap);
-  } catch (...) {
-    write_error("unknown C++ exception", err, cap);
-  }
-  return 1;
-}
-
 }  // namespace
 
 extern "C" {
@@ -88,14 +68,14 @@ extern "C" {
 // A graph for CUDA device `device`; null (with the reason in `err`) when it cannot be made.
 void* hc_graph_new(int device, char* err, size_t cap) {
   Graph* g = nullptr;
-  int rc = guarded(err, cap, [&] {
+  int rc = headcount::guarded([&] {
     int count = static_cast<int>(c10::cuda::device_count());
     if (device < 0 || device >= count) {
       throw std::runtime_error("CUDA device " + std::to_string(device) + " does not exist (" +
                                std::to_string(count) + " visible)");
     }
     g = new Graph(static_cast<c10::DeviceIndex>(device));
-  });
+  }, err, cap);
   return rc == 0 ? g : nullptr;
 }
 
@@ -103,29 +83,29 @@ void* hc_graph_new(int device, char* err, size_t cap) {
 // stream has finished. Work issued until hc_graph_exit_stream (warm-up steps, the capture)
 // goes to that stream.
 int hc_graph_enter_stream(void* h, char* err, size_t cap) {
-  return guarded(err, cap, [&] {
+  return headcount::guarded([&] {
     auto* g = static_cast<Graph*>(h);
     if (g->guard) throw std::runtime_error("the side stream is already current");
     c10::cuda::getCurrentCUDAStream(g->device).synchronize();
     g->guard.emplace(g->side);
-  });
+  }, err, cap);
 }
 
 // Waits for the side stream and makes the previous stream current again.
 int hc_graph_exit_stream(void* h, char* err, size_t cap) {
-  return guarded(err, cap, [&] {
+  return headcount::guarded([&] {
     auto* g = static_cast<Graph*>(h);
     if (!g->guard) throw std::runtime_error("the side stream is not current");
     if (g->capturing) throw std::runtime_error("a capture is still open");
     g->side.synchronize();
     g->guard.reset();
-  });
+  }, err, cap);
 }
 
 // Starts capturing the work this thread issues (the side stream must be current). The
 // mode is thread-local: other threads' CUDA calls neither join nor invalidate the capture.
 int hc_graph_capture_begin(void* h, char* err, size_t cap) {
-  return guarded(err, cap, [&] {
+  return headcount::guarded([&] {
     auto* g = static_cast<Graph*>(h);
     if (!g->guard) throw std::runtime_error("enter the side stream before capturing");
     if (g->captured || g->capturing) throw std::runtime_error("this graph was already captured");
@@ -138,13 +118,13 @@ int hc_graph_capture_begin(void* h, char* err, size_t cap) {
       recover_from_failed_capture(g);
       throw;
     }
-  });
+  }, err, cap);
 }
 
 // Ends the capture. On failure the device is put back in a usable state before the error
 // is returned (see recover_from_failed_capture).
 int hc_graph_capture_end(void* h, char* err, size_t cap) {
-  return guarded(err, cap, [&] {
+  return headcount::guarded([&] {
     auto* g = static_cast<Graph*>(h);
     if (!g->capturing) throw std::runtime_error("no capture is open");
     g->capturing = false;
@@ -155,16 +135,16 @@ int hc_graph_capture_end(void* h, char* err, size_t cap) {
       throw;
     }
     g->captured = true;
-  });
+  }, err, cap);
 }
 
 // Replays the captured work on the current stream.
 int hc_graph_replay(void* h, char* err, size_t cap) {
-  return guarded(err, cap, [&] {
+  return headcount::guarded([&] {
     auto* g = static_cast<Graph*>(h);
     if (!g->captured) throw std::runtime_error("replay before a capture");
     g->graph.replay();
-  });
+  }, err, cap);
 }
 
 void hc_graph_free(void* h) {
@@ -178,16 +158,16 @@ void hc_graph_free(void* h) {
 // The most bytes libtorch's caching allocator has had allocated on `device` since the last
 // reset (what torch.cuda.max_memory_allocated reports), written to `out`.
 int hc_cuda_peak_allocated(int device, long long* out, char* err, size_t cap) {
-  return guarded(err, cap, [&] {
+  return headcount::guarded([&] {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
     *out = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-  });
+  }, err, cap);
 }
 
 int hc_cuda_reset_peak(int device, char* err, size_t cap) {
-  return guarded(err, cap, [&] {
+  return headcount::guarded([&] {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
-  });
+  }, err, cap);
 }
 
 }  // extern "C"

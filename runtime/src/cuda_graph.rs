@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use tch::Device;
 
 use crate::error::{Error, Result};
+use crate::ffi::{ERR_LEN, ErrBuf};
 
 type NewFn = unsafe extern "C" fn(c_int, *mut c_char, usize) -> *mut c_void;
 type OpFn = unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int;
@@ -125,19 +126,17 @@ pub fn available() -> Result<()> {
     shim().map(|_| ())
 }
 
-const ERR_CAP: usize = 1024;
-
 /// The peak of bytes allocated by libtorch on a CUDA device since the last
 /// [`reset_peak_memory`] (torch.cuda.max_memory_allocated), through the shim.
 pub(crate) fn peak_memory(device: Device) -> Result<u64> {
     let index = cuda_index(device)?;
     let shim = shim()?;
     let mut bytes: std::ffi::c_longlong = 0;
-    let mut buf = vec![0u8; ERR_CAP];
-    // SAFETY: a valid out pointer and a buffer of ERR_CAP bytes.
-    let rc = unsafe { (shim.peak_allocated)(index, &mut bytes, buf.as_mut_ptr().cast(), ERR_CAP) };
+    let mut err = ErrBuf::new();
+    // SAFETY: a valid out pointer and a buffer of ERR_LEN bytes.
+    let rc = unsafe { (shim.peak_allocated)(index, &mut bytes, err.ptr(), ERR_LEN) };
     if rc != 0 {
-        return Err(Error::CudaGraph(message(&buf)));
+        return Err(Error::CudaGraph(err.message()));
     }
     Ok(u64::try_from(bytes).unwrap_or(0))
 }
@@ -146,10 +145,10 @@ pub(crate) fn peak_memory(device: Device) -> Result<u64> {
 pub(crate) fn reset_peak_memory(device: Device) -> Result<()> {
     let index = cuda_index(device)?;
     let shim = shim()?;
-    let mut buf = vec![0u8; ERR_CAP];
-    // SAFETY: a buffer of ERR_CAP bytes.
-    let rc = unsafe { (shim.reset_peak)(index, buf.as_mut_ptr().cast(), ERR_CAP) };
-    if rc == 0 { Ok(()) } else { Err(Error::CudaGraph(message(&buf))) }
+    let mut err = ErrBuf::new();
+    // SAFETY: a buffer of ERR_LEN bytes.
+    let rc = unsafe { (shim.reset_peak)(index, err.ptr(), ERR_LEN) };
+    if rc == 0 { Ok(()) } else { Err(Error::CudaGraph(err.message())) }
 }
 
 fn cuda_index(device: Device) -> Result<c_int> {
@@ -161,16 +160,11 @@ fn cuda_index(device: Device) -> Result<c_int> {
 
 /// Calls one shim operation and turns its status into a `Result`.
 fn call(op: OpFn, handle: *mut c_void, what: &str) -> Result<()> {
-    let mut buf = vec![0u8; ERR_CAP];
+    let mut err = ErrBuf::new();
     // SAFETY: `handle` came from hc_graph_new and is live (owned by a `CudaGraph`); the
-    // buffer holds ERR_CAP bytes.
-    let rc = unsafe { op(handle, buf.as_mut_ptr().cast(), ERR_CAP) };
-    if rc == 0 { Ok(()) } else { Err(Error::CudaGraph(format!("{what}: {}", message(&buf)))) }
-}
-
-fn message(buf: &[u8]) -> String {
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    crate::error::first_line(&String::from_utf8_lossy(&buf[..end]))
+    // buffer holds ERR_LEN bytes.
+    let rc = unsafe { op(handle, err.ptr(), ERR_LEN) };
+    if rc == 0 { Ok(()) } else { Err(Error::CudaGraph(format!("{what}: {}", err.message()))) }
 }
 
 /// One captured CUDA graph. Work issued on this thread between [`CudaGraph::capture`]'s
@@ -193,11 +187,11 @@ impl CudaGraph {
     pub fn new(device: Device) -> Result<CudaGraph> {
         let index = cuda_index(device)?;
         let shim = shim()?;
-        let mut buf = vec![0u8; ERR_CAP];
-        // SAFETY: the buffer holds ERR_CAP bytes; a null result carries its reason in it.
-        let handle = unsafe { (shim.new)(index, buf.as_mut_ptr().cast(), ERR_CAP) };
+        let mut err = ErrBuf::new();
+        // SAFETY: the buffer holds ERR_LEN bytes; a null result carries its reason in it.
+        let handle = unsafe { (shim.new)(index, err.ptr(), ERR_LEN) };
         if handle.is_null() {
-            return Err(Error::CudaGraph(message(&buf)));
+            return Err(Error::CudaGraph(err.message()));
         }
         Ok(CudaGraph { shim, handle, on_side_stream: false, capturing: false })
     }

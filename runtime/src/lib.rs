@@ -6,11 +6,13 @@ pub mod columns;
 pub mod cuda_graph;
 pub mod device;
 pub mod error;
+mod ffi;
 pub mod generate;
 pub mod model;
 pub mod op_count;
 pub mod parallel;
 pub mod process;
+pub mod profile;
 pub mod text;
 pub mod typed;
 

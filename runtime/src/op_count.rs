@@ -84,31 +84,7 @@ pub fn available() -> Result<()> {
 }
 
 #[cfg(headcount_op_count)]
-mod ffi {
-    use std::ffi::{c_char, c_int, c_longlong};
-    unsafe extern "C" {
-        pub fn headcount_ops_begin(names: c_int, err: *mut c_char, len: usize) -> c_int;
-        pub fn headcount_ops_end(calls: *mut c_longlong, ops: *mut c_longlong, leaves: *mut c_longlong);
-        pub fn headcount_ops_names() -> usize;
-        pub fn headcount_trace_begin(cuda: c_int, err: *mut c_char, len: usize) -> c_int;
-        pub fn headcount_trace_end(path: *const c_char, err: *mut c_char, len: usize) -> c_int;
-        pub fn headcount_ops_name(
-            i: usize,
-            buf: *mut c_char,
-            len: usize,
-            calls: *mut c_longlong,
-            ops: *mut c_longlong,
-            leaves: *mut c_longlong,
-        ) -> c_int;
-    }
-
-    /// The text the shim wrote into `buf`: up to its first NUL (or the whole buffer).
-    pub fn text(buf: &[c_char]) -> String {
-        // Reinterpreting each C char's bits as a byte: no value is lost.
-        let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-}
+use crate::ffi::{ERR_LEN, ErrBuf, ops as ffi};
 
 /// Ends counting when dropped, so a panic in the counted work leaves no observer behind.
 #[cfg(headcount_op_count)]
@@ -143,10 +119,10 @@ pub fn count<R>(f: impl FnOnce() -> R) -> Result<(R, OpReport)> {
     available()?;
     #[cfg(headcount_op_count)]
     {
-        let mut err = [0 as std::ffi::c_char; 512];
+        let mut err = ErrBuf::new();
         // SAFETY: `err` is a writable buffer of the length passed.
-        if unsafe { ffi::headcount_ops_begin(1, err.as_mut_ptr(), err.len()) } != 0 {
-            let msg = ffi::text(&err);
+        if unsafe { ffi::headcount_ops_begin(1, err.ptr(), ERR_LEN) } != 0 {
+            let msg = err.message();
             return Err(Error::InvalidArgument(format!("counting libtorch calls failed to start: {msg}")));
         }
         let mut counting = Counting { totals: Counts::default(), ended: false };
@@ -162,7 +138,7 @@ pub fn count<R>(f: impl FnOnce() -> R) -> Result<(R, OpReport)> {
             if unsafe { ffi::headcount_ops_name(i, buf.as_mut_ptr(), buf.len(), &mut c, &mut o, &mut l) } == 0 {
                 break;
             }
-            let name = ffi::text(&buf);
+            let name = crate::ffi::text(&buf);
             by_name.insert(name, Counts { calls: c, ops: o, leaves: l });
         }
         Ok((r, OpReport { total, by_name }))
@@ -170,81 +146,6 @@ pub fn count<R>(f: impl FnOnce() -> R) -> Result<(R, OpReport)> {
     #[cfg(not(headcount_op_count))]
     {
         let _ = f;
-        unreachable!("available() is an error in this build")
-    }
-}
-
-/// Runs `f` under libtorch's profiler and saves the trace (Chrome trace JSON) to `path`:
-/// operators on the calling thread and, with `cuda`, kernels and copies on the GPU. The
-/// products that split CPU weights hand to worker threads ([`crate::parallel`]) are not in
-/// it. The trace is saved even when `f` returns an error; a panic in `f` discards it.
-pub fn trace<R>(path: &std::path::Path, cuda: bool, f: impl FnOnce() -> R) -> Result<R> {
-    available()?;
-    #[cfg(headcount_op_count)]
-    {
-        use std::ffi::{CString, c_char};
-        let failed = |what: &str, err: &[c_char]| {
-            Error::InvalidArgument(format!("the profiler trace {what}: {}", ffi::text(err)))
-        };
-        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| Error::InvalidArgument(format!("the trace path {} holds a NUL byte", path.display())))?;
-        let mut err = [0 as c_char; 512];
-        // SAFETY: `err` is a writable buffer of the length passed.
-        if unsafe { ffi::headcount_trace_begin(i32::from(cuda), err.as_mut_ptr(), err.len()) } != 0 {
-            return Err(failed("could not start", &err));
-        }
-        /// Discards the trace if `f` panics, so no profiler is left running.
-        struct Tracing(bool);
-        impl Drop for Tracing {
-            fn drop(&mut self) {
-                if self.0 {
-                    let mut err = [0 as c_char; 8];
-                    // SAFETY: an empty path (discard) and a writable buffer of the length passed.
-                    unsafe { ffi::headcount_trace_end(c"".as_ptr(), err.as_mut_ptr(), err.len()) };
-                }
-            }
-        }
-        let mut tracing = Tracing(true);
-        let r = f();
-        tracing.0 = false;
-        // SAFETY: a NUL-terminated path and a writable buffer of the length passed.
-        if unsafe { ffi::headcount_trace_end(c_path.as_ptr(), err.as_mut_ptr(), err.len()) } != 0 {
-            return Err(failed(&format!("could not be saved to {}", path.display()), &err));
-        }
-        // Kineto reports a file it cannot write only in its log.
-        match std::fs::metadata(path) {
-            Ok(m) if m.len() > 0 => Ok(r),
-            _ => Err(Error::InvalidArgument(format!("the profiler trace was not written to {}", path.display()))),
-        }
-    }
-    #[cfg(not(headcount_op_count))]
-    {
-        let _ = (path, cuda, f);
-        unreachable!("available() is an error in this build")
-    }
-}
-
-/// Starts and stops an empty profiler session, which sets the profiler up (on a GPU,
-/// CUPTI). Run once before CUDA graphs are captured in a process that will trace them.
-pub fn init_profiler(cuda: bool) -> Result<()> {
-    available()?;
-    #[cfg(headcount_op_count)]
-    {
-        use std::ffi::c_char;
-        let mut err = [0 as c_char; 512];
-        // SAFETY: writable buffers of the lengths passed; an empty path discards the trace.
-        let failed = unsafe {
-            ffi::headcount_trace_begin(i32::from(cuda), err.as_mut_ptr(), err.len()) != 0
-                || ffi::headcount_trace_end(c"".as_ptr(), err.as_mut_ptr(), err.len()) != 0
-        };
-        if failed {
-            return Err(Error::InvalidArgument(format!("the profiler could not be set up: {}", ffi::text(&err))));
-        }
-        Ok(())
-    }
-    #[cfg(not(headcount_op_count))]
-    {
-        let _ = cuda;
         unreachable!("available() is an error in this build")
     }
 }

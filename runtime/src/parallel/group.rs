@@ -12,6 +12,7 @@ use std::time::Duration;
 use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::ffi::{ERR_LEN, ErrBuf};
 
 /// Why this build has no process groups (empty when it has them).
 const WHY_NOT: &str = env!("HEADCOUNT_DIST_WHY");
@@ -26,100 +27,7 @@ pub fn available() -> Result<()> {
 }
 
 #[cfg(headcount_dist)]
-mod ffi {
-    use std::ffi::{c_char, c_int, c_void};
-    unsafe extern "C" {
-        pub fn hc_quiet_logs();
-        pub fn hc_store_new(
-            host: *const c_char,
-            port: c_int,
-            is_server: c_int,
-            world: c_int,
-            timeout_ms: i64,
-            out: *mut *mut c_void,
-            err: *mut c_char,
-            len: usize,
-        ) -> c_int;
-        pub fn hc_store_free(store: *mut c_void);
-        pub fn hc_store_set(
-            store: *mut c_void,
-            key: *const c_char,
-            data: *const u8,
-            n: usize,
-            err: *mut c_char,
-            len: usize,
-        ) -> c_int;
-        pub fn hc_store_get(
-            store: *mut c_void,
-            key: *const c_char,
-            timeout_ms: i64,
-            out: *mut *mut u8,
-            n: *mut usize,
-            err: *mut c_char,
-            len: usize,
-        ) -> c_int;
-        pub fn hc_buffer_free(buf: *mut u8);
-        #[allow(clippy::too_many_arguments)]
-        pub fn hc_group_new(
-            store: *mut c_void,
-            prefix: *const c_char,
-            rank: c_int,
-            size: c_int,
-            timeout_ms: i64,
-            interfaces: *const c_char,
-            hostname: *const c_char,
-            out: *mut *mut c_void,
-            err: *mut c_char,
-            len: usize,
-        ) -> c_int;
-        pub fn hc_group_free(group: *mut c_void);
-        pub fn hc_all_reduce_sum(group: *mut c_void, t: *mut c_void, err: *mut c_char, len: usize) -> c_int;
-        pub fn hc_all_gather(
-            group: *mut c_void,
-            out: *mut c_void,
-            input: *mut c_void,
-            err: *mut c_char,
-            len: usize,
-        ) -> c_int;
-        pub fn hc_broadcast(group: *mut c_void, t: *mut c_void, root: c_int, err: *mut c_char, len: usize) -> c_int;
-        pub fn hc_send(
-            group: *mut c_void,
-            t: *mut c_void,
-            dst: c_int,
-            tag: c_int,
-            err: *mut c_char,
-            len: usize,
-        ) -> c_int;
-        pub fn hc_recv(
-            group: *mut c_void,
-            t: *mut c_void,
-            src: c_int,
-            tag: c_int,
-            err: *mut c_char,
-            len: usize,
-        ) -> c_int;
-        pub fn hc_barrier(group: *mut c_void, err: *mut c_char, len: usize) -> c_int;
-    }
-}
-
-/// The error buffer every shim call fills on failure.
-struct ErrBuf([c_char; 1024]);
-
-impl ErrBuf {
-    fn new() -> ErrBuf {
-        ErrBuf([0; 1024])
-    }
-    fn ptr(&mut self) -> *mut c_char {
-        self.0.as_mut_ptr()
-    }
-    /// The message's first line (c10d appends a C++ backtrace after it).
-    fn message(&self) -> String {
-        // SAFETY: the shim NUL-terminates within the buffer (c_api.h's set_error), and the
-        // buffer starts zeroed.
-        let text = unsafe { std::ffi::CStr::from_ptr(self.0.as_ptr()) }.to_string_lossy().into_owned();
-        crate::error::first_line(&text).trim().to_owned()
-    }
-}
+use crate::ffi::dist as ffi;
 
 fn c_string(what: &str, s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::Parallel(format!("{what} {s:?} contains a NUL byte")))
@@ -166,7 +74,7 @@ impl Store {
                     millis(timeout),
                     &mut ptr,
                     err.ptr(),
-                    1024,
+                    ERR_LEN,
                 )
             };
             if rc != 0 {
@@ -197,7 +105,8 @@ impl Store {
             let k = c_string("store key", key)?;
             let mut err = ErrBuf::new();
             // SAFETY: a live store, a valid key and a byte slice of the given length.
-            let rc = unsafe { ffi::hc_store_set(self.ptr, k.as_ptr(), value.as_ptr(), value.len(), err.ptr(), 1024) };
+            let rc =
+                unsafe { ffi::hc_store_set(self.ptr, k.as_ptr(), value.as_ptr(), value.len(), err.ptr(), ERR_LEN) };
             if rc != 0 {
                 return Err(Error::Parallel(format!(
                     "the store at {} refused key {key}: {}",
@@ -219,8 +128,9 @@ impl Store {
             let mut buf = std::ptr::null_mut();
             let mut n = 0usize;
             // SAFETY: a live store, a valid key and out-pointers.
-            let rc =
-                unsafe { ffi::hc_store_get(self.ptr, k.as_ptr(), millis(timeout), &mut buf, &mut n, err.ptr(), 1024) };
+            let rc = unsafe {
+                ffi::hc_store_get(self.ptr, k.as_ptr(), millis(timeout), &mut buf, &mut n, err.ptr(), ERR_LEN)
+            };
             if rc != 0 {
                 return Err(Error::Parallel(format!(
                     "waiting for {key} at the store {}: {}",
@@ -330,7 +240,7 @@ impl ProcessGroup {
                     host.as_ptr(),
                     &mut ptr,
                     err.ptr(),
-                    1024,
+                    ERR_LEN,
                 )
             };
             if rc != 0 {
@@ -406,7 +316,7 @@ impl ProcessGroup {
         let _ = t;
         #[cfg(headcount_dist)]
         // SAFETY: a live group and a live tensor handle (torch-sys's tensor is an at::Tensor*).
-        self.on_host("all-reduce", t, true, |p, e| unsafe { ffi::hc_all_reduce_sum(self.ptr, p, e, 1024) })?;
+        self.on_host("all-reduce", t, true, |p, e| unsafe { ffi::hc_all_reduce_sum(self.ptr, p, e, ERR_LEN) })?;
         Ok(())
     }
 
@@ -436,7 +346,7 @@ impl ProcessGroup {
                     out.as_ptr() as *mut c_void,
                     input.as_ptr() as *mut c_void,
                     err.ptr(),
-                    1024,
+                    ERR_LEN,
                 )
             };
             if rc != 0 {
@@ -459,7 +369,7 @@ impl ProcessGroup {
         let _ = (t, root);
         #[cfg(headcount_dist)]
         // SAFETY: a live group and tensor handle; root < size (callers pass group ranks).
-        self.on_host("broadcast", t, true, |p, e| unsafe { ffi::hc_broadcast(self.ptr, p, root as i32, e, 1024) })?;
+        self.on_host("broadcast", t, true, |p, e| unsafe { ffi::hc_broadcast(self.ptr, p, root as i32, e, ERR_LEN) })?;
         Ok(())
     }
 
@@ -468,7 +378,7 @@ impl ProcessGroup {
         let _ = (t, dst);
         #[cfg(headcount_dist)]
         // SAFETY: a live group and tensor handle.
-        self.on_host("send", t, false, |p, e| unsafe { ffi::hc_send(self.ptr, p, dst as i32, 0, e, 1024) })?;
+        self.on_host("send", t, false, |p, e| unsafe { ffi::hc_send(self.ptr, p, dst as i32, 0, e, ERR_LEN) })?;
         Ok(())
     }
 
@@ -477,7 +387,7 @@ impl ProcessGroup {
         let _ = (t, src);
         #[cfg(headcount_dist)]
         // SAFETY: a live group and tensor handle.
-        self.on_host("receive", t, true, |p, e| unsafe { ffi::hc_recv(self.ptr, p, src as i32, 0, e, 1024) })?;
+        self.on_host("receive", t, true, |p, e| unsafe { ffi::hc_recv(self.ptr, p, src as i32, 0, e, ERR_LEN) })?;
         Ok(())
     }
 
@@ -490,7 +400,7 @@ impl ProcessGroup {
         {
             let mut err = ErrBuf::new();
             // SAFETY: a live group.
-            if unsafe { ffi::hc_barrier(self.ptr, err.ptr(), 1024) } != 0 {
+            if unsafe { ffi::hc_barrier(self.ptr, err.ptr(), ERR_LEN) } != 0 {
                 return Err(self.failed("barrier", &err));
             }
         }

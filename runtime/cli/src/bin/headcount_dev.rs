@@ -120,7 +120,7 @@ fn trace(a: &TraceArgs) -> Result<ExitCode> {
     if cuda {
         // CUPTI set up before any CUDA graph is captured (what torch.profiler does for
         // graphs, pytorch issue 75504): an empty profiler session.
-        headcount_runtime::op_count::init_profiler(true)?;
+        headcount_runtime::profile::init_profiler(true)?;
     }
     // The bench line comes first, so a failed trace loses no measurement; the trace's
     // generation runs on the timed runs' generator at their capacity, so it replays their
@@ -135,7 +135,7 @@ fn trace(a: &TraceArgs) -> Result<ExitCode> {
             decode: b.decode.into(),
             ..Default::default()
         };
-        headcount_runtime::op_count::trace(&partial, cuda, || generator.generate(&prompts, &opts, |_, _| {}))??;
+        headcount_runtime::profile::trace(&partial, cuda, || generator.generate(&prompts, &opts, |_, _| {}))??;
         Ok(())
     });
     if let Err(e) = outcome {
