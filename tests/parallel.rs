@@ -197,9 +197,9 @@ where
 {
     use headcount_runtime::Model;
     let opts = LoadOptions::default();
-    let base = logits(&Model::<Glm4HeadsSmall>::random(&opts, 3).unwrap(), &small_ids()).unwrap();
+    let base = logits(Model::<Glm4HeadsSmall>::random(&opts, 3).unwrap().glm(), &small_ids()).unwrap();
     let m = Model::<Glm4HeadsSmall>::random_rank::<TP, PP>(&opts, join(env, TP, PP), 3).unwrap();
-    let d = max_abs_diff(&logits(&m, &small_ids()).unwrap(), &base);
+    let d = max_abs_diff(&logits(m.glm(), &small_ids()).unwrap(), &base);
     assert!(d <= 1e-5, "tp {TP} pp {PP}: {d}");
     // A run of another shape is refused by the typed API, naming both.
     let wrong = Model::<Glm4HeadsSmall>::random_rank::<1, 1>(&opts, m.into_inner().into_parallel(), 3);
@@ -282,5 +282,5 @@ fn declared_model_refuses_a_checkpoint_that_disagrees() {
     )]
     struct Right;
     let m = Model::<Right>::load(&dir, &LoadOptions::default()).unwrap();
-    assert_eq!(m.dims.kv_heads, 2);
+    assert_eq!(m.glm().dims.kv_heads, 2);
 }

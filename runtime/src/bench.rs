@@ -116,9 +116,9 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
             return None;
         }
         if reset {
-            crate::device::reset_peak_device_memory(device).ok().map(|()| 0)
+            crate::memory::reset_peak_device_memory(device).ok().map(|()| 0)
         } else {
-            crate::device::peak_device_memory(device).ok()
+            crate::memory::peak_device_memory(device).ok()
         }
     };
     peak_device(true);
@@ -133,7 +133,7 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
         comm_share.push(g.decode_comm_seconds / g.decode_seconds.max(1e-9));
         path = (g.decode_path, g.decode_note);
     }
-    let peak_rss = crate::device::peak_resident_bytes();
+    let peak_rss = crate::memory::peak_resident_bytes();
     let peak_device_bytes = peak_device(false);
     // Every rank's resident memory and parameters, for rank 0's report.
     let p = &model.parallel;

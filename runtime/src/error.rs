@@ -152,27 +152,4 @@ mod tests {
         let raw = "Torch(\"shape mismatch\nException raised from foo at bar.cpp:1\nframe #0: x\")";
         assert_eq!(super::first_line(raw), "Torch(\"shape mismatch");
     }
-
-    /// Every option's names parse back to their value, and an unknown name is an input
-    /// error that lists them all.
-    #[test]
-    fn option_names_round_trip() {
-        use crate::generate::DecodeMode;
-        use crate::model::{Rounding, WeightLayout};
-        fn check<T>(choices: &super::Choices<T>, name: fn(T) -> &'static str, list: &str)
-        where
-            T: Copy + PartialEq + std::fmt::Debug + std::str::FromStr<Err = super::Error>,
-        {
-            for &(word, v) in choices {
-                assert_eq!(name(v), word);
-                assert_eq!(word.parse::<T>().unwrap(), v);
-            }
-            let err = "nope".parse::<T>().unwrap_err();
-            assert!(err.is_input_error());
-            assert!(err.to_string().ends_with(&format!("\"nope\": use {list}")), "{err}");
-        }
-        check(DecodeMode::CHOICES, DecodeMode::name, "auto, eager, static or cuda-graph");
-        check(Rounding::CHOICES, Rounding::name, "transformers or fused");
-        check(WeightLayout::CHOICES, WeightLayout::name, "auto, in-out or out-in");
-    }
 }

@@ -2,7 +2,7 @@
 //! returns 0, or 1 with its message in an [`ErrBuf`] (runtime/cpp/c_api.h's `guarded`).
 //! Shims that need only libtorch's CPU library are linked statically and declared here
 //! (present under a cfg that runtime/build.rs sets when they compiled); the CUDA graph shim
-//! needs libtorch's CUDA library, so it is loaded with dlopen (`crate::cuda_graph`).
+//! needs libtorch's CUDA library, so it is loaded with dlopen (cuda_graph.rs).
 
 use std::ffi::c_char;
 

@@ -3,12 +3,16 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod columns;
+pub mod config;
 pub mod cuda_graph;
 pub mod device;
 pub mod error;
 mod ffi;
 pub mod generate;
+mod load;
+pub mod memory;
 pub mod model;
+pub mod nn;
 pub mod op_count;
 pub mod parallel;
 pub mod process;
@@ -29,3 +33,29 @@ const _: () = {
     const fn send<T: Send>() {}
     send::<Glm>();
 };
+
+#[cfg(test)]
+mod tests {
+    /// Every option's names parse back to their value, and an unknown name is an input
+    /// error that lists them all.
+    #[test]
+    fn option_names_round_trip() {
+        use crate::generate::DecodeMode;
+        use crate::nn::{Rounding, WeightLayout};
+        fn check<T>(choices: &crate::error::Choices<T>, name: fn(T) -> &'static str, list: &str)
+        where
+            T: Copy + PartialEq + std::fmt::Debug + std::str::FromStr<Err = crate::error::Error>,
+        {
+            for &(word, v) in choices {
+                assert_eq!(name(v), word);
+                assert_eq!(word.parse::<T>().unwrap(), v);
+            }
+            let err = "nope".parse::<T>().unwrap_err();
+            assert!(err.is_input_error());
+            assert!(err.to_string().ends_with(&format!("\"nope\": use {list}")), "{err}");
+        }
+        check(DecodeMode::CHOICES, DecodeMode::name, "auto, eager, static or cuda-graph");
+        check(Rounding::CHOICES, Rounding::name, "transformers or fused");
+        check(WeightLayout::CHOICES, WeightLayout::name, "auto, in-out or out-in");
+    }
+}

@@ -4,8 +4,8 @@
 //! cut inside its `decoder` object, a `Precompiled` normalizer with a bad charsmap), so the
 //! file is checked to be JSON first, and every call into the library runs under
 //! [`guarded`]: its panics come back as typed errors. A binary that calls
-//! [`crate::process::quiet_tokenizer_panics`] also keeps the panic hook from printing them
-//! (the error carries the library's message).
+//! `process::quiet_tokenizer_panics` also keeps the panic hook from printing them (the error
+//! carries the library's message).
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -93,7 +93,8 @@ thread_local! {
     static QUIET: Cell<bool> = const { Cell::new(false) };
 }
 
-/// See [`crate::process::quiet_tokenizer_panics`].
+/// Wraps the panic hook so that panics inside [`guarded`] calls print nothing (see
+/// `process::quiet_tokenizer_panics`).
 pub(crate) fn install_quiet_hook() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {

@@ -3,7 +3,6 @@
 //! only the tensor-parallel sizes the declaration made legal compile.
 
 use std::marker::PhantomData;
-use std::ops::Deref;
 use std::path::Path;
 
 use headcount_spec::{Architecture, Config, SupportsPipelineParallel, SupportsTensorParallel};
@@ -16,13 +15,6 @@ use crate::parallel::Parallel;
 pub struct Model<A: Architecture> {
     glm: Glm,
     _arch: PhantomData<A>,
-}
-
-impl<A: Architecture> Deref for Model<A> {
-    type Target = Glm;
-    fn deref(&self) -> &Glm {
-        &self.glm
-    }
 }
 
 impl<A: Architecture> Model<A> {

@@ -60,7 +60,7 @@ impl Demo {
             eos_token_ids: self.eos.clone(),
             ..Default::default()
         };
-        let g = generate(&self.model, &batch, &opts, |_, _| {})?;
+        let g = generate(self.model.glm(), &batch, &opts, |_, _| {})?;
         let answers = g
             .tokens
             .iter()

@@ -49,6 +49,7 @@ fn run() -> Result<u8> {
         _ => return Err(Error::InvalidArgument(format!("no layout {tp} x {pp} here"))),
     };
     let ids: Vec<i64> = (0..24).map(|i| (i * 131 + 7) % 32_000).collect();
+    let m = m.into_inner();
     let l = logits(&m, &ids)?;
     if m.parallel.rank == 0 {
         let base = logits(Model::<SmallGlmTp>::random(&opts, 42)?.glm(), &ids)?;

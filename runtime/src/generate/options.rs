@@ -51,7 +51,7 @@ impl Sampling {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeMode {
     /// A CUDA graph where one can be used (the whole model on one CUDA device, and a build
-    /// with the shim of [`crate::cuda_graph`]); eager steps everywhere else, and also when a
+    /// with the CUDA graph shim); eager steps everywhere else, and also when a
     /// capture fails (the reason is then in [`Generation::decode_note`]).
     #[default]
     Auto,

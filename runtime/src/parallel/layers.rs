@@ -6,7 +6,7 @@ use tch::Tensor;
 
 use super::group::ProcessGroup;
 use crate::error::Result;
-use crate::model::Linear;
+use crate::nn::Linear;
 
 /// A projection split by output features (q/k/v by whole heads, gate/up by matching
 /// halves): each rank computes its own outputs, no communication.

@@ -12,8 +12,8 @@
 
 use std::ops::Range;
 
+use crate::config::Dims;
 use crate::error::{Error, Result};
-use crate::model::Dims;
 
 /// How a model of [`Dims`] is split over `size` shards.
 #[derive(Clone, Debug, PartialEq, Eq)]

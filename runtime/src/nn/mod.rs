@@ -1,0 +1,11 @@
+//! The building blocks the model files share: projections, norms, the rotary embedding.
+
+pub mod linear;
+pub mod norm;
+pub mod rotary;
+
+pub use linear::{Linear, WeightLayout};
+pub use norm::Rounding;
+pub(crate) use norm::rms_norm;
+pub use rotary::Rope;
+pub(crate) use rotary::rope_in_place;
