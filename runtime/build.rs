@@ -38,24 +38,8 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(headcount_op_count)");
     println!("cargo::rustc-check-cfg=cfg(headcount_dist)");
     let out = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default());
-    match build_dist(&out) {
-        Ok(()) => {
-            println!("cargo:rustc-link-search=native={}", out.display());
-            println!("cargo:rustc-link-lib=static=headcount_dist");
-            println!("cargo:rustc-cfg=headcount_dist");
-            println!("cargo:rustc-env=HEADCOUNT_DIST_WHY=");
-        }
-        Err(why) => println!("cargo:rustc-env=HEADCOUNT_DIST_WHY={why}"),
-    }
-    match build_op_counter(&out) {
-        Ok(()) => {
-            println!("cargo:rustc-link-search=native={}", out.display());
-            println!("cargo:rustc-link-lib=static=headcount_ops");
-            println!("cargo:rustc-cfg=headcount_op_count");
-            println!("cargo:rustc-env=HEADCOUNT_OP_COUNT_WHY=");
-        }
-        Err(why) => println!("cargo:rustc-env=HEADCOUNT_OP_COUNT_WHY={why}"),
-    }
+    link_static(&out, build_dist(&out), "headcount_dist", "headcount_dist", "HEADCOUNT_DIST_WHY");
+    link_static(&out, build_op_counter(&out), "headcount_ops", "headcount_op_count", "HEADCOUNT_OP_COUNT_WHY");
     // The library's path relative to the profile folder (target/<profile>), the last three
     // components of OUT_DIR: `build/<package>-<hash>/out`. Binaries look for it relative to
     // themselves, so a copied target folder keeps working.
@@ -70,6 +54,20 @@ fn main() {
             let _ = std::fs::remove_file(out.join(LIB));
             println!("cargo:rustc-env=HEADCOUNT_CUDA_GRAPH_WHY={why}");
         }
+    }
+}
+
+/// Links the static library `lib` in `out` and sets `cfg` when `built`; either way sets the
+/// environment variable `why` to the reason it was not built (empty when it was).
+fn link_static(out: &Path, built: Result<(), String>, lib: &str, cfg: &str, why: &str) {
+    match built {
+        Ok(()) => {
+            println!("cargo:rustc-link-search=native={}", out.display());
+            println!("cargo:rustc-link-lib=static={lib}");
+            println!("cargo:rustc-cfg={cfg}");
+            println!("cargo:rustc-env={why}=");
+        }
+        Err(reason) => println!("cargo:rustc-env={why}={reason}"),
     }
 }
 
