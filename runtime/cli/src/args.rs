@@ -61,10 +61,13 @@ pub struct RuntimeArgs {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Weight and activation dtype.
     #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
     pub dtype: DTypeArg,
+    /// Where half-precision results are rounded.
     #[arg(long, value_enum, default_value_t = RoundingArg::Transformers)]
     pub rounding: RoundingArg,
+    /// Memory layout of the projection weights (the two BLAS variants of a product).
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     pub weight_layout: LayoutArg,
     #[command(flatten)]
@@ -120,8 +123,10 @@ pub struct RunArgs {
     /// Nucleus sampling mass in (0, 1].
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f64,
+    /// Seed of the sampling's random stream.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// How decode steps run.
     #[arg(long, value_enum, default_value_t = DecodeArg::Auto)]
     pub decode: DecodeArg,
 }
@@ -154,10 +159,13 @@ pub struct BenchArgs {
     pub layers: Option<u64>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    /// Tokens of each benchmark prompt.
     #[arg(long, default_value_t = 512)]
     pub prompt_len: usize,
+    /// Tokens generated after each prompt.
     #[arg(long, default_value_t = 128)]
     pub new_tokens: usize,
+    /// Prompts generated for at once.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
     /// CPU threads for libtorch, per rank (default: libtorch's choice, or the CPU's threads
@@ -167,6 +175,7 @@ pub struct BenchArgs {
     /// Timed repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// How decode steps run.
     #[arg(long, value_enum, default_value_t = DecodeArg::Auto)]
     pub decode: DecodeArg,
 }
