@@ -98,7 +98,7 @@ fn rule_messages_are_the_spec_wording() {
     assert_eq!(errors(&out), vec![LayoutError::HeadsNotMultipleOfKv { heads: 7, kv: 2 }.to_string()]);
     assert_eq!(
         errors(&out)[0],
-        "num_attention_heads (7) must be a multiple of num_key_value_heads (2): nearest legal \
+        "[HC0102] num_attention_heads (7) must be a multiple of num_key_value_heads (2): nearest legal \
          num_attention_heads are 6 and 8; legal num_key_value_heads for 7 heads are 1, 7"
     );
     // The impl is still written, so one mistake does not cascade.
@@ -139,8 +139,8 @@ fn every_error_of_a_declaration_is_reported() {
     assert!(errs.iter().any(|e| e == "unknown key `nmu_hidden_layers`: did you mean `num_hidden_layers`?"));
     assert!(errs.iter().any(|e| e.starts_with("tensor_parallel must list at least one size")));
     assert!(errs.iter().any(|e| e.starts_with("duplicate key `vocab_size`")));
-    assert!(errs.iter().any(|e| e.starts_with("num_attention_heads (8) must be a multiple")));
-    assert!(errs.iter().any(|e| e.starts_with("pad_token_id (40000) must be less than vocab_size (32000)")));
+    assert!(errs.iter().any(|e| e.starts_with("[HC0102] num_attention_heads (8) must be a multiple")));
+    assert!(errs.iter().any(|e| e.starts_with("[HC0401] pad_token_id (40000) must be less than vocab_size (32000)")));
 }
 
 #[test]
@@ -208,7 +208,7 @@ fn from_config_reads_and_overrides() {
     )
     .unwrap();
     let errs = errors(&expand_attr(&format!("from_config = \"{}\"", bad.to_str().unwrap())));
-    assert!(errs.iter().any(|e| e.starts_with("from_config: num_attention_heads (7) must be")), "{errs:?}");
+    assert!(errs.iter().any(|e| e.starts_with("from_config: [HC0102] num_attention_heads (7) must be")), "{errs:?}");
 
     let errs = errors(&expand_attr("from_config = \"no/such/file.json\""));
     assert_eq!(errs.len(), 1);

@@ -19,6 +19,7 @@ pub mod config;
 pub mod declare;
 pub mod keys;
 pub mod msg;
+pub mod reference;
 pub mod rules;
 
 pub use arch::{Architecture, SupportsPipelineParallel, SupportsTensorParallel};

@@ -377,9 +377,44 @@ impl LayoutError {
         }
     }
 
-    /// The message, rendered in `const fn` (the compiler-evaluated assertions use this).
+    /// The rule's stable code (`HC0102`): it never changes meaning, while the message may
+    /// improve. docs/RULES.md lists every code with its condition and an example.
+    pub const fn code(&self) -> &'static str {
+        match self {
+            LayoutError::NotPositive { .. } => "HC0001",
+            LayoutError::KvExceedsHeads { .. } => "HC0101",
+            LayoutError::HeadsNotMultipleOfKv { .. } => "HC0102",
+            LayoutError::HiddenNotMultipleOfHeads { .. } => "HC0201",
+            LayoutError::RotaryFactorRange { .. } => "HC0301",
+            LayoutError::RotaryNotWhole { .. } => "HC0302",
+            LayoutError::RotaryOdd { .. } => "HC0303",
+            LayoutError::TokenOutOfVocab { .. } => "HC0401",
+            LayoutError::TensorParallelZero => "HC0501",
+            LayoutError::TensorParallelHeads { .. } => "HC0502",
+            LayoutError::TensorParallelKv { .. } => "HC0503",
+            LayoutError::TensorParallelIntermediate { .. } => "HC0504",
+            LayoutError::TensorParallelVocab { .. } => "HC0505",
+            LayoutError::PipelineZero => "HC0601",
+            LayoutError::PipelineExceedsLayers { .. } => "HC0602",
+            LayoutError::PipelineUneven { .. } => "HC0603",
+            LayoutError::NotPositiveFloat { .. } => "HC0701",
+            LayoutError::UnsupportedActivation { .. } => "HC0702",
+            LayoutError::SizeOverflow { .. } => "HC0801",
+        }
+    }
+
+    /// The message with its code first (`[HC0102] num_attention_heads (7) must be ..`),
+    /// rendered in `const fn` (the compiler-evaluated assertions use this).
     pub const fn render(&self) -> Msg {
-        let m = Msg::new();
+        self.write(Msg::new().push("[").push(self.code()).push("] "))
+    }
+
+    /// The message without its code.
+    pub const fn message(&self) -> Msg {
+        self.write(Msg::new())
+    }
+
+    const fn write(&self, m: Msg) -> Msg {
         match *self {
             LayoutError::NotPositive { field } => m.push(field).push(" must be at least 1, got 0"),
             LayoutError::KvExceedsHeads { heads, kv } => divisors(heads).write(

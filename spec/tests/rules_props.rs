@@ -334,11 +334,12 @@ fn design_cases_fail_validation_with_the_compile_time_wording() {
         assert!(stderr.starts_with(&format!("error: {msg}\n")), "{case}: {msg:?} is not what\n{stderr}");
         assert_eq!(stderr.matches("\nerror").count(), 0, "{case}: one error only:\n{stderr}");
     }
-    // The first row, word for word.
+    // The first row, word for word, with its stable code.
     let err = tiny_config(DESIGN_CASES[0].1).validate().unwrap_err();
     assert_eq!(
         err.errors[0].to_string(),
-        "num_attention_heads (7) must be a multiple of num_key_value_heads (2): nearest legal \
+        "[HC0102] num_attention_heads (7) must be a multiple of num_key_value_heads (2): nearest legal \
          num_attention_heads are 6 and 8; legal num_key_value_heads for 7 heads are 1, 7"
     );
+    assert_eq!(err.errors[0].code(), "HC0102");
 }

@@ -29,7 +29,7 @@ pub fn check(path: &Path, tp: &[u64], pp: &[u64]) -> Result<ExitCode> {
             let n = v.errors.len();
             println!("{shown}: {n} layout error{}", if n == 1 { "" } else { "s" });
             for e in &v.errors {
-                println!("  error: {e}");
+                println!("  error[{}]: {}", e.code(), e.message());
             }
             // Sizes asked for with --tp can fail on their own; then the layout itself is
             // fine and its legal sizes still help.
@@ -59,7 +59,7 @@ pub fn declare(path: &Path, name: &str) -> Result<ExitCode> {
     if let Err(v) = config.validate() {
         eprintln!("note: this declaration will not compile until its {} layout error(s) are fixed:", v.errors.len());
         for e in &v.errors {
-            eprintln!("  error: {e}");
+            eprintln!("  error[{}]: {}", e.code(), e.message());
         }
         return Ok(ExitCode::from(1));
     }

@@ -1,0 +1,219 @@
+//! The rules reference: every rule's stable code, its condition, a failing layout and its
+//! fix. docs/RULES.md is generated from this table (`spec/tests/rules_reference.rs` checks
+//! that it is current, and that each example fails with exactly its own code and each fix
+//! passes).
+
+/// One rule's entry in the reference.
+#[derive(Clone, Copy, Debug)]
+pub struct RuleDoc {
+    /// The code [`crate::LayoutError::code`] gives its errors.
+    pub code: &'static str,
+    /// The rule's number in DESIGN's list of eight.
+    pub rule: u8,
+    pub title: &'static str,
+    /// What must hold.
+    pub condition: &'static str,
+    /// Keys (as in config.json and `#[arch(...)]`) changed from the reference's base
+    /// declaration to break the rule, with their values in declaration syntax.
+    pub failing: &'static [(&'static str, &'static str)],
+    /// The same keys, fixed.
+    pub fix: &'static [(&'static str, &'static str)],
+}
+
+/// The base declaration every example changes: a 4-layer GLM.
+pub const BASE: &[(&str, &str)] = &[
+    ("family", "glm"),
+    ("vocab_size", "32_000"),
+    ("hidden_size", "256"),
+    ("intermediate_size", "512"),
+    ("num_hidden_layers", "4"),
+    ("num_attention_heads", "8"),
+    ("num_key_value_heads", "2"),
+    ("head_dim", "32"),
+    ("pad_token_id", "0"),
+    ("eos_token_id", "[1]"),
+];
+
+/// Every rule, in code order.
+pub const RULES: &[RuleDoc] = &[
+    RuleDoc {
+        code: "HC0001",
+        rule: 1,
+        title: "a count is zero",
+        condition: "vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, \
+                    num_key_value_heads, max_position_embeddings and a given head_dim are at least 1",
+        failing: &[("num_key_value_heads", "0")],
+        fix: &[("num_key_value_heads", "2")],
+    },
+    RuleDoc {
+        code: "HC0101",
+        rule: 2,
+        title: "more kv heads than query heads",
+        condition: "num_key_value_heads <= num_attention_heads",
+        failing: &[("num_attention_heads", "4"), ("num_key_value_heads", "8")],
+        fix: &[("num_attention_heads", "8"), ("num_key_value_heads", "4")],
+    },
+    RuleDoc {
+        code: "HC0102",
+        rule: 2,
+        title: "query heads not a multiple of kv heads",
+        condition: "num_attention_heads % num_key_value_heads == 0 (each kv head serves a whole group of query heads)",
+        failing: &[("num_attention_heads", "7")],
+        fix: &[("num_attention_heads", "8")],
+    },
+    RuleDoc {
+        code: "HC0201",
+        rule: 3,
+        title: "head_dim cannot be derived",
+        condition: "head_dim is given, or hidden_size % num_attention_heads == 0 (then head_dim = hidden_size / heads)",
+        failing: &[("hidden_size", "250"), ("head_dim", "null")],
+        fix: &[("hidden_size", "256"), ("head_dim", "null")],
+    },
+    RuleDoc {
+        code: "HC0301",
+        rule: 4,
+        title: "partial_rotary_factor out of range",
+        condition: "0 < partial_rotary_factor <= 1",
+        failing: &[("partial_rotary_factor", "1.5")],
+        fix: &[("partial_rotary_factor", "0.5")],
+    },
+    RuleDoc {
+        code: "HC0302",
+        rule: 4,
+        title: "a fractional number of rotary channels",
+        condition: "head_dim * partial_rotary_factor is a whole number (checked exactly, not rounded)",
+        failing: &[("head_dim", "16"), ("partial_rotary_factor", "0.3")],
+        fix: &[("head_dim", "16"), ("partial_rotary_factor", "0.25")],
+    },
+    RuleDoc {
+        code: "HC0303",
+        rule: 4,
+        title: "an odd number of rotary channels",
+        condition: "head_dim * partial_rotary_factor is even and positive (GLM rotates interleaved pairs)",
+        failing: &[("head_dim", "10"), ("partial_rotary_factor", "0.5")],
+        fix: &[("head_dim", "10"), ("partial_rotary_factor", "0.4")],
+    },
+    RuleDoc {
+        code: "HC0401",
+        rule: 5,
+        title: "a token id outside the vocabulary",
+        condition: "pad_token_id, bos_token_id and every eos_token_id are below vocab_size",
+        failing: &[("eos_token_id", "[2, 32_000]")],
+        fix: &[("eos_token_id", "[2, 31_999]")],
+    },
+    RuleDoc {
+        code: "HC0501",
+        rule: 6,
+        title: "a tensor-parallel size of 0",
+        condition: "every tensor_parallel size is at least 1",
+        failing: &[("tensor_parallel", "[0]")],
+        fix: &[("tensor_parallel", "[1]")],
+    },
+    RuleDoc {
+        code: "HC0502",
+        rule: 6,
+        title: "a tensor-parallel size that splits a query head",
+        condition: "num_attention_heads % tp == 0",
+        failing: &[("tensor_parallel", "[16]"), ("kv_replication", "true")],
+        fix: &[("tensor_parallel", "[8]"), ("kv_replication", "true")],
+    },
+    RuleDoc {
+        code: "HC0503",
+        rule: 6,
+        title: "a tensor-parallel size the kv heads cannot split",
+        condition: "num_key_value_heads % tp == 0, or, with kv_replication = true, tp % num_key_value_heads == 0",
+        failing: &[("tensor_parallel", "[4]")],
+        fix: &[("tensor_parallel", "[4]"), ("kv_replication", "true")],
+    },
+    RuleDoc {
+        code: "HC0504",
+        rule: 6,
+        title: "a tensor-parallel size that splits the MLP unevenly",
+        condition: "intermediate_size % tp == 0",
+        failing: &[("intermediate_size", "500"), ("tensor_parallel", "[8]"), ("kv_replication", "true")],
+        fix: &[("intermediate_size", "512"), ("tensor_parallel", "[8]"), ("kv_replication", "true")],
+    },
+    RuleDoc {
+        code: "HC0505",
+        rule: 6,
+        title: "a tensor-parallel size that splits the vocabulary unevenly",
+        condition: "the vocabulary, padded to a multiple of vocab_padding, divides by tp",
+        failing: &[("vocab_size", "32_001"), ("tensor_parallel", "[2]")],
+        fix: &[("vocab_size", "32_001"), ("tensor_parallel", "[2]"), ("vocab_padding", "64")],
+    },
+    RuleDoc {
+        code: "HC0601",
+        rule: 7,
+        title: "a pipeline size of 0",
+        condition: "every pipeline_parallel size is at least 1",
+        failing: &[("pipeline_parallel", "[0]")],
+        fix: &[("pipeline_parallel", "[1]")],
+    },
+    RuleDoc {
+        code: "HC0602",
+        rule: 7,
+        title: "more pipeline stages than layers",
+        condition: "pp <= num_hidden_layers",
+        failing: &[("pipeline_parallel", "[5]"), ("uneven_pipeline", "true")],
+        fix: &[("pipeline_parallel", "[4]"), ("uneven_pipeline", "true")],
+    },
+    RuleDoc {
+        code: "HC0603",
+        rule: 7,
+        title: "stages of unequal layer counts",
+        condition: "num_hidden_layers % pp == 0, unless uneven_pipeline = true",
+        failing: &[("pipeline_parallel", "[3]")],
+        fix: &[("pipeline_parallel", "[3]"), ("uneven_pipeline", "true")],
+    },
+    RuleDoc {
+        code: "HC0701",
+        rule: 8,
+        title: "a scalar that must be positive",
+        condition: "rope_theta > 0 and rms_norm_eps > 0 (finite)",
+        failing: &[("rope_theta", "0.0")],
+        fix: &[("rope_theta", "10_000.0")],
+    },
+    RuleDoc {
+        code: "HC0702",
+        rule: 8,
+        title: "an activation the runtime does not implement",
+        condition: "hidden_act is silu (swish), gelu, gelu_pytorch_tanh or relu",
+        failing: &[("hidden_act", "\"mish\"")],
+        fix: &[("hidden_act", "\"silu\"")],
+    },
+    RuleDoc {
+        code: "HC0801",
+        rule: 1,
+        title: "a weight too large for a 64-bit size",
+        condition: "every weight's element count fits in i64 (e.g. vocab_size * hidden_size)",
+        failing: &[("vocab_size", "40_000_000_000_000_000"), ("pad_token_id", "0")],
+        fix: &[("vocab_size", "32_000"), ("pad_token_id", "0")],
+    },
+];
+
+/// The keys only a declaration has (config.json does not).
+pub const DECLARATION_ONLY: &[&str] =
+    &["tensor_parallel", "pipeline_parallel", "kv_replication", "vocab_padding", "uneven_pipeline"];
+
+/// `BASE` with `changes` applied (a change to a key replaces it, a new key is added; a
+/// `null` value stands for a key left out of the declaration, `null` in config.json).
+pub fn with_changes(changes: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&str, &str)> = BASE.to_vec();
+    for &(k, v) in changes {
+        match out.iter_mut().find(|(key, _)| *key == k) {
+            Some(slot) => slot.1 = v,
+            None => out.push((k, v)),
+        }
+    }
+    out
+}
+
+/// A declaration of `keys` as Rust source.
+pub fn declaration(keys: &[(&str, &str)], name: &str) -> String {
+    let mut s = String::from("#[derive(headcount::Architecture)]\n#[arch(\n");
+    for (k, v) in keys.iter().filter(|(_, v)| *v != "null") {
+        s.push_str(&format!("    {k} = {v},\n"));
+    }
+    s.push_str(&format!(")]\npub struct {name};\n"));
+    s
+}
