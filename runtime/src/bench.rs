@@ -106,6 +106,9 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
         });
     }
     model.check_cache_memory(opts.batch, need)?;
+    // Every rank must run the same generations, or their collectives would not pair up.
+    let job = format!("{opts:?}");
+    model.parallel.agree("bench", &[("benchmark", job)])?;
     let prompts = prompts(opts.batch, opts.prompt_len, model.dims.vocab)?;
     let device = model.device();
     let gen_opts = bench_generation(opts);

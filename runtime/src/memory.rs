@@ -13,6 +13,22 @@ use crate::error::{Error, Result};
 /// their size is compared with the memory the system has free (`need` bytes, named by
 /// `what`). A CUDA device needs no such check: its allocator returns an
 /// out-of-memory error, which reaches the user as one.
+/// [`check_cpu_memory`] for a need that each of `ranks` ranks on this machine has at once
+/// (they share its memory): the total is compared, and named as theirs.
+pub(crate) fn check_ranks_memory(
+    what: impl FnOnce() -> String,
+    need: u64,
+    ranks: usize,
+    dtype: DType,
+    advice: &'static str,
+) -> Result<()> {
+    if ranks <= 1 {
+        return check_cpu_memory(what, need, dtype, advice);
+    }
+    let what = || format!("{} on each of the {ranks} ranks on this machine", what());
+    check_cpu_memory(what, need.saturating_mul(ranks as u64), dtype, advice)
+}
+
 pub(crate) fn check_cpu_memory(
     what: impl FnOnce() -> String,
     need: u64,

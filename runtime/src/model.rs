@@ -18,7 +18,7 @@ pub use crate::config::{Activation, Dims};
 use crate::device::DType;
 use crate::error::{Error, Result};
 use crate::load::{Progress, RandomSource, WeightSource};
-pub(crate) use crate::memory::check_cpu_memory;
+use crate::memory::check_ranks_memory;
 pub use crate::nn::{Linear, Rope, Rounding, WeightLayout};
 use crate::nn::{rms_norm, rope_in_place};
 use crate::parallel::group::ProcessGroup;
@@ -245,7 +245,7 @@ impl Glm {
             let need = rank_parameter_count(&dims, &plan, stage_layers.len(), first, last)
                 .saturating_mul(opts.dtype.kind().elt_size_in_bytes() as u64);
             let advice = "use fewer layers, a smaller dtype or more ranks, or free memory";
-            check_cpu_memory(|| "the weights".to_owned(), need, opts.dtype, advice)?;
+            check_ranks_memory(|| "the weights".to_owned(), need, parallel.local_size, opts.dtype, advice)?;
         }
         let kind = opts.dtype.kind();
         let dev = opts.device;
@@ -420,7 +420,13 @@ impl Glm {
         let cpu_bytes = self.cache_bytes_on_cpu(batch, capacity);
         let what =
             || format!("the KV cache for {batch} row{} of {capacity} positions", if batch == 1 { "" } else { "s" });
-        check_cpu_memory(what, cpu_bytes, self.dtype, "use a smaller batch or fewer tokens, or free memory")
+        self.check_memory(what, cpu_bytes, "use a smaller batch or fewer tokens, or free memory")
+    }
+
+    /// Whether `need` bytes on this rank's CPU fit in the memory free, with every rank on
+    /// this machine needing as much at once.
+    pub(crate) fn check_memory(&self, what: impl FnOnce() -> String, need: u64, advice: &'static str) -> Result<()> {
+        check_ranks_memory(what, need, self.parallel.local_size, self.dtype, advice)
     }
 
     /// Bytes a cache for `batch` rows and `capacity` positions takes on this rank, if it is

@@ -79,15 +79,25 @@ pub struct RuntimeArgs {
 pub struct ParallelArgs {
     /// Tensor-parallel ranks per pipeline stage: processes that split every layer (one per
     /// GPU with --device cuda; on CPU the threads are divided between them).
-    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
+    #[arg(long = "tp", default_value_t = 1, value_name = "N", value_parser = at_least_one)]
     pub tensor_parallel: usize,
     /// Pipeline stages: processes holding contiguous blocks of layers.
-    #[arg(long = "pp", default_value_t = 1, value_name = "N")]
+    #[arg(long = "pp", default_value_t = 1, value_name = "N", value_parser = at_least_one)]
     pub pipeline_parallel: usize,
     /// Seconds a rank waits for another before giving up (a rank that dies is noticed at
-    /// once; the other ranks stop within this).
+    /// once; the other ranks stop within this). It must cover the longest step one rank
+    /// waits for another: a pipeline stage waits for the earlier stages' prefill.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub rank_timeout: u64,
+}
+
+/// A count of ranks: 1 or more.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl ParallelArgs {

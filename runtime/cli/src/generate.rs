@@ -50,7 +50,15 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     let eos: Vec<i64> = model.dims.config.eos_token_id.iter().map(|&i| i as i64).collect();
     let room = model.dims.max_positions.saturating_sub(ids.len());
     let max_new_tokens = a.max_new_tokens.unwrap_or(64.min(room));
-    let opts = GenerateOptions { max_new_tokens, sampling, eos_token_ids: eos.clone(), decode, ..Default::default() };
+    // libtorch's pool held at one thread while split CPU weights' own threads decode.
+    let opts = GenerateOptions {
+        max_new_tokens,
+        sampling,
+        eos_token_ids: eos.clone(),
+        decode,
+        decode_threads: Some(1),
+        ..Default::default()
+    };
     let job = format!("ids {ids:?}, {max_new_tokens} new tokens, {:?}, decode {}", opts.sampling, decode.name());
     model.parallel.agree("job", &[("generation", job)])?;
     // One rank speaks for the run.

@@ -350,4 +350,7 @@ fn illegal_sizes_are_one_error_before_any_rank_starts() {
     assert!(!stderr(&o).contains("rank 1:"), "{}", stderr(&o));
     let o = run_bounded(bin().args(["run", "--model", &model, "--ids", "5", "--pp", "3"]), Duration::from_secs(30));
     expect_fail(&o, "pipeline-parallel size 3 is not legal");
+    let o = run_bounded(bin().args(["run", "--model", &model, "--ids", "5", "--tp", "0"]), Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("invalid value '0' for '--tp <N>': must be at least 1"), "{}", stderr(&o));
 }

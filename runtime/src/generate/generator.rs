@@ -11,7 +11,7 @@ use super::options::{DecodeMode, GenerateOptions, Generation};
 use super::sampling::{SampleRng, select};
 use super::static_decoder::StaticDecoder;
 use crate::error::{Error, Result};
-use crate::model::{Glm, KvCache, Rope, check_cpu_memory};
+use crate::model::{Glm, KvCache, Rope};
 
 /// The cache slots a static decoder's capacity is rounded up to a multiple of.
 const STATIC_CAPACITY_STEP: usize = 256;
@@ -107,7 +107,7 @@ impl<'m> Generator<'m> {
         let need_bytes = cache.saturating_add(model.activation_bytes_on_cpu(b, longest));
         let rows = if b == 1 { "row" } else { "rows" };
         let what = || format!("a generation of {b} {rows} over {capacity} positions (KV cache and prefill)");
-        check_cpu_memory(what, need_bytes, model.dtype, "use fewer or shorter prompts, or fewer new tokens")?;
+        model.check_memory(what, need_bytes, "use fewer or shorter prompts, or fewer new tokens")?;
         let (batch, ids) = Batch::new(model, prompts, longest, capacity)?;
         let mut rng = SampleRng::new(opts.sampling.seed);
         let mut state = if path == DecodePath::Eager {
@@ -220,7 +220,7 @@ impl<'m> Generator<'m> {
             .into_iter()
             .fold(if model.device() == Device::Cpu { model.logits_bytes(t) } else { 0 }, u64::saturating_add);
         let what = || format!("the KV cache, activations and logits of {t} positions");
-        check_cpu_memory(what, need, model.dtype, "give fewer ids, or free memory")?;
+        model.check_memory(what, need, "give fewer ids, or free memory")?;
         let (batch, ids) = Batch::new(model, &[ids.to_vec()], t, t)?;
         let rope = Rope::new(&model.dims, t, model.device())?;
         let mut cache = model.new_cache(1, t)?;

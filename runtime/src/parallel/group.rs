@@ -33,8 +33,10 @@ fn c_string(what: &str, s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::Parallel(format!("{what} {s:?} contains a NUL byte")))
 }
 
+/// Milliseconds for c10d, at most a day: c10d adds a timeout to the current time, which a
+/// larger value would overflow.
 fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(d.min(Duration::from_secs(86_400)).as_millis()).unwrap_or(86_400_000)
 }
 
 /// The key-value store the ranks meet at (c10d's TCPStore): the server on one rank, or on
@@ -178,6 +180,8 @@ pub struct ProcessGroup {
     ptr: *mut c_void,
     /// Time spent in this group's collectives, and their count (for `bench`).
     spent: std::cell::Cell<(Duration, u64)>,
+    /// How long one of its waits may take.
+    timeout: Duration,
 }
 
 // SAFETY: c10d process groups are used from one thread at a time here (the model's), and
@@ -194,6 +198,7 @@ impl ProcessGroup {
             global_rank: 0,
             ptr: std::ptr::null_mut(),
             spent: Default::default(),
+            timeout: Duration::ZERO,
         }
     }
 
@@ -250,7 +255,15 @@ impl ProcessGroup {
                     err.message()
                 )));
             }
-            return Ok(ProcessGroup { rank, size, name: name.to_owned(), global_rank, ptr, spent: Default::default() });
+            return Ok(ProcessGroup {
+                rank,
+                size,
+                name: name.to_owned(),
+                global_rank,
+                ptr,
+                spent: Default::default(),
+                timeout,
+            });
         }
         #[allow(unreachable_code)]
         Err(Error::Parallel("this build has no process groups".to_owned()))
@@ -301,10 +314,11 @@ impl ProcessGroup {
 
     fn failed(&self, op: &str, err: &ErrBuf) -> Error {
         Error::Parallel(format!(
-            "rank {}: {op} in the {} failed: {}; another rank has probably stopped (its own error says why)",
+            "rank {}: {op} in the {} failed: {}; a peer rank has stopped (its own error says why), or did not answer within --rank-timeout ({} s), which must cover the longest step a stage waits for (a long prefill on an earlier pipeline stage)",
             self.global_rank,
             self.name,
-            err.message()
+            err.message(),
+            self.timeout.as_secs()
         ))
     }
 
@@ -366,6 +380,9 @@ impl ProcessGroup {
         if self.size == 1 {
             return Ok(());
         }
+        if root >= self.size {
+            return Err(Error::Parallel(format!("broadcast from rank {root} of a group of {}", self.size)));
+        }
         let _ = (t, root);
         #[cfg(headcount_dist)]
         // SAFETY: a live group and tensor handle; root < size (callers pass group ranks).
@@ -373,9 +390,23 @@ impl ProcessGroup {
         Ok(())
     }
 
+    /// A group of one has no peer to send to or receive from.
+    fn peer(&self, op: &str, other: usize) -> Result<()> {
+        if self.ptr.is_null() || other >= self.size || other == self.rank {
+            return Err(Error::Parallel(format!(
+                "rank {}: {op} with rank {other} of the {} ({} rank{}): no such peer",
+                self.global_rank,
+                self.name,
+                self.size,
+                if self.size == 1 { "" } else { "s" }
+            )));
+        }
+        Ok(())
+    }
+
     /// Sends `t` to rank `dst` of the group.
     pub fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
-        let _ = (t, dst);
+        self.peer("send", dst)?;
         #[cfg(headcount_dist)]
         // SAFETY: a live group and tensor handle.
         self.on_host("send", t, false, |p, e| unsafe { ffi::hc_send(self.ptr, p, dst as i32, 0, e, ERR_LEN) })?;
@@ -384,7 +415,7 @@ impl ProcessGroup {
 
     /// Receives into `t` what rank `src` of the group sends.
     pub fn recv(&self, t: &Tensor, src: usize) -> Result<()> {
-        let _ = (t, src);
+        self.peer("receive", src)?;
         #[cfg(headcount_dist)]
         // SAFETY: a live group and tensor handle.
         self.on_host("receive", t, true, |p, e| unsafe { ffi::hc_recv(self.ptr, p, src as i32, 0, e, ERR_LEN) })?;

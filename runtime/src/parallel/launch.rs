@@ -99,8 +99,13 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
         // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
         unsafe {
             use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
+            let launcher = libc::getpid();
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // The launcher died before the line above: no signal will come.
+                if libc::getppid() != launcher {
+                    libc::_exit(1);
+                }
                 Ok(())
             });
         }
@@ -108,9 +113,13 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
             Ok(mut child) => {
                 if let Some(err) = child.stderr.take() {
                     forwarders.push(std::thread::spawn(move || {
-                        let mut out = std::io::stderr();
-                        for line in BufReader::new(err).lines().map_while(std::io::Result::ok) {
-                            let _ = writeln!(out, "rank {rank}: {line}");
+                        // Bytes, not UTF-8 lines: a line that is not UTF-8 must not end the
+                        // forwarding (the rank's next write would then meet a closed pipe).
+                        let (mut out, mut reader, mut line) = (std::io::stderr(), BufReader::new(err), Vec::new());
+                        while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                            let text = String::from_utf8_lossy(&line);
+                            let _ = writeln!(out, "rank {rank}: {}", text.trim_end_matches('\n'));
+                            line.clear();
                         }
                     }));
                 }
@@ -118,6 +127,10 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
             }
             Err(e) => {
                 stop_all(&mut children, libc::SIGKILL);
+                for child in children.iter_mut().flatten() {
+                    let _ = child.wait();
+                }
+                restore_signals();
                 return Err(Error::Parallel(format!("could not start rank {rank} ({}): {e}", program.display())));
             }
         }
@@ -136,10 +149,17 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
             let Some(child) = slot else { continue };
             if let Ok(Some(status)) = child.try_wait() {
                 *slot = None;
-                if !status.success() && failure.is_none() && signalled == 0 {
-                    failure = Some((rank, status));
-                    deadline.get_or_insert(Instant::now() + opts.grace);
+                if status.success() || signalled != 0 {
+                    continue;
                 }
+                // The cause, not the peers whose collectives failed because of it: a rank
+                // killed by a signal outranks one that exited with an error, until the
+                // others have had their time to stop.
+                let killed = |s: &ExitStatus| std::os::unix::process::ExitStatusExt::signal(s).is_some();
+                if failure.as_ref().is_none_or(|(_, first)| !killed(first) && killed(&status)) {
+                    failure = Some((rank, status));
+                }
+                deadline.get_or_insert(Instant::now() + opts.grace);
             }
         }
         if children.iter().all(Option::is_none) {
@@ -165,11 +185,7 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
     for f in forwarders {
         let _ = f.join();
     }
-    // SAFETY: restoring the default dispositions.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_DFL);
-        libc::signal(libc::SIGTERM, libc::SIG_DFL);
-    }
+    restore_signals();
     if signalled != 0 {
         eprintln!("error: stopped by {}; every rank was stopped", signal_name(signalled));
         return Ok(128u8.saturating_add(u8::try_from(signalled).unwrap_or(0)));
@@ -180,6 +196,15 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
             eprintln!("error: rank {rank} of {} {}; the run stopped", opts.world, describe(status));
             Ok(status.code().and_then(|c| u8::try_from(c).ok()).filter(|&c| c != 0).unwrap_or(1))
         }
+    }
+}
+
+/// Gives SIGINT and SIGTERM their default dispositions back.
+fn restore_signals() {
+    // SAFETY: restoring the default dispositions.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
     }
 }
 

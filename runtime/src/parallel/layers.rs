@@ -71,6 +71,17 @@ impl VocabParallelEmbedding {
         let rows = if group.size() == 1 {
             lookup(&flat)?
         } else {
+            // Split tables zero an id outside every range instead of failing: check first.
+            if flat.numel() > 0 {
+                let (lo, hi) = (flat.f_min()?.f_int64_value(&[])?, flat.f_max()?.f_int64_value(&[])?);
+                let vocab = self.vocab_len * group.size() as i64;
+                if lo < 0 || hi >= vocab {
+                    let id = if lo < 0 { lo } else { hi };
+                    return Err(crate::error::Error::InvalidArgument(format!(
+                        "token id {id} is outside the vocabulary: ids must be below {vocab}"
+                    )));
+                }
+            }
             let rows = lookup_in_range(&flat, self.vocab_start, self.vocab_len, lookup)?;
             group.all_reduce_sum(&rows)?;
             rows

@@ -116,6 +116,8 @@ pub struct Parallel {
     pub tp_rank: usize,
     pub stage: usize,
     pub local_rank: usize,
+    /// Ranks on this machine (LOCAL_WORLD_SIZE): they share its memory.
+    pub local_size: usize,
     /// The ranks of this stage.
     pub tp_group: ProcessGroup,
     /// Every rank.
@@ -153,6 +155,7 @@ impl Parallel {
             tp_rank: 0,
             stage: 0,
             local_rank: 0,
+            local_size: 1,
             tp_group: ProcessGroup::single(),
             world: ProcessGroup::single(),
             store: None,
@@ -194,6 +197,7 @@ impl Parallel {
             tp_rank,
             stage,
             local_rank: env.local_rank,
+            local_size: env.local_world_size.max(1),
             tp_group,
             world: world_group,
             store: Some(store),
@@ -245,7 +249,7 @@ impl Parallel {
             let key = format!("{}{n}/{label}/{other}", self.prefix);
             let theirs = store.get(&key, self.timeouts.wait).map_err(|e| {
                 Error::Parallel(format!(
-                    "rank {}: rank {other} did not join within {} s ({e})",
+                    "rank {}: rank {other} did not publish its options (waited up to {} s): {e}",
                     self.rank,
                     self.timeouts.wait.as_secs()
                 ))
