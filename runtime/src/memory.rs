@@ -13,6 +13,12 @@ use crate::error::{Error, Result};
 /// their size is compared with the memory the system has free (`need` bytes, named by
 /// `what`). A CUDA device needs no such check: its allocator returns an
 /// out-of-memory error, which reaches the user as one.
+/// Whether `bytes` of tensors in `dtype` fit in the CPU's free memory (an error naming both
+/// if not), for tools that allocate tensors of a config's shapes themselves.
+pub fn check_weights(bytes: u64, dtype: DType) -> Result<()> {
+    check_cpu_memory(|| "the weights".to_owned(), bytes, dtype, "use a smaller shape or dtype, or free memory")
+}
+
 /// [`check_cpu_memory`] for a need that each of `ranks` ranks on this machine has at once
 /// (they share its memory): the total is compared, and named as theirs.
 pub(crate) fn check_ranks_memory(

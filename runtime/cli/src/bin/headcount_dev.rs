@@ -27,6 +27,28 @@ enum DevCommand {
     /// `headcount bench`, then a profiler trace of one more generation (up to 8 new tokens):
     /// Chrome trace JSON of CPU operators, and GPU kernels on a GPU (python/trace_summary.py).
     Trace(TraceArgs),
+    /// Time the few-row products of a decode step, one weight of each kind of a config's
+    /// shape, in every kernel variant libtorch offers: milliseconds and the weight's read
+    /// bandwidth (one JSON line per weight and variant).
+    Products(ProductsArgs),
+}
+
+#[derive(Args)]
+struct ProductsArgs {
+    /// A config.json: the weights' shapes (random values).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
+    dtype: DTypeArg,
+    /// Rows of the product (a decode step's batch).
+    #[arg(long, default_value_t = 1)]
+    rows: i64,
+    /// CPU threads for libtorch.
+    #[arg(long)]
+    threads: Option<i32>,
+    /// Timed products per variant; the median is reported.
+    #[arg(long, default_value_t = 30)]
+    repeat: usize,
 }
 
 #[derive(Args)]
@@ -78,6 +100,7 @@ fn main() -> ExitCode {
     exit(match &dev.command {
         DevCommand::CountOps(a) => count_ops(a),
         DevCommand::Trace(a) => trace(a),
+        DevCommand::Products(a) => products(a),
     })
 }
 
@@ -143,5 +166,101 @@ fn trace(a: &TraceArgs) -> Result<ExitCode> {
         return Err(e);
     }
     std::fs::rename(&partial, &a.out).map_err(|source| Error::Io { path: a.out.clone(), source })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One way to compute a product, run again for each timing.
+type Product<'a> = Box<dyn Fn() -> Result<tch::Tensor> + 'a>;
+
+/// See [`DevCommand::Products`]. Variants: `in-out` (`x @ Wt`, the transposed copy the
+/// runtime makes for f32), `out-in` (`x @ W.t()`, a view of the stored weight, which
+/// libtorch hands to BLAS's transposed routine, as `linear` does), `linear`, and, for one
+/// row, `mv` (`W @ x`).
+fn products(a: &ProductsArgs) -> Result<ExitCode> {
+    use tch::{Device, Kind, Tensor};
+    if let Some(t) = a.threads {
+        if t < 1 {
+            return Err(Error::InvalidArgument(format!("--threads must be at least 1, got {t}")));
+        }
+        tch::set_num_threads(t);
+    }
+    if a.rows < 1 || a.repeat == 0 {
+        return Err(Error::InvalidArgument("--rows and --repeat must be at least 1".to_owned()));
+    }
+    let config = Config::from_file(&a.config)?;
+    let d = headcount_runtime::Dims::new(&config)?;
+    let (h, hd) = (d.hidden as i64, d.head_dim as i64);
+    let weights = [
+        ("qkv_proj", (d.heads as i64 + 2 * d.kv_heads as i64) * hd, h),
+        ("o_proj", h, d.heads as i64 * hd),
+        ("gate_up_proj", 2 * d.intermediate as i64, h),
+        ("down_proj", h, d.intermediate as i64),
+        ("lm_head", d.vocab as i64, h),
+    ];
+    let dtype: DType = a.dtype.into();
+    let kind = dtype.kind();
+    let _guard = tch::no_grad_guard();
+    for (name, out, inp) in weights {
+        let bytes = out.saturating_mul(inp).saturating_mul(kind.elt_size_in_bytes() as i64);
+        // Enough copies of the weight (and its transposed copy) to exceed the CPU's caches,
+        // used in turn, so each product reads its weight from memory as a decode step does.
+        let copies = usize::try_from((256i64 << 20) / bytes.max(1)).unwrap_or(1).clamp(1, 64);
+        headcount_runtime::memory::check_weights((bytes.max(0) as u64).saturating_mul(2 * copies as u64), dtype)?;
+        let ws: Vec<Tensor> = (0..copies)
+            .map(|_| {
+                Ok(Tensor::f_randn([out, inp], (Kind::Float, Device::Cpu))?.f_mul_scalar(0.02)?.f_to_kind(kind)?)
+            })
+            .collect::<Result<_>>()?;
+        let wts: Vec<Tensor> = ws.iter().map(|w| Ok(w.f_transpose(0, 1)?.f_contiguous()?)).collect::<Result<_>>()?;
+        let x = Tensor::f_randn([a.rows, inp], (Kind::Float, Device::Cpu))?.f_to_kind(kind)?;
+        let xv = x.f_reshape([-1])?;
+        let next = std::cell::Cell::new(0usize);
+        let pick = || {
+            let i = next.get();
+            next.set((i + 1) % copies);
+            i
+        };
+        let mut variants: Vec<(&str, Product)> = vec![
+            ("in-out", Box::new(|| Ok(x.f_matmul(&wts[pick()])?))),
+            ("out-in", Box::new(|| Ok(x.f_matmul(&ws[pick()].f_transpose(0, 1)?)?))),
+            ("linear", Box::new(|| Ok(x.f_linear::<&Tensor>(&ws[pick()], None)?))),
+        ];
+        if a.rows == 1 {
+            variants.push(("mv", Box::new(|| Ok(ws[pick()].f_mv(&xv)?))));
+        }
+        let wt = &wts[0];
+        let reference = x.f_matmul(wt)?.f_to_kind(Kind::Float)?.f_reshape([-1])?;
+        for (variant, f) in &variants {
+            // Every variant computes the same product (within the dtype's rounding): checked
+            // on the first copy.
+            next.set(0);
+            let got = f()?.f_to_kind(Kind::Float)?.f_reshape([-1])?;
+            let scale = reference.f_abs()?.f_max()?.f_double_value(&[])?.max(1e-6);
+            let diff = got.f_sub(&reference)?.f_abs()?.f_max()?.f_double_value(&[])? / scale;
+            for _ in 0..3 {
+                let _ = f()?;
+            }
+            let mut times = Vec::with_capacity(a.repeat);
+            for _ in 0..a.repeat {
+                let t = std::time::Instant::now();
+                let _ = f()?;
+                times.push(t.elapsed().as_secs_f64());
+            }
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2]; // cannot fire: --repeat >= 1
+            let line = serde_json::json!({
+                "weight": name,
+                "shape": [out, inp],
+                "dtype": dtype.name(),
+                "rows": a.rows,
+                "threads": tch::get_num_threads(),
+                "variant": variant,
+                "ms": median * 1e3,
+                "weight_gb_s": bytes as f64 / median.max(1e-12) / 1e9,
+                "max_rel_diff": diff,
+            });
+            println!("{line}");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
