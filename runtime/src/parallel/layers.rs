@@ -71,9 +71,12 @@ impl VocabParallelEmbedding {
         let rows = if group.size() == 1 {
             lookup(&flat)?
         } else {
-            // Split tables zero an id outside every range instead of failing: check first.
+            // Split tables zero an id outside every range instead of failing: check first,
+            // with one read from the device.
             if flat.numel() > 0 {
-                let (lo, hi) = (flat.f_min()?.f_int64_value(&[])?, flat.f_max()?.f_int64_value(&[])?);
+                let (lo, hi) = flat.f_aminmax(None, false)?;
+                let bounds = Vec::<i64>::try_from(&Tensor::f_stack(&[lo, hi], 0)?.f_to_device(tch::Device::Cpu)?)?;
+                let (lo, hi) = (bounds[0], bounds[1]); // cannot fire: two values stacked
                 let vocab = self.vocab_len * group.size() as i64;
                 if lo < 0 || hi >= vocab {
                     let id = if lo < 0 { lo } else { hi };
