@@ -86,8 +86,8 @@
 
 pub use headcount_macros::Architecture;
 pub use headcount_spec::{
-    ArchSpec, Architecture, Config, ConfigError, Family, LayoutError, SupportsPipelineParallel, SupportsTensorParallel,
-    ValidationError, keys, rules,
+    ArchSpec, Architecture, Config, ConfigError, Family, LayoutError, SupportsExpertParallel, SupportsPipelineParallel,
+    SupportsTensorParallel, ValidationError, keys, rules,
 };
 
 /// The rules crate, for code that needs more than the re-exports.

@@ -2,7 +2,9 @@
 //! value only (its kind, its sign, whether it fits 64 bits). Every mistake is recorded and
 //! parsing goes on with the next key.
 
-use headcount_spec::{Family, keys};
+use std::sync::LazyLock;
+
+use headcount_spec::{FIELDS, Family, FieldKind, keys};
 use proc_macro2::TokenTree;
 use quote::ToTokens;
 use syn::ext::IdentExt;
@@ -16,7 +18,7 @@ use crate::ctxt::Ctxt;
 /// What a key accepts.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Kind {
-    /// `glm` or `glm4`.
+    /// `glm`, `glm4` or `glm4_moe`.
     Family,
     /// A positive integer: a literal or any expression of the key's integer type.
     Count,
@@ -36,43 +38,42 @@ pub(crate) enum Kind {
     Path,
 }
 
-/// Every key the attribute accepts; the names are those of HF config.json.
-pub(crate) const KEYS: [(&str, Kind); 24] = [
-    (keys::FAMILY, Kind::Family),
-    (keys::VOCAB_SIZE, Kind::Count),
-    (keys::HIDDEN_SIZE, Kind::Count),
-    (keys::INTERMEDIATE_SIZE, Kind::Count),
-    (keys::NUM_HIDDEN_LAYERS, Kind::Count),
-    (keys::NUM_ATTENTION_HEADS, Kind::Count),
-    (keys::NUM_KEY_VALUE_HEADS, Kind::Count),
-    (keys::HEAD_DIM, Kind::Count),
-    (keys::PARTIAL_ROTARY_FACTOR, Kind::Float),
-    (keys::ROPE_THETA, Kind::Float),
-    (keys::RMS_NORM_EPS, Kind::Float),
-    (keys::MAX_POSITION_EMBEDDINGS, Kind::Count),
-    (keys::HIDDEN_ACT, Kind::Str),
-    (keys::ATTENTION_BIAS, Kind::Bool),
-    (keys::TIE_WORD_EMBEDDINGS, Kind::Bool),
-    (keys::PAD_TOKEN_ID, Kind::TokenId),
-    (keys::BOS_TOKEN_ID, Kind::TokenId),
-    (keys::EOS_TOKEN_ID, Kind::TokenIds),
+/// The kind of a config field, from the field table.
+fn field_kind(kind: FieldKind) -> Kind {
+    match kind {
+        FieldKind::Count | FieldKind::Number | FieldKind::KvHeads | FieldKind::OptCount => Kind::Count,
+        FieldKind::Float => Kind::Float,
+        FieldKind::Flag => Kind::Bool,
+        FieldKind::Id => Kind::TokenId,
+        FieldKind::Ids => Kind::TokenIds,
+        FieldKind::Text => Kind::Str,
+    }
+}
+
+/// The keys only a declaration has, with their kinds (after the config fields).
+const DECLARATION_KEYS: [(&str, Kind); 7] = [
     (keys::TENSOR_PARALLEL, Kind::Sizes),
     (keys::PIPELINE_PARALLEL, Kind::Sizes),
+    (keys::EXPERT_PARALLEL, Kind::Sizes),
     (keys::KV_REPLICATION, Kind::Bool),
     (keys::VOCAB_PADDING, Kind::Count),
     (keys::UNEVEN_PIPELINE, Kind::Bool),
     (keys::FROM_CONFIG, Kind::Path),
 ];
 
-/// The keys a declaration must give unless it reads `from_config`.
-pub(crate) const REQUIRED: [&str; 6] = [
-    keys::VOCAB_SIZE,
-    keys::HIDDEN_SIZE,
-    keys::INTERMEDIATE_SIZE,
-    keys::NUM_HIDDEN_LAYERS,
-    keys::NUM_ATTENTION_HEADS,
-    keys::NUM_KEY_VALUE_HEADS,
-];
+/// Every key the attribute accepts: `family`, the config fields of the field table (named
+/// as in HF config.json), then the declaration-only keys.
+pub(crate) static KEYS: LazyLock<Vec<(&'static str, Kind)>> = LazyLock::new(|| {
+    let mut keys = vec![(keys::FAMILY, Kind::Family)];
+    keys.extend(FIELDS.iter().map(|f| (f.key, field_kind(f.kind))));
+    keys.extend(DECLARATION_KEYS);
+    keys
+});
+
+/// The keys a declaration of `family` must give unless it reads `from_config`.
+pub(crate) fn required(family: Family) -> impl Iterator<Item = &'static str> {
+    FIELDS.iter().filter(move |f| f.required && f.in_family(family)).map(|f| f.key)
+}
 
 /// A `key = value` (or bare `key`) before its value is typed.
 struct RawEntry {
@@ -175,8 +176,8 @@ fn known_key(ident: &Ident, cx: &Ctxt) -> Option<&'static str> {
         Some(k) => format!("unknown key `{name}`: did you mean `{k}`?"),
         None => format!(
             "unknown key `{name}`: the keys are those of HF config.json ({}) and {}",
-            KEYS[1..18].iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
-            KEYS[18..].iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
+            FIELDS.iter().map(|f| f.key).collect::<Vec<_>>().join(", "),
+            DECLARATION_KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
         ),
     };
     cx.error_spanned_by(ident, msg);
@@ -379,8 +380,10 @@ fn family(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
     match name.as_deref().and_then(Family::from_model_type) {
         Some(f) => Ok(Some(Value::Family(f))),
         None => Err(match name {
-            Some(n) => format!("unknown {key} `{n}`: use `glm` (GlmForCausalLM) or `glm4` (Glm4ForCausalLM)"),
-            None => format!("{key} expects `glm` or `glm4`, found {}", found(expr)),
+            Some(n) => format!(
+                "unknown {key} `{n}`: use `glm` (GlmForCausalLM), `glm4` (Glm4ForCausalLM) or `glm4_moe` (Glm4MoeForCausalLM)"
+            ),
+            None => format!("{key} expects `glm`, `glm4` or `glm4_moe`, found {}", found(expr)),
         }),
     }
 }
@@ -414,7 +417,11 @@ fn sizes(key: &str, expr: &Expr, cx: &Ctxt) -> Result<Option<Value>, String> {
     if array.elems.is_empty() {
         return Err(format!("{key} must list at least one size, such as [1]"));
     }
-    let marker = if key == keys::TENSOR_PARALLEL { "SupportsTensorParallel" } else { "SupportsPipelineParallel" };
+    let marker = match key {
+        keys::TENSOR_PARALLEL => "SupportsTensorParallel",
+        keys::EXPERT_PARALLEL => "SupportsExpertParallel",
+        _ => "SupportsPipelineParallel",
+    };
     let mut out: Vec<Elem> = Vec::new();
     let mut ok = true;
     for e in &array.elems {

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use headcount_spec::{Family, keys};
+use headcount_spec::{FIELDS, Family, FieldKind, keys};
 use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::DeriveInput;
@@ -44,16 +44,7 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
     let family = match layout.family {
         Family::Glm => quote!(::headcount::Family::Glm),
         Family::Glm4 => quote!(::headcount::Family::Glm4),
-    };
-    let int = |key: &str| int(layout, key);
-    let float = |key: &str| float(layout, key);
-    let boolean = |key: &str| matches!(layout.value(key), Some(Value::Bool(true)));
-    let id = |key: &str| match layout.value(key) {
-        Some(Value::Int(n)) => {
-            let n = num_tokens(n);
-            quote!(::core::option::Option::Some(#n))
-        }
-        _ => quote!(::core::option::Option::None),
+        Family::Glm4Moe => quote!(::headcount::Family::Glm4Moe),
     };
     let list = |key: &str| {
         let items: Vec<TokenStream> = match layout.value(key) {
@@ -62,27 +53,38 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
         };
         quote!(&[#(#items),*])
     };
-    let (vocab, hidden, intermediate, layers) =
-        (int(keys::VOCAB_SIZE), int(keys::HIDDEN_SIZE), int(keys::INTERMEDIATE_SIZE), int(keys::NUM_HIDDEN_LAYERS));
-    let (heads, kv, max_pos, padding) = (
-        int(keys::NUM_ATTENTION_HEADS),
-        int(keys::NUM_KEY_VALUE_HEADS),
-        int(keys::MAX_POSITION_EMBEDDINGS),
-        int(keys::VOCAB_PADDING),
-    );
-    let head_dim = match (layout.value(keys::HEAD_DIM), layout.head_dim) {
-        (Some(Value::Int(n)), _) => num_tokens(n),
-        (_, Some(d)) => lit_u64(d),
-        (Some(Value::Absent), None) => quote! {
-            if <Self as ::headcount::Architecture>::NUM_ATTENTION_HEADS == 0 {
-                0
-            } else {
-                <Self as ::headcount::Architecture>::HIDDEN_SIZE
-                    / <Self as ::headcount::Architecture>::NUM_ATTENTION_HEADS
+    // One const for each field of the table, typed by its kind.
+    let fields = FIELDS.iter().map(|f| {
+        let name = format_ident!("{}", f.const_name);
+        let (ty, value) = match f.kind {
+            FieldKind::OptCount => (quote!(usize), head_dim(layout, f.key)),
+            FieldKind::Count | FieldKind::Number | FieldKind::KvHeads => (quote!(usize), int(layout, f.key)),
+            FieldKind::Float => (quote!(f64), float(layout, f.key)),
+            FieldKind::Flag => {
+                let b = matches!(layout.value(f.key), Some(Value::Bool(true)));
+                (quote!(bool), quote!(#b))
             }
-        },
-        _ => lit_u64(0),
-    };
+            FieldKind::Id => (
+                quote!(::core::option::Option<u64>),
+                match layout.value(f.key) {
+                    Some(Value::Int(n)) => {
+                        let n = num_tokens(n);
+                        quote!(::core::option::Option::Some(#n))
+                    }
+                    _ => quote!(::core::option::Option::None),
+                },
+            ),
+            FieldKind::Ids => (quote!(&'static [u64]), list(f.key)),
+            FieldKind::Text => {
+                let s = match layout.value(f.key) {
+                    Some(Value::Str(s)) => s.clone(),
+                    _ => "silu".to_owned(),
+                };
+                (quote!(&'static str), quote!(#s))
+            }
+        };
+        quote!(const #name: #ty = #value;)
+    });
     let rotary_dim = match layout.rotary_dim {
         Some(r) => lit_u64(r),
         None => quote! {
@@ -95,19 +97,10 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
             }
         },
     };
-    let (factor, theta, eps) = (float(keys::PARTIAL_ROTARY_FACTOR), float(keys::ROPE_THETA), float(keys::RMS_NORM_EPS));
-    let act = match layout.value(keys::HIDDEN_ACT) {
-        Some(Value::Str(s)) => s.clone(),
-        _ => "silu".to_owned(),
-    };
-    let (bias, tie, replication, uneven) = (
-        boolean(keys::ATTENTION_BIAS),
-        boolean(keys::TIE_WORD_EMBEDDINGS),
-        boolean(keys::KV_REPLICATION),
-        boolean(keys::UNEVEN_PIPELINE),
-    );
-    let (pad, bos, eos) = (id(keys::PAD_TOKEN_ID), id(keys::BOS_TOKEN_ID), list(keys::EOS_TOKEN_ID));
-    let (tp, pp) = (list(keys::TENSOR_PARALLEL), list(keys::PIPELINE_PARALLEL));
+    let boolean = |key: &str| matches!(layout.value(key), Some(Value::Bool(true)));
+    let (replication, uneven) = (boolean(keys::KV_REPLICATION), boolean(keys::UNEVEN_PIPELINE));
+    let padding = int(layout, keys::VOCAB_PADDING);
+    let (tp, pp, ep) = (list(keys::TENSOR_PARALLEL), list(keys::PIPELINE_PARALLEL), list(keys::EXPERT_PARALLEL));
 
     let markers = |key: &str, tr: &str| -> TokenStream {
         let tr = format_ident!("{}", tr);
@@ -119,6 +112,7 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
     };
     let tp_impls = markers(keys::TENSOR_PARALLEL, "SupportsTensorParallel");
     let pp_impls = markers(keys::PIPELINE_PARALLEL, "SupportsPipelineParallel");
+    let ep_impls = markers(keys::EXPERT_PARALLEL, "SupportsExpertParallel");
     let checks = layout.deferred.iter().map(|d| assertion(input, layout, d.rule, &d.tokens));
     let track = layout.config_file.as_deref().and_then(tracked);
 
@@ -127,32 +121,18 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
         impl ::headcount::Architecture for #ident {
             const NAME: &'static str = #name;
             const FAMILY: ::headcount::Family = #family;
-            const VOCAB_SIZE: usize = #vocab;
-            const HIDDEN_SIZE: usize = #hidden;
-            const INTERMEDIATE_SIZE: usize = #intermediate;
-            const NUM_HIDDEN_LAYERS: usize = #layers;
-            const NUM_ATTENTION_HEADS: usize = #heads;
-            const NUM_KEY_VALUE_HEADS: usize = #kv;
-            const HEAD_DIM: usize = #head_dim;
-            const PARTIAL_ROTARY_FACTOR: f64 = #factor;
+            #(#fields)*
             const ROTARY_DIM: usize = #rotary_dim;
-            const ROPE_THETA: f64 = #theta;
-            const RMS_NORM_EPS: f64 = #eps;
-            const MAX_POSITION_EMBEDDINGS: usize = #max_pos;
-            const ATTENTION_BIAS: bool = #bias;
-            const TIE_WORD_EMBEDDINGS: bool = #tie;
-            const HIDDEN_ACT: &'static str = #act;
-            const PAD_TOKEN_ID: ::core::option::Option<u64> = #pad;
-            const BOS_TOKEN_ID: ::core::option::Option<u64> = #bos;
-            const EOS_TOKEN_IDS: &'static [u64] = #eos;
             const TENSOR_PARALLEL: &'static [u64] = #tp;
             const PIPELINE_PARALLEL: &'static [u64] = #pp;
+            const EXPERT_PARALLEL: &'static [u64] = #ep;
             const KV_REPLICATION: bool = #replication;
             const VOCAB_PADDING: u64 = #padding;
             const UNEVEN_PIPELINE: bool = #uneven;
         }
         #tp_impls
         #pp_impls
+        #ep_impls
         #(#checks)*
         #track
     }
@@ -213,6 +193,23 @@ fn num_tokens(n: &Num<u64>) -> TokenStream {
     match n {
         Num::Lit(v) => lit_u64(*v),
         Num::Expr(e) => e.clone(),
+    }
+}
+
+/// HEAD_DIM: as written, as the macro derived it, or derived by the compiler.
+fn head_dim(layout: &Layout, key: &str) -> TokenStream {
+    match (layout.value(key), layout.head_dim) {
+        (Some(Value::Int(n)), _) => num_tokens(n),
+        (_, Some(d)) => lit_u64(d),
+        (Some(Value::Absent), None) => quote! {
+            if <Self as ::headcount::Architecture>::NUM_ATTENTION_HEADS == 0 {
+                0
+            } else {
+                <Self as ::headcount::Architecture>::HIDDEN_SIZE
+                    / <Self as ::headcount::Architecture>::NUM_ATTENTION_HEADS
+            }
+        },
+        _ => lit_u64(0),
     }
 }
 

@@ -8,12 +8,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use headcount_spec::rules::{self, Errors, Rule};
-use headcount_spec::{ArchSpec, Config, ConfigError, Family, LayoutError, keys};
+use headcount_spec::{Config, ConfigError, Family, FieldValue, LayoutError, keys};
 use proc_macro2::{Span, TokenStream};
 use syn::LitStr;
 
 use crate::ast::{Elem, Entry, Input, Num, Value};
-use crate::attr::{KEYS, REQUIRED};
+use crate::attr::{KEYS, required};
 use crate::ctxt::Ctxt;
 
 /// Finds the source file a span lies in (the compiler knows; unit tests do not).
@@ -86,13 +86,6 @@ impl Layout {
         }
     }
 
-    fn f64(&self, key: &str) -> Option<f64> {
-        match self.value(key)? {
-            Value::Float(n) => n.lit(),
-            _ => None,
-        }
-    }
-
     fn bool(&self, key: &str) -> bool {
         matches!(self.value(key), Some(Value::Bool(true)))
     }
@@ -133,19 +126,41 @@ pub(crate) fn check(input: &Input, cx: &Ctxt, locate: Locate) -> Layout {
             }
         },
     };
-    let no_config = input.seen.iter().all(|k| *k != keys::FROM_CONFIG);
-    if no_config {
-        missing_keys(input, cx);
-    }
-
     let family = match (given.get(keys::FAMILY).map(|e| &e.value), &base) {
         (Some(Value::Family(f)), _) => *f,
         (_, Base::Config(c)) => c.family,
         _ => Family::Glm,
     };
+    let no_config = input.seen.iter().all(|k| *k != keys::FROM_CONFIG);
+    if no_config {
+        missing_keys(input, family, cx);
+    }
     let mut values = BTreeMap::new();
-    for (key, _) in KEYS {
+    for &(key, _) in KEYS.iter() {
         if key == keys::FAMILY || key == keys::FROM_CONFIG {
+            continue;
+        }
+        let field = headcount_spec::fields::field(key);
+        if let Some(f) = field
+            && !f.in_family(family)
+        {
+            // Another family's key: an error when written; otherwise its "not applicable"
+            // value (no experts), which every rule reads as known.
+            if let Some(e) = given.get(key) {
+                let families: Vec<&str> = f.families.iter().map(|f| f.model_type()).collect();
+                cx.error_spanned_by(
+                    &e.tokens,
+                    format!(
+                        "`{key}` is a key of family {}, not of {}: use `family = {}` for a mixture-of-experts layout, or remove `{key}`",
+                        families.join(", "),
+                        family.model_type(),
+                        families[0],
+                    ),
+                );
+            }
+            if let Some(value) = default_value(family, key) {
+                values.insert(key, Resolved { value, origin: Origin::Default });
+            }
             continue;
         }
         let resolved = if let Some(e) = given.get(key) {
@@ -156,13 +171,13 @@ pub(crate) fn check(input: &Input, cx: &Ctxt, locate: Locate) -> Layout {
             let from_file = match &base {
                 Base::Config(c) => config_value(c, key).map(Ok),
                 // Unknown: no rule that reads it is run.
-                Base::Unreadable => config_value(&Config::default(), key).map(|_| Err(())),
+                Base::Unreadable => config_value(&Config::defaults(family), key).map(|_| Err(())),
                 Base::Defaults => None,
             };
             match from_file {
                 Some(Ok(value)) => Some(Resolved { value, origin: Origin::Config }),
                 Some(Err(())) => None,
-                None => default_value(key).map(|value| Resolved { value, origin: Origin::Default }),
+                None => default_value(family, key).map(|value| Resolved { value, origin: Origin::Default }),
             }
         };
         if let Some(r) = resolved {
@@ -176,8 +191,8 @@ pub(crate) fn check(input: &Input, cx: &Ctxt, locate: Locate) -> Layout {
 }
 
 /// One error listing every required key not given (there is no config.json to read them).
-fn missing_keys(input: &Input, cx: &Ctxt) {
-    let missing: Vec<&str> = REQUIRED.iter().copied().filter(|k| !input.seen.contains(k)).collect();
+fn missing_keys(input: &Input, family: Family, cx: &Ctxt) {
+    let missing: Vec<&str> = required(family).filter(|k| !input.seen.contains(k)).collect();
     if missing.is_empty() {
         return;
     }
@@ -223,51 +238,42 @@ fn package_root(file: &Path) -> Option<PathBuf> {
     file.ancestors().skip(1).find(|d| d.join("Cargo.toml").is_file()).map(Path::to_owned)
 }
 
+/// A field's value as the macro holds it.
+fn from_field(v: FieldValue) -> Value {
+    match v {
+        FieldValue::Int(n) => Value::Int(Num::Lit(n)),
+        FieldValue::Float(x) => Value::Float(Num::Lit(x)),
+        FieldValue::Bool(b) => Value::Bool(b),
+        FieldValue::Text(s) => Value::Str(s),
+        FieldValue::Ids(ids) => {
+            Value::List(ids.into_iter().map(|v| Elem { num: Num::Lit(v), tokens: TokenStream::new() }).collect())
+        }
+        FieldValue::Absent => Value::Absent,
+    }
+}
+
 /// A key's value in config.json; `None` for declaration-only keys.
 fn config_value(c: &Config, key: &str) -> Option<Value> {
-    let int = |v: u64| Value::Int(Num::Lit(v));
-    let float = |v: f64| Value::Float(Num::Lit(v));
-    let opt = |v: Option<u64>| v.map_or(Value::Absent, int);
-    Some(match key {
-        keys::VOCAB_SIZE => int(c.vocab_size),
-        keys::HIDDEN_SIZE => int(c.hidden_size),
-        keys::INTERMEDIATE_SIZE => int(c.intermediate_size),
-        keys::NUM_HIDDEN_LAYERS => int(c.num_hidden_layers),
-        keys::NUM_ATTENTION_HEADS => int(c.num_attention_heads),
-        keys::NUM_KEY_VALUE_HEADS => int(c.num_key_value_heads),
-        keys::HEAD_DIM => opt(c.head_dim),
-        keys::PARTIAL_ROTARY_FACTOR => float(c.partial_rotary_factor),
-        keys::ROPE_THETA => float(c.rope_theta),
-        keys::RMS_NORM_EPS => float(c.rms_norm_eps),
-        keys::MAX_POSITION_EMBEDDINGS => int(c.max_position_embeddings),
-        keys::HIDDEN_ACT => Value::Str(c.hidden_act.clone()),
-        keys::ATTENTION_BIAS => Value::Bool(c.attention_bias),
-        keys::TIE_WORD_EMBEDDINGS => Value::Bool(c.tie_word_embeddings),
-        keys::PAD_TOKEN_ID => opt(c.pad_token_id),
-        keys::BOS_TOKEN_ID => opt(c.bos_token_id),
-        keys::EOS_TOKEN_ID => {
-            Value::List(c.eos_token_id.iter().map(|&v| Elem { num: Num::Lit(v), tokens: TokenStream::new() }).collect())
-        }
-        _ => return None,
-    })
+    c.get(key).map(from_field)
 }
 
 /// The value of a key not written and not read from config.json; `None` for required keys.
-/// transformers' GlmConfig defaults (`Config::default()`) for the model's scalars; no pad,
-/// bos or eos token and a derived head_dim for a declaration; one device for parallelism.
-fn default_value(key: &str) -> Option<Value> {
-    let d = Config::default();
+/// transformers' defaults for the family (`Config::defaults`) for the model's scalars; no
+/// pad, bos or eos token and a derived head_dim for a declaration; one device for
+/// parallelism.
+fn default_value(family: Family, key: &str) -> Option<Value> {
+    if let Some(f) = headcount_spec::fields::field(key) {
+        if f.required && f.in_family(family) {
+            return None;
+        }
+        return Some(match key {
+            keys::HEAD_DIM | keys::PAD_TOKEN_ID | keys::BOS_TOKEN_ID => Value::Absent,
+            keys::EOS_TOKEN_ID => Value::List(Vec::new()),
+            _ => config_value(&Config::defaults(family), key)?,
+        });
+    }
     Some(match key {
-        keys::PARTIAL_ROTARY_FACTOR => Value::Float(Num::Lit(d.partial_rotary_factor)),
-        keys::ROPE_THETA => Value::Float(Num::Lit(d.rope_theta)),
-        keys::RMS_NORM_EPS => Value::Float(Num::Lit(d.rms_norm_eps)),
-        keys::MAX_POSITION_EMBEDDINGS => Value::Int(Num::Lit(d.max_position_embeddings)),
-        keys::HIDDEN_ACT => Value::Str(d.hidden_act),
-        keys::ATTENTION_BIAS => Value::Bool(d.attention_bias),
-        keys::TIE_WORD_EMBEDDINGS => Value::Bool(d.tie_word_embeddings),
-        keys::HEAD_DIM | keys::PAD_TOKEN_ID | keys::BOS_TOKEN_ID => Value::Absent,
-        keys::EOS_TOKEN_ID => Value::List(Vec::new()),
-        keys::TENSOR_PARALLEL | keys::PIPELINE_PARALLEL => {
+        keys::TENSOR_PARALLEL | keys::PIPELINE_PARALLEL | keys::EXPERT_PARALLEL => {
             Value::List(vec![Elem { num: Num::Lit(1), tokens: TokenStream::new() }])
         }
         keys::KV_REPLICATION | keys::UNEVEN_PIPELINE => Value::Bool(false),
@@ -276,37 +282,41 @@ fn default_value(key: &str) -> Option<Value> {
     })
 }
 
+/// The field's value as config `set` takes it, when the macro knows it.
+fn to_field(v: &Value) -> Option<FieldValue> {
+    Some(match v {
+        Value::Int(n) => FieldValue::Int(n.lit()?),
+        Value::Float(n) => FieldValue::Float(n.lit()?),
+        Value::Bool(b) => FieldValue::Bool(*b),
+        Value::Str(s) => FieldValue::Text(s.clone()),
+        Value::List(items) => FieldValue::Ids(items.iter().filter_map(|e| e.num.lit()).collect()),
+        Value::Absent => FieldValue::Absent,
+        Value::Family(_) | Value::Path(_) => return None,
+    })
+}
+
 /// Runs every rule whose values the macro knows; defers the others to the compiler.
 fn run_rules(layout: &mut Layout, input: &Input, from_config: Option<&LitStr>, cx: &Ctxt) {
-    let eos = layout.list(keys::EOS_TOKEN_ID);
     let tp = layout.list(keys::TENSOR_PARALLEL);
     let pp = layout.list(keys::PIPELINE_PARALLEL);
-    let act = match layout.value(keys::HIDDEN_ACT) {
-        Some(Value::Str(s)) => s.clone(),
-        _ => String::new(),
-    };
-    // Values the macro cannot read are placeholders: no rule that reads one is run here.
-    let spec = ArchSpec {
-        vocab_size: layout.u64(keys::VOCAB_SIZE).unwrap_or(1),
-        hidden_size: layout.u64(keys::HIDDEN_SIZE).unwrap_or(1),
-        intermediate_size: layout.u64(keys::INTERMEDIATE_SIZE).unwrap_or(1),
-        num_hidden_layers: layout.u64(keys::NUM_HIDDEN_LAYERS).unwrap_or(1),
-        num_attention_heads: layout.u64(keys::NUM_ATTENTION_HEADS).unwrap_or(1),
-        num_key_value_heads: layout.u64(keys::NUM_KEY_VALUE_HEADS).unwrap_or(1),
-        head_dim: layout.u64(keys::HEAD_DIM),
-        partial_rotary_factor: layout.f64(keys::PARTIAL_ROTARY_FACTOR).unwrap_or(0.5),
-        rope_theta: layout.f64(keys::ROPE_THETA).unwrap_or(1.0),
-        rms_norm_eps: layout.f64(keys::RMS_NORM_EPS).unwrap_or(1.0),
-        max_position_embeddings: layout.u64(keys::MAX_POSITION_EMBEDDINGS).unwrap_or(1),
-        hidden_act: &act,
-        pad_token_id: layout.u64(keys::PAD_TOKEN_ID),
-        bos_token_id: layout.u64(keys::BOS_TOKEN_ID),
-        eos_token_ids: &eos,
-        tensor_parallel: &tp,
-        pipeline_parallel: &pp,
+    let ep = layout.list(keys::EXPERT_PARALLEL);
+    // The family's defaults stand in for values the macro cannot read: no rule that reads
+    // one of those is run here.
+    let mut config = Config::defaults(layout.family);
+    for f in headcount_spec::FIELDS {
+        if let Some(v) = layout.value(f.key).and_then(to_field) {
+            config.set(f.key, v);
+        }
+    }
+    if layout.literal(keys::HEAD_DIM) != Some(true) {
+        config.head_dim = None;
+    }
+    let spec = headcount_spec::ArchSpec {
+        expert_parallel: &ep,
         kv_replication: layout.bool(keys::KV_REPLICATION),
         vocab_padding: layout.u64(keys::VOCAB_PADDING).unwrap_or(1),
         uneven_pipeline: layout.bool(keys::UNEVEN_PIPELINE),
+        ..config.spec(&tp, &pp)
     };
     let known = |keys: &[&str]| keys.iter().all(|k| layout.literal(k) == Some(true));
     let dims = [keys::HEAD_DIM, keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS];
@@ -369,6 +379,16 @@ fn involved(e: &LayoutError, rule: &Rule) -> Vec<&'static str> {
             vec![keys::HEAD_DIM, keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS]
         }
         LayoutError::TokenOutOfVocab { .. } => vec![keys::VOCAB_SIZE],
+        LayoutError::ExpertsNotMultipleOfGroups { .. } | LayoutError::GroupTooSmall { .. } => {
+            vec![keys::N_ROUTED_EXPERTS]
+        }
+        LayoutError::TopkGroupExceedsGroups { .. } => vec![keys::N_GROUP],
+        LayoutError::ExpertsPerTokenExceedsExperts { .. } => vec![keys::N_ROUTED_EXPERTS],
+        LayoutError::ExpertsPerTokenExceedsGroups { .. } => {
+            vec![keys::TOPK_GROUP, keys::N_GROUP, keys::N_ROUTED_EXPERTS]
+        }
+        LayoutError::DenseLayersExceedLayers { .. } => vec![keys::NUM_HIDDEN_LAYERS],
+        LayoutError::ExpertParallelExperts { .. } => vec![keys::N_ROUTED_EXPERTS],
         LayoutError::SizeOverflow { .. } => rule.fields.iter().rev().copied().collect(),
         _ => Vec::new(),
     }

@@ -5,7 +5,7 @@
 use std::marker::PhantomData;
 use std::path::Path;
 
-use headcount_spec::{Architecture, Config, SupportsPipelineParallel, SupportsTensorParallel};
+use headcount_spec::{Architecture, Config, FieldValue, SupportsPipelineParallel, SupportsTensorParallel};
 
 use crate::error::{Error, Result};
 use crate::model::{Glm, LoadOptions};
@@ -109,25 +109,19 @@ pub fn check_agrees<A: Architecture>(dir: &Path, c: &Config) -> Result<()> {
         checkpoint,
         declared,
     };
-    macro_rules! same {
-        ($($f:ident),*) => {$(
-            if c.$f != declared.$f {
-                return Err(mismatch(stringify!($f), format!("{:?}", c.$f), format!("{:?}", declared.$f)));
-            }
-        )*};
-    }
     if c.family != declared.family {
         return Err(mismatch("model_type", c.family.model_type().into(), declared.family.model_type().into()));
     }
-    same!(vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads);
-    if c.resolved_head_dim() != declared.resolved_head_dim() {
-        return Err(mismatch(
-            "head_dim",
-            format!("{:?}", c.resolved_head_dim()),
-            format!("{:?}", declared.resolved_head_dim()),
-        ));
+    for f in headcount_spec::FIELDS.iter().filter(|f| f.in_family(c.family)) {
+        let (got, want) = if f.key == headcount_spec::keys::HEAD_DIM {
+            let show = |d: Option<u64>| d.map_or(FieldValue::Absent, FieldValue::Int);
+            (show(c.resolved_head_dim()), show(declared.resolved_head_dim()))
+        } else {
+            (c.get(f.key).unwrap_or(FieldValue::Absent), declared.get(f.key).unwrap_or(FieldValue::Absent))
+        };
+        if got != want {
+            return Err(mismatch(f.key, got.to_string(), want.to_string()));
+        }
     }
-    same!(partial_rotary_factor, rope_theta, rms_norm_eps, max_position_embeddings, hidden_act);
-    same!(attention_bias, tie_word_embeddings, pad_token_id, bos_token_id, eos_token_id);
     Ok(())
 }

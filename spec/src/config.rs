@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Number, Value};
 
+use crate::fields::{ALIASES, ALL, FieldValue, MOE, family_in, with_fields};
 use crate::keys;
 use crate::rules::{self, ArchSpec, Family, LayoutError};
 
@@ -29,7 +30,7 @@ pub enum ConfigError {
     NotAnObject(&'static str),
     #[error("{field}: expected {expected}, got {got}")]
     Field { field: String, expected: &'static str, got: String },
-    #[error("model_type {0:?} is not supported: use \"glm\" or \"glm4\"")]
+    #[error("model_type {0:?} is not supported: use \"glm\", \"glm4\" or \"glm4_moe\"")]
     UnknownModelType(String),
     #[error("{field} = {value} is not supported by the runtime: {reason}")]
     Unsupported { field: String, value: String, reason: &'static str },
@@ -64,63 +65,326 @@ pub enum RopeLayout {
     TopLevel,
 }
 
-/// A GLM or GLM-4 config.json, with transformers' defaults for missing keys.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Config {
-    pub family: Family,
-    pub vocab_size: u64,
-    pub hidden_size: u64,
-    pub intermediate_size: u64,
-    pub num_hidden_layers: u64,
-    pub num_attention_heads: u64,
-    pub num_key_value_heads: u64,
-    /// `None` when config.json says `"head_dim": null` (then derived from hidden_size).
-    pub head_dim: Option<u64>,
-    pub partial_rotary_factor: f64,
-    pub rope_theta: f64,
-    pub rms_norm_eps: f64,
-    pub max_position_embeddings: u64,
-    pub hidden_act: String,
-    pub attention_bias: bool,
-    pub tie_word_embeddings: bool,
-    pub pad_token_id: Option<u64>,
-    pub bos_token_id: Option<u64>,
-    pub eos_token_id: Vec<u64>,
-    /// Whether eos_token_id was a single number (written back the same way).
-    pub eos_is_scalar: bool,
-    pub rope_layout: RopeLayout,
-    /// Keys this crate does not interpret, kept verbatim.
-    pub extra: BTreeMap<String, Value>,
+macro_rules! owned_ty {
+    (ids) => { Vec<u64> };
+    (text) => { String };
+    (opt_count) => { Option<u64> };
+    (id) => { Option<u64> };
+    (float) => { f64 };
+    (flag) => { bool };
+    ($other:ident) => { u64 };
 }
+
+macro_rules! config_struct {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$($d:expr),*], $req:expr, $doc:expr;)*) => {
+        /// A GLM, GLM-4 or GLM-4.5 (MoE) config.json, with transformers' defaults for missing
+        /// keys (those of the family's config class: `GlmConfig`, `Glm4Config`,
+        /// `Glm4MoeConfig`). The fields come from the field table ([`crate::fields`]); a field
+        /// the family does not have holds its "not applicable" default (no experts) and is
+        /// neither read nor written.
+        #[derive(Clone, Debug, PartialEq)]
+        pub struct Config {
+            pub family: Family,
+            $(#[doc = $doc] pub $key: owned_ty!($kind),)*
+            /// Whether eos_token_id was a single number (written back the same way).
+            pub eos_is_scalar: bool,
+            pub rope_layout: RopeLayout,
+            /// Keys this crate does not interpret, kept verbatim.
+            pub extra: BTreeMap<String, Value>,
+        }
+    };
+}
+with_fields!(config_struct);
 
 /// transformers' GlmConfig defaults (the GLM-4-9B shape).
 impl Default for Config {
     fn default() -> Self {
-        Config {
-            family: Family::Glm,
-            vocab_size: 151_552,
-            hidden_size: 4096,
-            intermediate_size: 13_696,
-            num_hidden_layers: 40,
-            num_attention_heads: 32,
-            num_key_value_heads: 2,
-            head_dim: Some(128),
-            partial_rotary_factor: 0.5,
-            rope_theta: 10_000.0,
-            rms_norm_eps: 1.5625e-7,
-            max_position_embeddings: 131_072,
-            hidden_act: "silu".to_owned(),
-            attention_bias: true,
-            tie_word_embeddings: false,
-            pad_token_id: Some(151_329),
-            bos_token_id: None,
-            eos_token_id: vec![151_329, 151_336, 151_338],
-            eos_is_scalar: false,
-            rope_layout: RopeLayout::Parameters,
-            extra: BTreeMap::new(),
-        }
+        Config::defaults(Family::Glm)
     }
 }
+
+macro_rules! owned_default {
+    (ids, $v:expr) => {{
+        let v: &[u64] = $v;
+        v.to_vec()
+    }};
+    (text, $v:expr) => {
+        String::from($v)
+    };
+    ($other:ident, $v:expr) => {
+        $v
+    };
+}
+
+macro_rules! to_field_value {
+    (ids, $v:expr) => {
+        FieldValue::Ids($v.clone())
+    };
+    (text, $v:expr) => {
+        FieldValue::Text($v.clone())
+    };
+    (opt_count, $v:expr) => {
+        $v.map_or(FieldValue::Absent, FieldValue::Int)
+    };
+    (id, $v:expr) => {
+        $v.map_or(FieldValue::Absent, FieldValue::Int)
+    };
+    (float, $v:expr) => {
+        FieldValue::Float($v)
+    };
+    (flag, $v:expr) => {
+        FieldValue::Bool($v)
+    };
+    ($other:ident, $v:expr) => {
+        FieldValue::Int($v)
+    };
+}
+
+macro_rules! from_field_value {
+    (ids, $v:expr) => {
+        match $v {
+            FieldValue::Ids(v) => Some(v),
+            FieldValue::Int(n) => Some(vec![n]),
+            FieldValue::Absent => Some(Vec::new()),
+            _ => None,
+        }
+    };
+    (text, $v:expr) => {
+        match $v {
+            FieldValue::Text(s) => Some(s),
+            _ => None,
+        }
+    };
+    (opt_count, $v:expr) => {
+        match $v {
+            FieldValue::Int(n) => Some(Some(n)),
+            FieldValue::Absent => Some(None),
+            _ => None,
+        }
+    };
+    (id, $v:expr) => {
+        match $v {
+            FieldValue::Int(n) => Some(Some(n)),
+            FieldValue::Absent => Some(None),
+            _ => None,
+        }
+    };
+    (float, $v:expr) => {
+        match $v {
+            FieldValue::Float(x) => Some(x),
+            FieldValue::Int(n) => Some(n as f64),
+            _ => None,
+        }
+    };
+    (flag, $v:expr) => {
+        match $v {
+            FieldValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    };
+    ($other:ident, $v:expr) => {
+        match $v {
+            FieldValue::Int(n) => Some(n),
+            _ => None,
+        }
+    };
+}
+
+macro_rules! read_json {
+    (count, $k:expr, $v:expr) => {
+        get_u64($k, $v)
+    };
+    (number, $k:expr, $v:expr) => {
+        get_u64($k, $v)
+    };
+    (kv_heads, $k:expr, $v:expr) => {
+        get_u64($k, $v)
+    };
+    (opt_count, $k:expr, $v:expr) => {
+        match $v {
+            Value::Null => Ok(None),
+            v => get_u64($k, v).map(Some),
+        }
+    };
+    (float, $k:expr, $v:expr) => {
+        get_f64($k, $v)
+    };
+    (flag, $k:expr, $v:expr) => {
+        get_bool($k, $v)
+    };
+    (id, $k:expr, $v:expr) => {
+        get_opt_id($k, $v)
+    };
+    (ids, $k:expr, $v:expr) => {
+        get_ids($k, $v).map(|(ids, _)| ids)
+    };
+    (text, $k:expr, $v:expr) => {
+        $v.as_str().map(str::to_owned).ok_or_else(|| field_err($k, "a string", $v))
+    };
+}
+
+macro_rules! write_json {
+    (ids, $c:expr, $v:expr) => {
+        if $c.eos_is_scalar && $v.len() == 1 {
+            Value::from($v[0]) // cannot fire: len() == 1 was just checked
+        } else if $v.is_empty() {
+            Value::Null
+        } else {
+            Value::from($v.clone())
+        }
+    };
+    (text, $c:expr, $v:expr) => {
+        Value::from($v.clone())
+    };
+    (opt_count, $c:expr, $v:expr) => {
+        $v.map(Value::from).unwrap_or(Value::Null)
+    };
+    (id, $c:expr, $v:expr) => {
+        $v.map(Value::from).unwrap_or(Value::Null)
+    };
+    (float, $c:expr, $v:expr) => {
+        Number::from_f64($v).map(Value::Number).unwrap_or(Value::Null)
+    };
+    ($other:ident, $c:expr, $v:expr) => {
+        Value::from($v)
+    };
+}
+
+macro_rules! is_rope {
+    (rope) => {
+        true
+    };
+    (top) => {
+        false
+    };
+}
+
+macro_rules! as_spec {
+    (ids, $v:expr) => {
+        &$v
+    };
+    (text, $v:expr) => {
+        &$v
+    };
+    ($other:ident, $v:expr) => {
+        $v
+    };
+}
+
+macro_rules! from_spec_value {
+    (ids, $v:expr) => {
+        $v.to_vec()
+    };
+    (text, $v:expr) => {
+        $v.to_owned()
+    };
+    ($other:ident, $v:expr) => {
+        $v
+    };
+}
+
+macro_rules! config_impl {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$g:expr, $g4:expr, $m:expr], $req:expr, $doc:expr;)*) => {
+        impl Config {
+            /// transformers' defaults for `family` (its config class constructed with no
+            /// arguments), with the "not applicable" values for fields it does not have.
+            pub fn defaults(family: Family) -> Config {
+                Config {
+                    family,
+                    $($key: owned_default!($kind, match family {
+                        Family::Glm => $g,
+                        Family::Glm4 => $g4,
+                        Family::Glm4Moe => $m,
+                    }),)*
+                    eos_is_scalar: false,
+                    rope_layout: RopeLayout::Parameters,
+                    extra: BTreeMap::new(),
+                }
+            }
+
+            /// A field's value by its config.json key; `None` for a key not in the table.
+            pub fn get(&self, key: &str) -> Option<FieldValue> {
+                match key {
+                    $(stringify!($key) => Some(to_field_value!($kind, self.$key)),)*
+                    _ => None,
+                }
+            }
+
+            /// Sets a field by its config.json key; `false` when the key is not in the table
+            /// or the value is of another kind.
+            pub fn set(&mut self, key: &str, value: FieldValue) -> bool {
+                match key {
+                    $(stringify!($key) => match from_field_value!($kind, value) {
+                        Some(v) => {
+                            self.$key = v;
+                            true
+                        }
+                        None => false,
+                    },)*
+                    _ => false,
+                }
+            }
+
+            /// Reads one top-level key of the table into the config; `Ok(false)` when the key
+            /// is not one of the family's top-level fields.
+            fn read_top(&mut self, key: &str, v: &Value) -> Result<bool, ConfigError> {
+                match key {
+                    $(stringify!($key) if !is_rope!($place) && family_in(self.family, $fams) => {
+                        self.$key = read_json!($kind, key, v)?;
+                        Ok(true)
+                    })*
+                    _ => Ok(false),
+                }
+            }
+
+            /// Reads one rotary key (`rope_parameters.<key>` or a top-level one).
+            fn read_rope(&mut self, key: &str, field: &str, v: &Value) -> Result<bool, ConfigError> {
+                match key {
+                    $(stringify!($key) if is_rope!($place) => {
+                        self.$key = read_json!($kind, field, v)?;
+                        Ok(true)
+                    })*
+                    _ => Ok(false),
+                }
+            }
+
+            /// The family's fields as JSON: `(key, value, is a rotary key)`.
+            fn fields_json(&self) -> Vec<(&'static str, Value, bool)> {
+                let mut out = Vec::new();
+                $(if family_in(self.family, $fams) {
+                    out.push((stringify!($key), write_json!($kind, self, self.$key), is_rope!($place)));
+                })*
+                out
+            }
+
+            /// The values as the rules see them, with the parallel sizes to check.
+            pub fn spec<'a>(&'a self, tensor_parallel: &'a [u64], pipeline_parallel: &'a [u64]) -> ArchSpec<'a> {
+                ArchSpec {
+                    family: self.family,
+                    $($key: as_spec!($kind, self.$key),)*
+                    tensor_parallel,
+                    pipeline_parallel,
+                    expert_parallel: &[],
+                    kv_replication: true,
+                    vocab_padding: 1,
+                    uneven_pipeline: false,
+                }
+            }
+
+            /// The config of a declared architecture.
+            pub fn from_spec(s: &ArchSpec) -> Config {
+                Config {
+                    family: s.family,
+                    $($key: from_spec_value!($kind, s.$key),)*
+                    eos_is_scalar: false,
+                    rope_layout: RopeLayout::Parameters,
+                    extra: BTreeMap::new(),
+                }
+            }
+        }
+    };
+}
+with_fields!(config_impl);
 
 fn kind(v: &Value) -> &'static str {
     match v {
@@ -164,6 +428,16 @@ fn get_opt_id(field: &str, v: &Value) -> Result<Option<u64>, ConfigError> {
     }
 }
 
+/// eos_token_id: one id (`true`: written back as one), a list, or null (none).
+fn get_ids(field: &str, v: &Value) -> Result<(Vec<u64>, bool), ConfigError> {
+    let bad = || field_err(field, "a token id or a list of token ids", v);
+    match v {
+        Value::Null => Ok((Vec::new(), false)),
+        Value::Array(items) => Ok((items.iter().map(|i| i.as_u64().ok_or_else(bad)).collect::<Result<_, _>>()?, false)),
+        _ => Ok((vec![v.as_u64().ok_or_else(bad)?], true)),
+    }
+}
+
 impl Config {
     /// Reads a config.json file (at most [`MAX_CONFIG_BYTES`]: a larger file, or an endless
     /// one such as `/dev/zero`, is an error, not an attempt to hold it in memory).
@@ -188,81 +462,82 @@ impl Config {
         Config::from_value(value)
     }
 
-    /// Builds a config from parsed JSON.
+    /// Builds a config from parsed JSON. `model_type` is read first: the family decides
+    /// the defaults and which keys are read (another family's keys are kept verbatim).
     pub fn from_value(value: Value) -> Result<Config, ConfigError> {
-        let map = match value {
+        let mut map = match value {
             Value::Object(m) => m,
             other => return Err(ConfigError::NotAnObject(kind(&other))),
         };
-        let mut c = Config::default();
+        let family = match map.get(keys::MODEL_TYPE) {
+            None => Family::Glm,
+            Some(v) => {
+                let s = v.as_str().ok_or_else(|| field_err(keys::MODEL_TYPE, "a string", v))?;
+                Family::from_model_type(s).ok_or_else(|| ConfigError::UnknownModelType(s.to_owned()))?
+            }
+        };
+        map.remove(keys::MODEL_TYPE);
+        // transformers' other names for a key (its attribute_map) read as the key.
+        for &(alias, key) in ALIASES {
+            let in_family = crate::fields::field(key).is_some_and(|f| f.in_family(family));
+            if !in_family {
+                continue;
+            }
+            if let Some(v) = map.remove(alias) {
+                match map.get(key) {
+                    Some(w) if *w != v => {
+                        return Err(ConfigError::Field {
+                            field: alias.to_owned(),
+                            expected: "the same value as the key it names, or to be left out",
+                            got: format!("{} where {key} is {}", shown(&v), shown(w)),
+                        });
+                    }
+                    Some(_) => {}
+                    None => {
+                        map.insert(key.to_owned(), v);
+                    }
+                }
+            }
+        }
+        let mut c = Config::defaults(family);
         let mut rope_params: Option<Map<String, Value>> = None;
-        let mut top_theta = None;
-        let mut top_factor = None;
+        let mut top_rope: Vec<(String, Value)> = Vec::new();
         let mut kv_null = false;
         for (k, v) in map {
+            if k == keys::NUM_KEY_VALUE_HEADS && v.is_null() {
+                // transformers treats null as "same as the attention heads".
+                kv_null = true;
+                continue;
+            }
+            if k == keys::EOS_TOKEN_ID {
+                let (ids, scalar) = get_ids(&k, &v)?;
+                c.eos_token_id = ids;
+                c.eos_is_scalar = scalar;
+                continue;
+            }
+            if c.read_top(&k, &v)? {
+                continue;
+            }
+            if crate::fields::field(&k).is_some_and(|f| f.place == crate::fields::Place::Rope) {
+                top_rope.push((k, v));
+                continue;
+            }
             match k.as_str() {
-                keys::MODEL_TYPE => {
-                    let s = v.as_str().ok_or_else(|| field_err(&k, "a string", &v))?;
-                    c.family = Family::from_model_type(s).ok_or_else(|| ConfigError::UnknownModelType(s.to_owned()))?;
-                }
-                keys::VOCAB_SIZE => c.vocab_size = get_u64(&k, &v)?,
-                keys::HIDDEN_SIZE => c.hidden_size = get_u64(&k, &v)?,
-                keys::INTERMEDIATE_SIZE => c.intermediate_size = get_u64(&k, &v)?,
-                keys::NUM_HIDDEN_LAYERS => c.num_hidden_layers = get_u64(&k, &v)?,
-                keys::NUM_ATTENTION_HEADS => c.num_attention_heads = get_u64(&k, &v)?,
-                keys::NUM_KEY_VALUE_HEADS => {
-                    // transformers treats null as "same as the attention heads".
-                    kv_null = v.is_null();
-                    if !kv_null {
-                        c.num_key_value_heads = get_u64(&k, &v)?;
-                    }
-                }
-                keys::HEAD_DIM => {
-                    c.head_dim = match v {
-                        Value::Null => None,
-                        _ => Some(get_u64(&k, &v)?),
-                    }
-                }
-                keys::PARTIAL_ROTARY_FACTOR => top_factor = Some(get_f64(&k, &v)?),
-                keys::ROPE_THETA => top_theta = Some(get_f64(&k, &v)?),
                 keys::ROPE_PARAMETERS => match v {
                     Value::Null => {}
                     Value::Object(m) => rope_params = Some(m),
                     _ => return Err(field_err(&k, "an object or null", &v)),
                 },
                 "rope_scaling" => match v {
-                    Value::Null => {}
+                    Value::Null => {
+                        c.extra.insert(k, v);
+                    }
                     _ => {
                         return Err(ConfigError::Unsupported {
                             field: k,
                             value: shown(&v),
                             reason: "only the default rotary embedding is implemented",
                         });
-                    }
-                },
-                keys::RMS_NORM_EPS => c.rms_norm_eps = get_f64(&k, &v)?,
-                keys::MAX_POSITION_EMBEDDINGS => c.max_position_embeddings = get_u64(&k, &v)?,
-                keys::HIDDEN_ACT => c.hidden_act = v.as_str().ok_or_else(|| field_err(&k, "a string", &v))?.to_owned(),
-                keys::ATTENTION_BIAS => c.attention_bias = get_bool(&k, &v)?,
-                keys::TIE_WORD_EMBEDDINGS => c.tie_word_embeddings = get_bool(&k, &v)?,
-                keys::PAD_TOKEN_ID => c.pad_token_id = get_opt_id(&k, &v)?,
-                keys::BOS_TOKEN_ID => c.bos_token_id = get_opt_id(&k, &v)?,
-                keys::EOS_TOKEN_ID => match &v {
-                    Value::Null => {
-                        c.eos_token_id = Vec::new();
-                        c.eos_is_scalar = false;
-                    }
-                    Value::Array(items) => {
-                        c.eos_token_id = items
-                            .iter()
-                            .map(|i| i.as_u64().ok_or_else(|| field_err(&k, "a token id or a list of token ids", &v)))
-                            .collect::<Result<_, _>>()?;
-                        c.eos_is_scalar = false;
-                    }
-                    _ => {
-                        c.eos_token_id =
-                            vec![v.as_u64().ok_or_else(|| field_err(&k, "a token id or a list of token ids", &v))?];
-                        c.eos_is_scalar = true;
                     }
                 },
                 _ => {
@@ -273,46 +548,37 @@ impl Config {
         if kv_null {
             c.num_key_value_heads = c.num_attention_heads;
         }
-        match rope_params {
-            Some(mut p) => {
-                c.rope_layout = RopeLayout::Parameters;
-                if let Some(t) = p.get("rope_type").or_else(|| p.get("type"))
-                    && t.as_str() != Some("default")
+        c.rope_layout =
+            if rope_params.is_some() || top_rope.is_empty() { RopeLayout::Parameters } else { RopeLayout::TopLevel };
+        // A top-level rotary key counts unless rope_parameters gives the same key.
+        for (k, v) in &top_rope {
+            if !rope_params.as_ref().is_some_and(|p| p.contains_key(k)) {
+                c.read_rope(k, k, v)?;
+            }
+        }
+        if let Some(mut p) = rope_params {
+            if let Some(t) = p.get("rope_type").or_else(|| p.get("type"))
+                && t.as_str() != Some("default")
+            {
+                return Err(ConfigError::Unsupported {
+                    field: "rope_parameters.rope_type".to_owned(),
+                    value: shown(t),
+                    reason: "only the default rotary embedding is implemented",
+                });
+            }
+            let keys_in: Vec<String> = p.keys().cloned().collect();
+            for k in keys_in {
+                let field = format!("{}.{k}", keys::ROPE_PARAMETERS);
+                if let Some(v) = p.get(&k).cloned()
+                    && c.read_rope(&k, &field, &v)?
                 {
-                    return Err(ConfigError::Unsupported {
-                        field: "rope_parameters.rope_type".to_owned(),
-                        value: shown(t),
-                        reason: "only the default rotary embedding is implemented",
-                    });
-                }
-                if let Some(v) = p.remove(keys::ROPE_THETA) {
-                    c.rope_theta = get_f64("rope_parameters.rope_theta", &v)?;
-                } else if let Some(t) = top_theta {
-                    c.rope_theta = t;
-                }
-                if let Some(v) = p.remove(keys::PARTIAL_ROTARY_FACTOR) {
-                    c.partial_rotary_factor = get_f64("rope_parameters.partial_rotary_factor", &v)?;
-                } else if let Some(f) = top_factor {
-                    c.partial_rotary_factor = f;
-                }
-                p.remove("rope_type");
-                // Keep anything else in rope_parameters (written back as is).
-                if !p.is_empty() {
-                    c.extra.insert("rope_parameters.__rest".to_owned(), Value::Object(p));
+                    p.remove(&k);
                 }
             }
-            None => {
-                c.rope_layout = if top_theta.is_some() || top_factor.is_some() {
-                    RopeLayout::TopLevel
-                } else {
-                    RopeLayout::Parameters
-                };
-                if let Some(t) = top_theta {
-                    c.rope_theta = t;
-                }
-                if let Some(f) = top_factor {
-                    c.partial_rotary_factor = f;
-                }
+            p.remove("rope_type");
+            // Keep anything else in rope_parameters (written back as is).
+            if !p.is_empty() {
+                c.extra.insert("rope_parameters.__rest".to_owned(), Value::Object(p));
             }
         }
         Ok(c)
@@ -321,8 +587,6 @@ impl Config {
     /// The config as HF config.json JSON, keys sorted as transformers writes them.
     pub fn to_value(&self) -> Value {
         let mut m = Map::new();
-        let num = |x: f64| Number::from_f64(x).map(Value::Number).unwrap_or(Value::Null);
-        let id = |x: Option<u64>| x.map(Value::from).unwrap_or(Value::Null);
         let mut rest = None;
         for (k, v) in &self.extra {
             if k == "rope_parameters.__rest" {
@@ -332,40 +596,19 @@ impl Config {
             }
         }
         m.insert(keys::MODEL_TYPE.into(), self.family.model_type().into());
-        m.insert(keys::VOCAB_SIZE.into(), self.vocab_size.into());
-        m.insert(keys::HIDDEN_SIZE.into(), self.hidden_size.into());
-        m.insert(keys::INTERMEDIATE_SIZE.into(), self.intermediate_size.into());
-        m.insert(keys::NUM_HIDDEN_LAYERS.into(), self.num_hidden_layers.into());
-        m.insert(keys::NUM_ATTENTION_HEADS.into(), self.num_attention_heads.into());
-        m.insert(keys::NUM_KEY_VALUE_HEADS.into(), self.num_key_value_heads.into());
-        m.insert(keys::HEAD_DIM.into(), id(self.head_dim));
-        m.insert(keys::RMS_NORM_EPS.into(), num(self.rms_norm_eps));
-        m.insert(keys::MAX_POSITION_EMBEDDINGS.into(), self.max_position_embeddings.into());
-        m.insert(keys::HIDDEN_ACT.into(), self.hidden_act.clone().into());
-        m.insert(keys::ATTENTION_BIAS.into(), self.attention_bias.into());
-        m.insert(keys::TIE_WORD_EMBEDDINGS.into(), self.tie_word_embeddings.into());
-        m.insert(keys::PAD_TOKEN_ID.into(), id(self.pad_token_id));
-        m.insert(keys::BOS_TOKEN_ID.into(), id(self.bos_token_id));
-        let eos = if self.eos_is_scalar && self.eos_token_id.len() == 1 {
-            Value::from(self.eos_token_id[0]) // cannot fire: len() == 1 was just checked
-        } else if self.eos_token_id.is_empty() {
-            Value::Null
-        } else {
-            Value::from(self.eos_token_id.clone())
-        };
-        m.insert(keys::EOS_TOKEN_ID.into(), eos);
-        match self.rope_layout {
-            RopeLayout::TopLevel => {
-                m.insert(keys::ROPE_THETA.into(), num(self.rope_theta));
-                m.insert(keys::PARTIAL_ROTARY_FACTOR.into(), num(self.partial_rotary_factor));
+        let mut rope = Map::new();
+        for (k, v, is_rope) in self.fields_json() {
+            if is_rope && self.rope_layout == RopeLayout::Parameters {
+                rope.insert(k.into(), v);
+            } else {
+                m.insert(k.into(), v);
             }
-            RopeLayout::Parameters => {
-                let mut p = rest.unwrap_or_default();
-                p.insert(keys::PARTIAL_ROTARY_FACTOR.into(), num(self.partial_rotary_factor));
-                p.insert(keys::ROPE_THETA.into(), num(self.rope_theta));
-                p.insert("rope_type".into(), "default".into());
-                m.insert(keys::ROPE_PARAMETERS.into(), Value::Object(p));
-            }
+        }
+        if self.rope_layout == RopeLayout::Parameters {
+            let mut p = rest.unwrap_or_default();
+            p.extend(rope);
+            p.insert("rope_type".into(), "default".into());
+            m.insert(keys::ROPE_PARAMETERS.into(), Value::Object(p));
         }
         // serde_json's Map is ordered by key (no preserve_order feature): sorted like HF.
         Value::Object(m)
@@ -378,32 +621,6 @@ impl Config {
         s
     }
 
-    /// The values as the rules see them, with the parallel sizes to check.
-    pub fn spec<'a>(&'a self, tensor_parallel: &'a [u64], pipeline_parallel: &'a [u64]) -> ArchSpec<'a> {
-        ArchSpec {
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_hidden_layers: self.num_hidden_layers,
-            num_attention_heads: self.num_attention_heads,
-            num_key_value_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-            partial_rotary_factor: self.partial_rotary_factor,
-            rope_theta: self.rope_theta,
-            rms_norm_eps: self.rms_norm_eps,
-            max_position_embeddings: self.max_position_embeddings,
-            hidden_act: &self.hidden_act,
-            pad_token_id: self.pad_token_id,
-            bos_token_id: self.bos_token_id,
-            eos_token_ids: &self.eos_token_id,
-            tensor_parallel,
-            pipeline_parallel,
-            kv_replication: true,
-            vocab_padding: 1,
-            uneven_pipeline: false,
-        }
-    }
-
     /// Checks every rule; `Err` lists every violation, not only the first.
     pub fn validate(&self) -> Result<(), ValidationError> {
         self.validate_parallel(&[], &[])
@@ -412,8 +629,18 @@ impl Config {
     /// Checks every rule with these tensor- and pipeline-parallel sizes. A runtime config
     /// allows kv-head replication (a checkpoint says nothing about it).
     pub fn validate_parallel(&self, tensor_parallel: &[u64], pipeline_parallel: &[u64]) -> Result<(), ValidationError> {
-        let errors = rules::validate(&self.spec(tensor_parallel, pipeline_parallel)).to_vec();
+        self.validate_sizes(tensor_parallel, pipeline_parallel, &[])
+    }
+
+    /// Checks every rule with these tensor-, pipeline- and expert-parallel sizes.
+    pub fn validate_sizes(&self, tp: &[u64], pp: &[u64], ep: &[u64]) -> Result<(), ValidationError> {
+        let errors = rules::validate(&ArchSpec { expert_parallel: ep, ..self.spec(tp, pp) }).to_vec();
         if errors.is_empty() { Ok(()) } else { Err(ValidationError { errors }) }
+    }
+
+    /// The expert-parallel sizes this config can run with (1 for a dense family).
+    pub fn legal_expert_parallel(&self) -> Vec<u64> {
+        self.spec(&[], &[]).legal_expert_parallel().as_slice().to_vec()
     }
 
     /// The tensor-parallel sizes this config can run with (kv replication allowed).
@@ -429,32 +656,5 @@ impl Config {
     /// The rotary dimension, when it is a whole number.
     pub fn rotary_dim(&self) -> Option<u64> {
         self.spec(&[], &[]).rotary_dim()
-    }
-
-    /// The config of a declared architecture.
-    pub fn from_spec(family: Family, s: &ArchSpec, attention_bias: bool, tie_word_embeddings: bool) -> Config {
-        Config {
-            family,
-            vocab_size: s.vocab_size,
-            hidden_size: s.hidden_size,
-            intermediate_size: s.intermediate_size,
-            num_hidden_layers: s.num_hidden_layers,
-            num_attention_heads: s.num_attention_heads,
-            num_key_value_heads: s.num_key_value_heads,
-            head_dim: s.head_dim,
-            partial_rotary_factor: s.partial_rotary_factor,
-            rope_theta: s.rope_theta,
-            rms_norm_eps: s.rms_norm_eps,
-            max_position_embeddings: s.max_position_embeddings,
-            hidden_act: s.hidden_act.to_owned(),
-            attention_bias,
-            tie_word_embeddings,
-            pad_token_id: s.pad_token_id,
-            bos_token_id: s.bos_token_id,
-            eos_token_id: s.eos_token_ids.to_vec(),
-            eos_is_scalar: false,
-            rope_layout: RopeLayout::Parameters,
-            extra: BTreeMap::new(),
-        }
     }
 }

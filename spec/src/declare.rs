@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use crate::config::Config;
+use crate::fields::{FIELDS, FieldValue};
 use crate::keys;
 
 fn float(x: f64) -> String {
@@ -42,34 +43,27 @@ pub fn declaration(config: &Config, name: &str) -> String {
     let mut kv = |k: &str, v: String| {
         let _ = writeln!(s, "    {k} = {v},");
     };
-    kv(keys::VOCAB_SIZE, c.vocab_size.to_string());
-    kv(keys::HIDDEN_SIZE, c.hidden_size.to_string());
-    kv(keys::INTERMEDIATE_SIZE, c.intermediate_size.to_string());
-    kv(keys::NUM_HIDDEN_LAYERS, c.num_hidden_layers.to_string());
-    kv(keys::NUM_ATTENTION_HEADS, c.num_attention_heads.to_string());
-    kv(keys::NUM_KEY_VALUE_HEADS, c.num_key_value_heads.to_string());
-    if let Some(d) = c.head_dim {
-        kv(keys::HEAD_DIM, d.to_string());
-    }
-    kv(keys::PARTIAL_ROTARY_FACTOR, float(c.partial_rotary_factor));
-    kv(keys::ROPE_THETA, float(c.rope_theta));
-    kv(keys::RMS_NORM_EPS, float(c.rms_norm_eps));
-    kv(keys::MAX_POSITION_EMBEDDINGS, c.max_position_embeddings.to_string());
-    kv(keys::HIDDEN_ACT, format!("{:?}", c.hidden_act));
-    kv(keys::ATTENTION_BIAS, c.attention_bias.to_string());
-    kv(keys::TIE_WORD_EMBEDDINGS, c.tie_word_embeddings.to_string());
-    if let Some(id) = c.pad_token_id {
-        kv(keys::PAD_TOKEN_ID, id.to_string());
-    }
-    if let Some(id) = c.bos_token_id {
-        kv(keys::BOS_TOKEN_ID, id.to_string());
-    }
-    if !c.eos_token_id.is_empty() {
-        let ids: Vec<String> = c.eos_token_id.iter().map(u64::to_string).collect();
-        kv(keys::EOS_TOKEN_ID, format!("[{}]", ids.join(", ")));
+    for f in FIELDS.iter().filter(|f| f.in_family(c.family)) {
+        let Some(value) = c.get(f.key) else { continue };
+        let text = match value {
+            FieldValue::Absent => continue,
+            FieldValue::Ids(ids) if ids.is_empty() => continue,
+            FieldValue::Ids(ids) => {
+                format!("[{}]", ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", "))
+            }
+            FieldValue::Float(x) => float(x),
+            other => other.to_string(),
+        };
+        kv(f.key, text);
     }
     let sizes: Vec<String> = tp.iter().map(u64::to_string).collect();
     kv(keys::TENSOR_PARALLEL, format!("[{}]", sizes.join(", ")));
+    if c.family.is_moe() {
+        let spec = c.spec(&[], &[]);
+        let ep: Vec<String> =
+            spec.legal_expert_parallel().as_slice().iter().filter(|&&e| e <= 8).map(u64::to_string).collect();
+        kv(keys::EXPERT_PARALLEL, format!("[{}]", ep.join(", ")));
+    }
     let _ = writeln!(s, ")]");
     let _ = writeln!(s, "pub struct {name};");
     s

@@ -8,7 +8,7 @@
 pub struct RuleDoc {
     /// The code [`crate::LayoutError::code`] gives its errors.
     pub code: &'static str,
-    /// The rule's number in DESIGN's list of eight.
+    /// The rule's number in DESIGN's list.
     pub rule: u8,
     pub title: &'static str,
     /// What must hold.
@@ -41,7 +41,9 @@ pub const RULES: &[RuleDoc] = &[
         rule: 1,
         title: "a count is zero",
         condition: "vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, \
-                    num_key_value_heads, max_position_embeddings and a given head_dim are at least 1",
+                    num_key_value_heads, max_position_embeddings and a given head_dim are at least 1; in \
+                    glm4_moe also moe_intermediate_size, n_routed_experts, num_experts_per_tok, n_group \
+                    and topk_group (transformers divides by them or takes top-k of them)",
         failing: &[("num_key_value_heads", "0")],
         fix: &[("num_key_value_heads", "2")],
     },
@@ -169,7 +171,7 @@ pub const RULES: &[RuleDoc] = &[
         code: "HC0701",
         rule: 8,
         title: "a scalar that must be positive",
-        condition: "rope_theta > 0 and rms_norm_eps > 0 (finite)",
+        condition: "rope_theta > 0 and rms_norm_eps > 0 (finite); in glm4_moe routed_scaling_factor > 0",
         failing: &[("rope_theta", "0.0")],
         fix: &[("rope_theta", "10_000.0")],
     },
@@ -189,16 +191,113 @@ pub const RULES: &[RuleDoc] = &[
         failing: &[("vocab_size", "40_000_000_000_000_000"), ("pad_token_id", "0")],
         fix: &[("vocab_size", "32_000"), ("pad_token_id", "0")],
     },
+    RuleDoc {
+        code: "HC0506",
+        rule: 6,
+        title: "tensor parallel does not split the experts' width",
+        condition: "moe_intermediate_size % tp == 0 (each routed and shared expert is split column- and row-wise)",
+        failing: &[("family", "glm4_moe"), ("moe_intermediate_size", "129"), ("tensor_parallel", "[2]")],
+        fix: &[("family", "glm4_moe"), ("moe_intermediate_size", "128"), ("tensor_parallel", "[2]")],
+    },
+    RuleDoc {
+        code: "HC0901",
+        rule: 9,
+        title: "experts that do not split into equal groups",
+        condition: "n_routed_experts % n_group == 0 (transformers' router views the scores as [tokens, n_group, \
+                    n_routed_experts / n_group] and fails at the first forward otherwise)",
+        failing: &[("family", "glm4_moe"), ("n_group", "3")],
+        fix: &[("family", "glm4_moe"), ("n_group", "4")],
+    },
+    RuleDoc {
+        code: "HC0902",
+        rule: 9,
+        title: "a group of one expert",
+        condition: "n_routed_experts / n_group >= 2 (each group is scored by the sum of its top two experts)",
+        failing: &[("family", "glm4_moe"), ("n_group", "16")],
+        fix: &[("family", "glm4_moe"), ("n_group", "8")],
+    },
+    RuleDoc {
+        code: "HC0903",
+        rule: 9,
+        title: "more groups to choose than there are",
+        condition: "topk_group <= n_group",
+        failing: &[("family", "glm4_moe"), ("topk_group", "5")],
+        fix: &[("family", "glm4_moe"), ("topk_group", "4")],
+    },
+    RuleDoc {
+        code: "HC0904",
+        rule: 9,
+        title: "more experts a token than there are",
+        condition: "num_experts_per_tok <= n_routed_experts",
+        failing: &[("family", "glm4_moe"), ("num_experts_per_tok", "17")],
+        fix: &[("family", "glm4_moe"), ("num_experts_per_tok", "4")],
+    },
+    RuleDoc {
+        code: "HC0905",
+        rule: 9,
+        title: "more experts a token than the chosen groups hold",
+        condition: "num_experts_per_tok <= topk_group * (n_routed_experts / n_group); transformers then silently \
+                    picks experts from the groups it masked out",
+        failing: &[("family", "glm4_moe"), ("num_experts_per_tok", "9")],
+        fix: &[("family", "glm4_moe"), ("num_experts_per_tok", "9"), ("topk_group", "3")],
+    },
+    RuleDoc {
+        code: "HC0906",
+        rule: 9,
+        title: "more dense layers than layers",
+        condition: "first_k_dense_replace <= num_hidden_layers",
+        failing: &[("family", "glm4_moe"), ("first_k_dense_replace", "5")],
+        fix: &[("family", "glm4_moe"), ("first_k_dense_replace", "4")],
+    },
+    RuleDoc {
+        code: "HC1001",
+        rule: 10,
+        title: "an expert-parallel size of 0",
+        condition: "every expert_parallel size is at least 1",
+        failing: &[("family", "glm4_moe"), ("expert_parallel", "[0]")],
+        fix: &[("family", "glm4_moe"), ("expert_parallel", "[1]")],
+    },
+    RuleDoc {
+        code: "HC1002",
+        rule: 10,
+        title: "expert parallel does not split the experts",
+        condition: "n_routed_experts % ep == 0 (every rank holds the same number of whole experts)",
+        failing: &[("family", "glm4_moe"), ("expert_parallel", "[3]")],
+        fix: &[("family", "glm4_moe"), ("expert_parallel", "[4]")],
+    },
+    RuleDoc {
+        code: "HC1003",
+        rule: 10,
+        title: "expert parallel without experts",
+        condition: "expert_parallel sizes above 1 need family glm4_moe",
+        failing: &[("expert_parallel", "[2]")],
+        fix: &[("expert_parallel", "[1]")],
+    },
+];
+
+/// The keys every glm4_moe example adds to `BASE` (an example that sets `family =
+/// glm4_moe` gets these first).
+pub const MOE_BASE: &[(&str, &str)] = &[
+    ("moe_intermediate_size", "128"),
+    ("n_routed_experts", "16"),
+    ("n_shared_experts", "1"),
+    ("num_experts_per_tok", "4"),
+    ("n_group", "4"),
+    ("topk_group", "2"),
+    ("first_k_dense_replace", "1"),
 ];
 
 /// The keys only a declaration has (config.json does not).
 pub const DECLARATION_ONLY: &[&str] =
-    &["tensor_parallel", "pipeline_parallel", "kv_replication", "vocab_padding", "uneven_pipeline"];
+    &["tensor_parallel", "pipeline_parallel", "expert_parallel", "kv_replication", "vocab_padding", "uneven_pipeline"];
 
 /// `BASE` with `changes` applied (a change to a key replaces it, a new key is added; a
 /// `null` value stands for a key left out of the declaration, `null` in config.json).
 pub fn with_changes(changes: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = BASE.to_vec();
+    if changes.contains(&("family", "glm4_moe")) {
+        out.extend(MOE_BASE);
+    }
     for &(k, v) in changes {
         match out.iter_mut().find(|(key, _)| *key == k) {
             Some(slot) => slot.1 = v,

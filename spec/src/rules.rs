@@ -20,6 +20,9 @@ pub enum Family {
     Glm,
     /// `Glm4ForCausalLM` (`model_type = "glm4"`): four RMSNorms a layer.
     Glm4,
+    /// `Glm4MoeForCausalLM` (`model_type = "glm4_moe"`, GLM-4.5, 4.6 and 4.7): routed and
+    /// shared experts after `first_k_dense_replace` dense layers, rotate-half rotary.
+    Glm4Moe,
 }
 
 impl Family {
@@ -28,7 +31,13 @@ impl Family {
         match self {
             Family::Glm => "glm",
             Family::Glm4 => "glm4",
+            Family::Glm4Moe => "glm4_moe",
         }
+    }
+
+    /// Whether the family has mixture-of-experts layers.
+    pub const fn is_moe(self) -> bool {
+        matches!(self, Family::Glm4Moe)
     }
 
     /// The family of a `model_type` string.
@@ -37,6 +46,8 @@ impl Family {
             Some(Family::Glm)
         } else if str_eq(s, "glm4") {
             Some(Family::Glm4)
+        } else if str_eq(s, "glm4_moe") {
+            Some(Family::Glm4Moe)
         } else {
             None
         }
@@ -60,32 +71,61 @@ pub const fn str_eq(a: &str, b: &str) -> bool {
     true
 }
 
-/// Every number a rule looks at. Counts are `u64` so that values from any source fit;
-/// `head_dim: None` means "derive it as hidden_size / num_attention_heads".
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ArchSpec<'a> {
-    pub vocab_size: u64,
-    pub hidden_size: u64,
-    pub intermediate_size: u64,
-    pub num_hidden_layers: u64,
-    pub num_attention_heads: u64,
-    pub num_key_value_heads: u64,
-    pub head_dim: Option<u64>,
-    pub partial_rotary_factor: f64,
-    pub rope_theta: f64,
-    pub rms_norm_eps: f64,
-    pub max_position_embeddings: u64,
-    pub hidden_act: &'a str,
-    pub pad_token_id: Option<u64>,
-    pub bos_token_id: Option<u64>,
-    pub eos_token_ids: &'a [u64],
-    pub tensor_parallel: &'a [u64],
-    pub pipeline_parallel: &'a [u64],
-    pub kv_replication: bool,
-    /// Pad the vocabulary to a multiple of this before a vocab-parallel split; 1 = none.
-    pub vocab_padding: u64,
-    pub uneven_pipeline: bool,
+macro_rules! spec_ty {
+    (ids, $l:lifetime) => { &$l [u64] };
+    (text, $l:lifetime) => { &$l str };
+    (opt_count, $l:lifetime) => { Option<u64> };
+    (id, $l:lifetime) => { Option<u64> };
+    (float, $l:lifetime) => { f64 };
+    (flag, $l:lifetime) => { bool };
+    ($other:ident, $l:lifetime) => { u64 };
 }
+
+macro_rules! arch_spec {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$($d:expr),*], $req:expr, $doc:expr;)*) => {
+        /// Every number a rule looks at: the field table's values ([`crate::fields`]) and the
+        /// declaration-only sizes. Counts are `u64` so that values from any source fit;
+        /// `head_dim: None` means "derive it as hidden_size / num_attention_heads".
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub struct ArchSpec<'a> {
+            pub family: Family,
+            $(#[doc = $doc] pub $key: spec_ty!($kind, 'a),)*
+            pub tensor_parallel: &'a [u64],
+            pub pipeline_parallel: &'a [u64],
+            /// Expert-parallel sizes (whole experts on each rank); glm4_moe only.
+            pub expert_parallel: &'a [u64],
+            pub kv_replication: bool,
+            /// Pad the vocabulary to a multiple of this before a vocab-parallel split; 1 = none.
+            pub vocab_padding: u64,
+            pub uneven_pipeline: bool,
+        }
+
+        impl ArchSpec<'_> {
+            /// The integer fields that must be at least 1 in this family, with their values
+            /// (`None`: head_dim left to be derived).
+            pub const fn counts(&self) -> [Option<(&'static str, Option<u64>)>; crate::fields::FIELDS.len()] {
+                [$(count_entry!($kind, $fams, self.family, stringify!($key), self.$key)),*]
+            }
+        }
+    };
+}
+
+macro_rules! count_entry {
+    (count, $fams:ident, $family:expr, $key:expr, $v:expr) => {
+        if crate::fields::family_in($family, crate::fields::$fams) { Some(($key, Some($v))) } else { None }
+    };
+    (kv_heads, $fams:ident, $family:expr, $key:expr, $v:expr) => {
+        Some(($key, Some($v)))
+    };
+    (opt_count, $fams:ident, $family:expr, $key:expr, $v:expr) => {
+        Some(($key, $v))
+    };
+    ($other:ident, $fams:ident, $family:expr, $key:expr, $v:expr) => {
+        None
+    };
+}
+
+crate::fields::with_fields!(arch_spec);
 
 impl<'a> ArchSpec<'a> {
     /// head_dim as given, or derived when it divides; `None` when it cannot be derived.
@@ -124,7 +164,13 @@ impl<'a> ArchSpec<'a> {
     /// Whether one tensor-parallel size satisfies every tensor-parallel rule.
     pub const fn tensor_parallel_ok(&self, tp: u64) -> bool {
         let (h, kv) = (self.num_attention_heads, self.num_key_value_heads);
-        if tp == 0 || h % tp != 0 || !self.intermediate_size.is_multiple_of(tp) {
+        if tp == 0 || h % tp != 0 {
+            return false;
+        }
+        if self.has_dense_layers() && !self.intermediate_size.is_multiple_of(tp) {
+            return false;
+        }
+        if self.family.is_moe() && !self.moe_intermediate_size.is_multiple_of(tp) {
             return false;
         }
         if !(kv % tp == 0 || (self.kv_replication && kv != 0 && tp.is_multiple_of(kv))) {
@@ -134,6 +180,18 @@ impl<'a> ArchSpec<'a> {
             Some(v) => v % tp == 0,
             None => false,
         }
+    }
+
+    /// Whether some layer has a dense MLP of intermediate_size (every layer of a dense
+    /// family; the first first_k_dense_replace layers of glm4_moe).
+    pub const fn has_dense_layers(&self) -> bool {
+        !self.family.is_moe() || self.first_k_dense_replace > 0
+    }
+
+    /// Every expert-parallel size this architecture allows: the divisors of
+    /// n_routed_experts (only 1 for a dense family).
+    pub const fn legal_expert_parallel(&self) -> SizeList {
+        if self.family.is_moe() { divisors(self.n_routed_experts) } else { SizeList::new().with(1) }
     }
 
     /// Every tensor-parallel size this architecture allows (up to [`SIZE_LIST_CAPACITY`]).
@@ -334,6 +392,26 @@ pub enum LayoutError {
     UnsupportedActivation { name: ShortStr },
     /// A weight would have more elements than a 64-bit size holds.
     SizeOverflow { what: &'static str, a: u64, b: u64 },
+    /// Rule 9: the routed experts do not split into n_group equal groups.
+    ExpertsNotMultipleOfGroups { experts: u64, groups: u64 },
+    /// Rule 9: a group of fewer than two experts (the router scores a group by its top two).
+    GroupTooSmall { experts: u64, groups: u64 },
+    /// Rule 9: more groups to choose from than there are.
+    TopkGroupExceedsGroups { topk_group: u64, groups: u64 },
+    /// Rule 9: more experts a token than there are.
+    ExpertsPerTokenExceedsExperts { per_token: u64, experts: u64 },
+    /// Rule 9: more experts a token than the chosen groups hold.
+    ExpertsPerTokenExceedsGroups { per_token: u64, topk_group: u64, per_group: u64 },
+    /// Rule 9: more dense layers than layers.
+    DenseLayersExceedLayers { dense: u64, layers: u64 },
+    /// Rule 6: the size does not divide moe_intermediate_size (each expert's width).
+    TensorParallelMoeIntermediate { tp: u64, moe_intermediate: u64, legal: SizeList },
+    /// Rule 10: an expert-parallel size of 0.
+    ExpertParallelZero,
+    /// Rule 10: the size does not divide the routed experts.
+    ExpertParallelExperts { ep: u64, experts: u64, legal: SizeList },
+    /// Rule 10: expert parallelism on a family without experts.
+    ExpertParallelDense { ep: u64, family: Family },
 }
 
 impl LayoutError {
@@ -359,6 +437,16 @@ impl LayoutError {
             LayoutError::NotPositiveFloat { field, .. } => field,
             LayoutError::UnsupportedActivation { .. } => keys::HIDDEN_ACT,
             LayoutError::SizeOverflow { what, .. } => what,
+            LayoutError::ExpertsNotMultipleOfGroups { .. } | LayoutError::GroupTooSmall { .. } => keys::N_GROUP,
+            LayoutError::TopkGroupExceedsGroups { .. } => keys::TOPK_GROUP,
+            LayoutError::ExpertsPerTokenExceedsExperts { .. } | LayoutError::ExpertsPerTokenExceedsGroups { .. } => {
+                keys::NUM_EXPERTS_PER_TOK
+            }
+            LayoutError::DenseLayersExceedLayers { .. } => keys::FIRST_K_DENSE_REPLACE,
+            LayoutError::TensorParallelMoeIntermediate { .. } => keys::TENSOR_PARALLEL,
+            LayoutError::ExpertParallelZero
+            | LayoutError::ExpertParallelExperts { .. }
+            | LayoutError::ExpertParallelDense { .. } => keys::EXPERT_PARALLEL,
         }
     }
 
@@ -372,6 +460,9 @@ impl LayoutError {
             | LayoutError::TensorParallelIntermediate { tp, .. }
             | LayoutError::TensorParallelVocab { tp, .. } => Some(*tp),
             LayoutError::PipelineExceedsLayers { pp, .. } | LayoutError::PipelineUneven { pp, .. } => Some(*pp),
+            LayoutError::TensorParallelMoeIntermediate { tp, .. } => Some(*tp),
+            LayoutError::ExpertParallelZero => Some(0),
+            LayoutError::ExpertParallelExperts { ep, .. } | LayoutError::ExpertParallelDense { ep, .. } => Some(*ep),
             LayoutError::TokenOutOfVocab { id, .. } => Some(*id),
             _ => None,
         }
@@ -400,6 +491,16 @@ impl LayoutError {
             LayoutError::NotPositiveFloat { .. } => "HC0701",
             LayoutError::UnsupportedActivation { .. } => "HC0702",
             LayoutError::SizeOverflow { .. } => "HC0801",
+            LayoutError::ExpertsNotMultipleOfGroups { .. } => "HC0901",
+            LayoutError::GroupTooSmall { .. } => "HC0902",
+            LayoutError::TopkGroupExceedsGroups { .. } => "HC0903",
+            LayoutError::ExpertsPerTokenExceedsExperts { .. } => "HC0904",
+            LayoutError::ExpertsPerTokenExceedsGroups { .. } => "HC0905",
+            LayoutError::DenseLayersExceedLayers { .. } => "HC0906",
+            LayoutError::TensorParallelMoeIntermediate { .. } => "HC0506",
+            LayoutError::ExpertParallelZero => "HC1001",
+            LayoutError::ExpertParallelExperts { .. } => "HC1002",
+            LayoutError::ExpertParallelDense { .. } => "HC1003",
         }
     }
 
@@ -553,6 +654,95 @@ impl LayoutError {
                 .push(" * ")
                 .num(b)
                 .push(" does not fit a 64-bit tensor size"),
+            LayoutError::ExpertsNotMultipleOfGroups { experts, groups } => divisors(experts).write(
+                m.push("n_routed_experts (")
+                    .num(experts)
+                    .push(") must be a multiple of n_group (")
+                    .num(groups)
+                    .push("): the router splits the experts into n_group equal groups; legal n_group for ")
+                    .num(experts)
+                    .push(" experts are "),
+            ),
+            LayoutError::GroupTooSmall { experts, groups } => {
+                let mut legal = SizeList::new();
+                let all = divisors(experts);
+                let mut i = 0;
+                while i < all.as_slice().len() {
+                    let g = all.as_slice()[i]; // cannot fire: i < len()
+                    if experts / g >= 2 {
+                        legal = legal.with(g);
+                    }
+                    i += 1;
+                }
+                legal.write(
+                    m.push("n_routed_experts (")
+                        .num(experts)
+                        .push(") / n_group (")
+                        .num(groups)
+                        .push(") leaves 1 expert a group, but the router scores each group by its top two experts; legal n_group for ")
+                        .num(experts)
+                        .push(" experts are "),
+                )
+            }
+            LayoutError::TopkGroupExceedsGroups { topk_group, groups } => m
+                .push("topk_group (")
+                .num(topk_group)
+                .push(") must not exceed n_group (")
+                .num(groups)
+                .push("): a token cannot use more groups than there are; use topk_group 1 to ")
+                .num(groups),
+            LayoutError::ExpertsPerTokenExceedsExperts { per_token, experts } => m
+                .push("num_experts_per_tok (")
+                .num(per_token)
+                .push(") must not exceed n_routed_experts (")
+                .num(experts)
+                .push("); use num_experts_per_tok 1 to ")
+                .num(experts),
+            LayoutError::ExpertsPerTokenExceedsGroups { per_token, topk_group, per_group } => {
+                let reach = topk_group.saturating_mul(per_group);
+                let need = per_token.div_ceil(per_group);
+                m.push("num_experts_per_tok (")
+                    .num(per_token)
+                    .push(") must not exceed topk_group (")
+                    .num(topk_group)
+                    .push(") * the experts in a group (")
+                    .num(per_group)
+                    .push(") = ")
+                    .num(reach)
+                    .push(": the router would pick experts from groups it masked out; use num_experts_per_tok at most ")
+                    .num(reach)
+                    .push(", or topk_group at least ")
+                    .num(need)
+            }
+            LayoutError::DenseLayersExceedLayers { dense, layers } => m
+                .push("first_k_dense_replace (")
+                .num(dense)
+                .push(") must not exceed num_hidden_layers (")
+                .num(layers)
+                .push("); use 0 to ")
+                .num(layers),
+            LayoutError::TensorParallelMoeIntermediate { tp, moe_intermediate, legal } => legal_tail(
+                m.push("tensor_parallel size ")
+                    .num(tp)
+                    .push(" must divide moe_intermediate_size (")
+                    .num(moe_intermediate)
+                    .push("): each expert's width (and the shared experts') is split over the ranks"),
+                legal,
+            ),
+            LayoutError::ExpertParallelZero => m.push("expert_parallel size must be at least 1, got 0"),
+            LayoutError::ExpertParallelExperts { ep, experts, legal } => legal.write(
+                m.push("expert_parallel size ")
+                    .num(ep)
+                    .push(" must divide n_routed_experts (")
+                    .num(experts)
+                    .push("): each rank holds the same number of whole experts; legal expert_parallel sizes are "),
+            ),
+            LayoutError::ExpertParallelDense { ep, family } => m
+                .push("expert_parallel size ")
+                .num(ep)
+                .push(" needs mixture-of-experts layers, and ")
+                .push(family.model_type())
+                .push(" has none: use family glm4_moe, or expert_parallel = [1]"),
         }
     }
 }
@@ -688,23 +878,14 @@ impl Default for Errors {
 
 // ---- the rules ------------------------------------------------------------------------
 
-/// Rule 1: every count is at least 1 (head_dim only when given).
+/// Rule 1: every count of the family is at least 1 (head_dim only when given).
 pub const fn counts(s: &ArchSpec, out: &mut Errors) {
-    let values = [
-        Some(s.vocab_size),
-        Some(s.hidden_size),
-        Some(s.intermediate_size),
-        Some(s.num_hidden_layers),
-        Some(s.num_attention_heads),
-        Some(s.num_key_value_heads),
-        s.head_dim,
-        Some(s.max_position_embeddings),
-    ];
+    let values = s.counts();
     let mut i = 0;
     while i < values.len() {
-        // cannot fire: values and COUNT_FIELDS both have 8 entries, in the same order.
-        if let Some(0) = values[i] {
-            out.push(LayoutError::NotPositive { field: keys::COUNT_FIELDS[i] });
+        // cannot fire: i < values.len()
+        if let Some((field, Some(0))) = values[i] {
+            out.push(LayoutError::NotPositive { field });
         }
         i += 1;
     }
@@ -769,8 +950,8 @@ pub const fn token_ids(s: &ArchSpec, out: &mut Errors) {
         out.push(LayoutError::TokenOutOfVocab { field: keys::BOS_TOKEN_ID, id, vocab: v });
     }
     let mut i = 0;
-    while i < s.eos_token_ids.len() {
-        let id = s.eos_token_ids[i]; // cannot fire: i < len()
+    while i < s.eos_token_id.len() {
+        let id = s.eos_token_id[i]; // cannot fire: i < len()
         if id >= v {
             out.push(LayoutError::TokenOutOfVocab { field: keys::EOS_TOKEN_ID, id, vocab: v });
         }
@@ -782,7 +963,11 @@ pub const fn token_ids(s: &ArchSpec, out: &mut Errors) {
 /// where allowed), the MLP and the vocabulary evenly.
 pub const fn tensor_parallel(s: &ArchSpec, out: &mut Errors) {
     let (h, kv) = (s.num_attention_heads, s.num_key_value_heads);
-    let counts_ok = h != 0 && kv != 0 && s.intermediate_size != 0 && s.vocab_size != 0;
+    let counts_ok = h != 0
+        && kv != 0
+        && s.intermediate_size != 0
+        && s.vocab_size != 0
+        && (!s.family.is_moe() || s.moe_intermediate_size != 0);
     let mut legal_once: Option<SizeList> = None;
     let mut i = 0;
     while i < s.tensor_parallel.len() {
@@ -810,8 +995,15 @@ pub const fn tensor_parallel(s: &ArchSpec, out: &mut Errors) {
         if !(kv % tp == 0 || (s.kv_replication && tp.is_multiple_of(kv))) {
             out.push(LayoutError::TensorParallelKv { tp, kv, replication: s.kv_replication, legal });
         }
-        if !s.intermediate_size.is_multiple_of(tp) {
+        if s.has_dense_layers() && !s.intermediate_size.is_multiple_of(tp) {
             out.push(LayoutError::TensorParallelIntermediate { tp, intermediate: s.intermediate_size, legal });
+        }
+        if s.family.is_moe() && !s.moe_intermediate_size.is_multiple_of(tp) {
+            out.push(LayoutError::TensorParallelMoeIntermediate {
+                tp,
+                moe_intermediate: s.moe_intermediate_size,
+                legal,
+            });
         }
         let padded = match s.padded_vocab() {
             Some(p) => p,
@@ -842,8 +1034,66 @@ pub const fn pipeline_parallel(s: &ArchSpec, out: &mut Errors) {
     }
 }
 
+/// Rule 9: the router's groups, choices and dense layers fit the experts (glm4_moe).
+pub const fn experts(s: &ArchSpec, out: &mut Errors) {
+    if !s.family.is_moe() {
+        return;
+    }
+    let (e, g, t, k) = (s.n_routed_experts, s.n_group, s.topk_group, s.num_experts_per_tok);
+    if s.first_k_dense_replace > s.num_hidden_layers && s.num_hidden_layers != 0 {
+        out.push(LayoutError::DenseLayersExceedLayers { dense: s.first_k_dense_replace, layers: s.num_hidden_layers });
+    }
+    if e == 0 || g == 0 || t == 0 || k == 0 {
+        return;
+    }
+    if k > e {
+        out.push(LayoutError::ExpertsPerTokenExceedsExperts { per_token: k, experts: e });
+    }
+    if t > g {
+        out.push(LayoutError::TopkGroupExceedsGroups { topk_group: t, groups: g });
+    }
+    if !e.is_multiple_of(g) {
+        out.push(LayoutError::ExpertsNotMultipleOfGroups { experts: e, groups: g });
+        return;
+    }
+    let per_group = e / g;
+    if per_group < 2 {
+        out.push(LayoutError::GroupTooSmall { experts: e, groups: g });
+        return;
+    }
+    if t <= g && k <= e && k > t.saturating_mul(per_group) {
+        out.push(LayoutError::ExpertsPerTokenExceedsGroups { per_token: k, topk_group: t, per_group });
+    }
+}
+
+/// Rule 10: each declared expert-parallel size places the same number of whole experts on
+/// every rank.
+pub const fn expert_parallel(s: &ArchSpec, out: &mut Errors) {
+    let mut i = 0;
+    while i < s.expert_parallel.len() {
+        let ep = s.expert_parallel[i]; // cannot fire: i < len()
+        i += 1;
+        if ep == 0 {
+            out.push(LayoutError::ExpertParallelZero);
+        } else if !s.family.is_moe() {
+            if ep != 1 {
+                out.push(LayoutError::ExpertParallelDense { ep, family: s.family });
+            }
+        } else if s.n_routed_experts != 0 && !s.n_routed_experts.is_multiple_of(ep) {
+            out.push(LayoutError::ExpertParallelExperts {
+                ep,
+                experts: s.n_routed_experts,
+                legal: divisors(s.n_routed_experts),
+            });
+        }
+    }
+}
+
 /// Rule 8: rope_theta and rms_norm_eps are positive numbers; the activation is implemented.
 pub const fn scalars(s: &ArchSpec, out: &mut Errors) {
+    if s.family.is_moe() && !(s.routed_scaling_factor > 0.0 && s.routed_scaling_factor < f64::INFINITY) {
+        out.push(LayoutError::NotPositiveFloat { field: keys::ROUTED_SCALING_FACTOR, value: s.routed_scaling_factor });
+    }
     if !(s.rope_theta > 0.0 && s.rope_theta < f64::INFINITY) {
         out.push(LayoutError::NotPositiveFloat { field: keys::ROPE_THETA, value: s.rope_theta });
     }
@@ -867,8 +1117,10 @@ pub const fn scalars(s: &ArchSpec, out: &mut Errors) {
 /// Every weight's element count fits a signed 64-bit size (libtorch's).
 pub const fn sizes(s: &ArchSpec, out: &mut Errors) {
     const LIMIT: u64 = i64::MAX as u64;
-    let checks: [(&'static str, u64, u64); 4] = [
+    let experts = if s.family.is_moe() { s.n_routed_experts } else { 0 };
+    let checks: [(&'static str, u64, u64); 5] = [
         (keys::VOCAB_SIZE, s.vocab_size, s.hidden_size),
+        (keys::N_ROUTED_EXPERTS, experts.saturating_mul(s.moe_intermediate_size).saturating_mul(2), s.hidden_size),
         (keys::INTERMEDIATE_SIZE, s.intermediate_size.saturating_mul(2), s.hidden_size),
         (
             keys::NUM_ATTENTION_HEADS,
@@ -917,7 +1169,7 @@ pub struct Rule {
 }
 
 /// Every rule, in the order messages are reported.
-pub const RULES: [Rule; 9] = [
+pub const RULES: [Rule; 11] = [
     Rule {
         name: "counts",
         run: counts,
@@ -930,6 +1182,11 @@ pub const RULES: [Rule; 9] = [
             keys::NUM_KEY_VALUE_HEADS,
             keys::HEAD_DIM,
             keys::MAX_POSITION_EMBEDDINGS,
+            keys::MOE_INTERMEDIATE_SIZE,
+            keys::N_ROUTED_EXPERTS,
+            keys::NUM_EXPERTS_PER_TOK,
+            keys::N_GROUP,
+            keys::TOPK_GROUP,
             keys::VOCAB_PADDING,
         ],
     },
@@ -952,6 +1209,8 @@ pub const RULES: [Rule; 9] = [
             keys::NUM_ATTENTION_HEADS,
             keys::NUM_KEY_VALUE_HEADS,
             keys::INTERMEDIATE_SIZE,
+            keys::MOE_INTERMEDIATE_SIZE,
+            keys::FIRST_K_DENSE_REPLACE,
             keys::VOCAB_SIZE,
             keys::TENSOR_PARALLEL,
             keys::KV_REPLICATION,
@@ -963,7 +1222,11 @@ pub const RULES: [Rule; 9] = [
         run: pipeline_parallel,
         fields: &[keys::NUM_HIDDEN_LAYERS, keys::PIPELINE_PARALLEL, keys::UNEVEN_PIPELINE],
     },
-    Rule { name: "scalars", run: scalars, fields: &[keys::ROPE_THETA, keys::RMS_NORM_EPS, keys::HIDDEN_ACT] },
+    Rule {
+        name: "scalars",
+        run: scalars,
+        fields: &[keys::ROPE_THETA, keys::RMS_NORM_EPS, keys::HIDDEN_ACT, keys::ROUTED_SCALING_FACTOR],
+    },
     Rule {
         name: "sizes",
         run: sizes,
@@ -974,8 +1237,23 @@ pub const RULES: [Rule; 9] = [
             keys::NUM_ATTENTION_HEADS,
             keys::HEAD_DIM,
             keys::MAX_POSITION_EMBEDDINGS,
+            keys::N_ROUTED_EXPERTS,
+            keys::MOE_INTERMEDIATE_SIZE,
         ],
     },
+    Rule {
+        name: "experts",
+        run: experts,
+        fields: &[
+            keys::N_ROUTED_EXPERTS,
+            keys::N_GROUP,
+            keys::TOPK_GROUP,
+            keys::NUM_EXPERTS_PER_TOK,
+            keys::FIRST_K_DENSE_REPLACE,
+            keys::NUM_HIDDEN_LAYERS,
+        ],
+    },
+    Rule { name: "expert_parallel", run: expert_parallel, fields: &[keys::N_ROUTED_EXPERTS, keys::EXPERT_PARALLEL] },
 ];
 
 /// Runs every rule; the complete list of violations.
@@ -990,6 +1268,8 @@ pub const fn validate(s: &ArchSpec) -> Errors {
     pipeline_parallel(s, &mut out);
     scalars(s, &mut out);
     sizes(s, &mut out);
+    experts(s, &mut out);
+    expert_parallel(s, &mut out);
     out
 }
 

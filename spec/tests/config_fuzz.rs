@@ -21,16 +21,36 @@ use serde_json::{Map, Number, Value, json};
 /// Every key a message may name: config.json keys, the declaration-only ones, and the
 /// nested or legacy keys the config reader also reports.
 fn all_keys() -> Vec<&'static str> {
-    let mut k: Vec<&str> = keys::CONFIG_JSON.iter().chain(&keys::DECLARATION_ONLY).copied().collect();
+    let mut k: Vec<&str> = config_json().into_iter().chain(keys::DECLARATION_ONLY).collect();
     k.extend(["rope_scaling", "rope_parameters.rope_type", "rope_parameters.partial_rotary_factor"]);
     k
 }
 
 /// The keys config.json generators put values under.
 fn config_keys() -> Vec<&'static str> {
-    let mut k = keys::CONFIG_JSON.to_vec();
+    let mut k = config_json();
     k.push("rope_scaling");
     k
+}
+
+/// The config.json keys `Config` reads: the field table's, and model_type and
+/// rope_parameters.
+fn config_json() -> Vec<&'static str> {
+    let mut k: Vec<&str> = headcount_spec::FIELDS.iter().map(|f| f.key).collect();
+    k.extend([keys::MODEL_TYPE, keys::ROPE_PARAMETERS]);
+    k
+}
+
+/// The integer fields every family reads that must be at least 1 (rule 1).
+fn count_fields() -> Vec<&'static str> {
+    use headcount_spec::FieldKind;
+    headcount_spec::FIELDS
+        .iter()
+        .filter(|f| {
+            f.families.len() == 3 && matches!(f.kind, FieldKind::Count | FieldKind::KvHeads | FieldKind::OptCount)
+        })
+        .map(|f| f.key)
+        .collect()
 }
 
 /// One rule check (validate, render every message) must finish within this, even on a
@@ -229,7 +249,7 @@ struct Extreme {
 
 fn extreme_config() -> impl Strategy<Value = Extreme> {
     (
-        prop::collection::vec((0usize..keys::COUNT_FIELDS.len(), extreme_u64()), 0..6),
+        prop::collection::vec((0usize..count_fields().len(), extreme_u64()), 0..6),
         prop::option::of(prop::option::of(extreme_u64())),
         prop::option::of(extreme_f64()),
         prop::option::of(extreme_f64()),
@@ -260,7 +280,7 @@ impl Extreme {
     fn json(&self) -> Value {
         let mut v = tiny();
         for &(i, n) in &self.counts {
-            v[keys::COUNT_FIELDS[i]] = n.into();
+            v[count_fields()[i]] = n.into();
         }
         if let Some(hd) = self.head_dim {
             v[keys::HEAD_DIM] = hd.map_or(Value::Null, Value::from);

@@ -2,12 +2,13 @@
 //! suggests is legal when substituted back. Then the eight failure cases of DESIGN.md's
 //! table: `Config::validate` says exactly what the compile-fail cases of `ui-tests` say.
 
-use headcount_spec::Config;
 use headcount_spec::rules::{self, ArchSpec, Errors, LayoutError};
+use headcount_spec::{Config, Family};
 use proptest::prelude::*;
 
 fn base() -> ArchSpec<'static> {
     ArchSpec {
+        family: Family::Glm,
         vocab_size: 32_000,
         hidden_size: 256,
         intermediate_size: 512,
@@ -20,11 +21,25 @@ fn base() -> ArchSpec<'static> {
         rms_norm_eps: 1.5625e-7,
         max_position_embeddings: 131_072,
         hidden_act: "silu",
+        attention_bias: true,
+        tie_word_embeddings: false,
         pad_token_id: None,
         bos_token_id: None,
-        eos_token_ids: &[],
+        eos_token_id: &[],
+        moe_intermediate_size: 0,
+        n_routed_experts: 0,
+        n_shared_experts: 0,
+        num_experts_per_tok: 0,
+        n_group: 0,
+        topk_group: 0,
+        first_k_dense_replace: 0,
+        routed_scaling_factor: 1.0,
+        norm_topk_prob: false,
+        use_qk_norm: false,
+        num_nextn_predict_layers: 0,
         tensor_parallel: &[1],
         pipeline_parallel: &[1],
+        expert_parallel: &[],
         kv_replication: false,
         vocab_padding: 1,
         uneven_pipeline: false,
@@ -162,7 +177,7 @@ proptest! {
     fn token_ids_match_brute_force(vocab in 0u64..100, pad in proptest::option::of(0u64..120),
                                    bos in proptest::option::of(0u64..120),
                                    eos in proptest::collection::vec(0u64..120, 0..4)) {
-        let s = ArchSpec { vocab_size: vocab, pad_token_id: pad, bos_token_id: bos, eos_token_ids: &eos, ..base() };
+        let s = ArchSpec { vocab_size: vocab, pad_token_id: pad, bos_token_id: bos, eos_token_id: &eos, ..base() };
         let out_of_vocab = pad.into_iter().chain(bos).chain(eos.iter().copied()).filter(|id| *id >= vocab).count();
         let want = if vocab == 0 { 0 } else { out_of_vocab };
         prop_assert_eq!(run(rules::token_ids, &s).len(), want);

@@ -9,7 +9,7 @@ use headcount_spec::{Config, LayoutError, rules};
 fn errors_of(keys: &[(&str, &str)]) -> Vec<LayoutError> {
     let plain = |v: &str| v.replace('_', "");
     let mut json = serde_json::Map::new();
-    let (mut tp, mut pp) = (Vec::new(), Vec::new());
+    let (mut tp, mut pp, mut ep) = (Vec::new(), Vec::new(), Vec::new());
     let (mut replication, mut padding, mut uneven) = (false, 1u64, false);
     let list = |v: &str| -> Vec<u64> { serde_json::from_str(&plain(v)).expect("a list of sizes") };
     for &(k, v) in keys {
@@ -19,6 +19,7 @@ fn errors_of(keys: &[(&str, &str)]) -> Vec<LayoutError> {
             }
             "tensor_parallel" => tp = list(v),
             "pipeline_parallel" => pp = list(v),
+            "expert_parallel" => ep = list(v),
             "kv_replication" => replication = v == "true",
             "vocab_padding" => padding = plain(v).parse().unwrap(),
             "uneven_pipeline" => uneven = v == "true",
@@ -33,6 +34,7 @@ fn errors_of(keys: &[(&str, &str)]) -> Vec<LayoutError> {
     assert!(DECLARATION_ONLY.iter().all(|k| !json.contains_key(*k)));
     let config = Config::from_value(serde_json::Value::Object(json)).expect("a readable config");
     let spec = headcount_spec::ArchSpec {
+        expert_parallel: &ep,
         kv_replication: replication,
         vocab_padding: padding,
         uneven_pipeline: uneven,
@@ -64,7 +66,7 @@ fn the_rules_reference_is_current_and_each_example_shows_its_rule() {
     codes.sort();
     codes.dedup();
     assert_eq!(codes.len(), RULES.len(), "a code is listed twice");
-    assert_eq!(RULES.len(), 19, "every LayoutError variant has one entry");
+    assert_eq!(RULES.len(), 29, "every LayoutError variant has one entry");
     let mut doc = String::from(
         "# The rules\n\nGenerated from `spec/src/reference.rs` by `spec/tests/rules_reference.rs` (run with\n\
          `HEADCOUNT_BLESS=1` to rewrite); every example below is checked to fail with its own code and\n\

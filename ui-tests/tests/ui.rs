@@ -22,6 +22,8 @@ fn declare_output_compiles() {
     let configs = [
         "../tests/fixtures/configs/glm-default.json",
         "../tests/fixtures/configs/glm4-default.json",
+        "../tests/fixtures/moe-configs/glm-4.5-published-layout.json",
+        "../tests/fixtures/moe-configs/glm-4.5-air.json",
         "../tests/fixtures/glm-tied-partial/config.json",
         "../examples/addition/model/config.json",
     ];

@@ -39,6 +39,9 @@ pub enum Command {
         /// Also check this pipeline-parallel size (repeatable).
         #[arg(long = "pp", value_name = "N")]
         pipeline_parallel: Vec<u64>,
+        /// Also check this expert-parallel size (repeatable; glm4_moe).
+        #[arg(long = "ep", value_name = "N")]
+        expert_parallel: Vec<u64>,
     },
     /// Print the #[derive(Architecture)] declaration of a config.json.
     Declare {

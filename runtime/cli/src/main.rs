@@ -19,8 +19,8 @@ fn dispatch(cli: &Cli) -> headcount_runtime::Result<ExitCode> {
         return Ok(code);
     }
     match &cli.command {
-        Command::Check { config, tensor_parallel, pipeline_parallel } => {
-            check::check(config, tensor_parallel, pipeline_parallel)
+        Command::Check { config, tensor_parallel, pipeline_parallel, expert_parallel } => {
+            check::check(config, tensor_parallel, pipeline_parallel, expert_parallel)
         }
         Command::Declare { config, name } => check::declare(config, name),
         Command::Run(a) => generate::run(a, cli.quiet),

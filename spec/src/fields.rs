@@ -1,0 +1,260 @@
+//! The one table of config fields. Every place that lists the fields of a config.json is
+//! generated from [`with_fields!`]: the key constants ([`crate::keys`]), [`crate::Config`]
+//! (its fields, per-family defaults, JSON reading and writing, `get`/`set`), the
+//! [`crate::ArchSpec`] the rules read, the `Architecture` trait's consts and `SPEC`, and the
+//! [`FIELDS`] table that the derive macro, `headcount declare` and the runtime's
+//! declared-versus-checkpoint comparison walk. Adding a field is one line here.
+//!
+//! A line is `key, CONST, kind, place, families, [glm, glm4, glm4_moe defaults], required,
+//! "doc"`:
+//! - `kind`: `count` (an integer that must be at least 1), `number` (an integer, 0
+//!   allowed), `kv_heads` (a count where `null` means "as many as the attention heads"),
+//!   `opt_count` (a count where `null` or absent means "derived"), `float`, `flag`, `id` (a
+//!   token id or `null`), `ids` (one token id or a list), `text`.
+//! - `place`: `top` (a top-level key) or `rope` (inside `rope_parameters` in transformers 5,
+//!   top level in older files).
+//! - `families`: [`ALL`] or [`MOE`]: the model types whose config.json has the key. For the
+//!   others the value is the "not applicable" default (0 experts) and is neither read nor
+//!   written.
+//! - `required`: whether a declaration without `from_config` must give it.
+
+use crate::rules::Family;
+
+/// Every family.
+pub const ALL: &[Family] = &[Family::Glm, Family::Glm4, Family::Glm4Moe];
+/// The mixture-of-experts family only.
+pub const MOE: &[Family] = &[Family::Glm4Moe];
+
+/// Calls `$callback! { line; line; ... }` with every field line.
+macro_rules! with_fields {
+    ($callback:ident) => {
+        $callback! {
+            vocab_size, VOCAB_SIZE, count, top, ALL, [151_552, 151_552, 151_552], true,
+                "Tokens in the vocabulary: the rows of the embedding and of lm_head.";
+            hidden_size, HIDDEN_SIZE, count, top, ALL, [4096, 4096, 4096], true,
+                "Width of the residual stream.";
+            intermediate_size, INTERMEDIATE_SIZE, count, top, ALL, [13_696, 13_696, 10_944], true,
+                "Width of the dense MLP (in glm4_moe, of the first first_k_dense_replace layers).";
+            num_hidden_layers, NUM_HIDDEN_LAYERS, count, top, ALL, [40, 40, 46], true,
+                "Decoder layers (glm4_moe's multi-token-prediction layers come after these).";
+            num_attention_heads, NUM_ATTENTION_HEADS, count, top, ALL, [32, 32, 96], true,
+                "Query heads.";
+            num_key_value_heads, NUM_KEY_VALUE_HEADS, kv_heads, top, ALL, [2, 2, 8], true,
+                "Key and value heads (grouped-query attention); null means as many as the query heads.";
+            head_dim, HEAD_DIM, opt_count, top, ALL, [Some(128), Some(128), None], false,
+                "Channels of one head; absent or null: hidden_size / num_attention_heads.";
+            partial_rotary_factor, PARTIAL_ROTARY_FACTOR, float, rope, ALL, [0.5, 0.5, 0.5], false,
+                "Share of each head's channels that the rotary embedding turns.";
+            rope_theta, ROPE_THETA, float, rope, ALL, [10_000.0, 10_000.0, 10_000.0], false,
+                "Base of the rotary frequencies.";
+            rms_norm_eps, RMS_NORM_EPS, float, top, ALL, [1.5625e-7, 1.5625e-7, 1e-5], false,
+                "Epsilon of every RMSNorm.";
+            max_position_embeddings, MAX_POSITION_EMBEDDINGS, count, top, ALL, [131_072, 131_072, 131_072], false,
+                "Longest sequence the rotary tables cover.";
+            hidden_act, HIDDEN_ACT, text, top, ALL, ["silu", "silu", "silu"], false,
+                "Activation of the MLP gate.";
+            attention_bias, ATTENTION_BIAS, flag, top, ALL, [true, true, false], false,
+                "Whether q_proj, k_proj and v_proj have a bias.";
+            tie_word_embeddings, TIE_WORD_EMBEDDINGS, flag, top, ALL, [false, false, false], false,
+                "Whether lm_head is the embedding matrix.";
+            pad_token_id, PAD_TOKEN_ID, id, top, ALL, [Some(151_329), Some(151_329), None], false,
+                "The padding token.";
+            bos_token_id, BOS_TOKEN_ID, id, top, ALL, [None, None, None], false,
+                "The beginning-of-sequence token.";
+            eos_token_id, EOS_TOKEN_IDS, ids, top, ALL,
+                [&[151_329, 151_336, 151_338], &[151_329, 151_336, 151_338], &[]], false,
+                "The tokens that end generation.";
+            moe_intermediate_size, MOE_INTERMEDIATE_SIZE, count, top, MOE, [0, 0, 1408], true,
+                "Width of each routed expert (a shared expert's is this times n_shared_experts).";
+            n_routed_experts, N_ROUTED_EXPERTS, count, top, MOE, [0, 0, 128], true,
+                "Routed experts in each mixture-of-experts layer.";
+            n_shared_experts, N_SHARED_EXPERTS, number, top, MOE, [0, 0, 1], false,
+                "Experts every token passes through (fused into one MLP).";
+            num_experts_per_tok, NUM_EXPERTS_PER_TOK, count, top, MOE, [0, 0, 8], true,
+                "Routed experts chosen for each token.";
+            n_group, N_GROUP, count, top, MOE, [0, 0, 1], false,
+                "Groups the routed experts are split into for group-limited routing.";
+            topk_group, TOPK_GROUP, count, top, MOE, [0, 0, 1], false,
+                "Groups each token's experts may come from.";
+            first_k_dense_replace, FIRST_K_DENSE_REPLACE, number, top, MOE, [0, 0, 1], false,
+                "Leading layers with a dense MLP instead of experts.";
+            routed_scaling_factor, ROUTED_SCALING_FACTOR, float, top, MOE, [1.0, 1.0, 1.0], false,
+                "Factor applied to the routed experts' weights.";
+            norm_topk_prob, NORM_TOPK_PROB, flag, top, MOE, [false, false, true], false,
+                "Whether the chosen experts' weights are normalised to sum to 1.";
+            use_qk_norm, USE_QK_NORM, flag, top, MOE, [false, false, false], false,
+                "Whether queries and keys pass an RMSNorm over head_dim before the rotary embedding.";
+            num_nextn_predict_layers, NUM_NEXTN_PREDICT_LAYERS, number, top, MOE, [0, 0, 1], false,
+                "Multi-token-prediction layers stored after the decoder layers (not run).";
+        }
+    };
+}
+pub(crate) use with_fields;
+
+/// Names transformers also accepts for a key (its `attribute_map`), read as the key.
+pub const ALIASES: &[(&str, &str)] =
+    &[("num_local_experts", "n_routed_experts"), ("num_mtp_layers", "num_nextn_predict_layers")];
+
+/// What a field holds (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldKind {
+    Count,
+    Number,
+    KvHeads,
+    OptCount,
+    Float,
+    Flag,
+    Id,
+    Ids,
+    Text,
+}
+
+impl FieldKind {
+    /// Whether the value is an integer count (every kind but float, flag, ids and text).
+    pub const fn is_integer(self) -> bool {
+        matches!(self, FieldKind::Count | FieldKind::Number | FieldKind::KvHeads | FieldKind::OptCount | FieldKind::Id)
+    }
+}
+
+/// Where a key sits in config.json.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Top,
+    Rope,
+}
+
+/// One line of the field table.
+#[derive(Clone, Copy, Debug)]
+pub struct Field {
+    /// The config.json key (and the `#[arch]` key).
+    pub key: &'static str,
+    /// The `Architecture` const's name.
+    pub const_name: &'static str,
+    pub kind: FieldKind,
+    pub place: Place,
+    pub families: &'static [Family],
+    /// Whether a declaration without `from_config` must give it.
+    pub required: bool,
+    pub doc: &'static str,
+}
+
+impl Field {
+    /// Whether `family`'s config.json has this key.
+    pub const fn in_family(&self, family: Family) -> bool {
+        family_in(family, self.families)
+    }
+}
+
+/// Whether `family` is in `list` (usable in `const fn`).
+pub const fn family_in(family: Family, list: &[Family]) -> bool {
+    let mut i = 0;
+    while i < list.len() {
+        if list[i] as u8 == family as u8 {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+macro_rules! field_kind {
+    (count) => {
+        FieldKind::Count
+    };
+    (number) => {
+        FieldKind::Number
+    };
+    (kv_heads) => {
+        FieldKind::KvHeads
+    };
+    (opt_count) => {
+        FieldKind::OptCount
+    };
+    (float) => {
+        FieldKind::Float
+    };
+    (flag) => {
+        FieldKind::Flag
+    };
+    (id) => {
+        FieldKind::Id
+    };
+    (ids) => {
+        FieldKind::Ids
+    };
+    (text) => {
+        FieldKind::Text
+    };
+}
+
+macro_rules! field_place {
+    (top) => {
+        Place::Top
+    };
+    (rope) => {
+        Place::Rope
+    };
+}
+
+macro_rules! field_table {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$($d:expr),*], $req:expr, $doc:expr;)*) => {
+        /// Every field, in the order config.json documentation lists them.
+        pub const FIELDS: &[Field] = &[$(Field {
+            key: stringify!($key),
+            const_name: stringify!($konst),
+            kind: field_kind!($kind),
+            place: field_place!($place),
+            families: $fams,
+            required: $req,
+            doc: $doc,
+        }),*];
+    };
+}
+with_fields!(field_table);
+
+/// The field with this config.json key.
+pub fn field(key: &str) -> Option<&'static Field> {
+    FIELDS.iter().find(|f| f.key == key)
+}
+
+/// A field's value, whatever its kind ([`crate::Config::get`], [`crate::Config::set`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum FieldValue {
+    Int(u64),
+    Float(f64),
+    Bool(bool),
+    Text(String),
+    Ids(Vec<u64>),
+    /// An optional value left out (no pad token, head_dim derived).
+    Absent,
+}
+
+impl std::fmt::Display for FieldValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FieldValue::Int(n) => write!(f, "{n}"),
+            FieldValue::Float(x) => write!(f, "{x:?}"),
+            FieldValue::Bool(b) => write!(f, "{b}"),
+            FieldValue::Text(s) => write!(f, "{s:?}"),
+            FieldValue::Ids(ids) => write!(f, "{ids:?}"),
+            FieldValue::Absent => write!(f, "none"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_consts_match() {
+        for (i, f) in FIELDS.iter().enumerate() {
+            assert!(FIELDS[..i].iter().all(|g| g.key != f.key), "{} twice", f.key);
+            assert!(f.const_name.starts_with(&f.key.to_uppercase()[..4]), "{}", f.const_name);
+            assert!(!f.families.is_empty());
+        }
+        for (alias, key) in ALIASES {
+            assert!(field(key).is_some() && field(alias).is_none());
+        }
+    }
+}

@@ -1,0 +1,11 @@
+// Rule 1: transformers' router divides by the experts.
+#[derive(headcount::Architecture)]
+#[arch(
+    family = glm4_moe,
+    vocab_size = 32_000, hidden_size = 256, intermediate_size = 512, num_hidden_layers = 4,
+    num_attention_heads = 8, num_key_value_heads = 2, head_dim = 32,
+    moe_intermediate_size = 128, n_routed_experts = 0, num_experts_per_tok = 4, n_group = 0,
+)]
+pub struct TinyMoe;
+
+fn main() {}
