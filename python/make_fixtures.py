@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import Glm4Config, Glm4ForCausalLM, GlmConfig, GlmForCausalLM
+from transformers import Glm4Config, Glm4ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM, GlmConfig, GlmForCausalLM
 
 FIXTURES = Path("tests/fixtures")
 BATCH = 2
@@ -74,24 +74,48 @@ FIXTURE_SPECS = {
         num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.5, rope_theta=500000.0,
         tie_word_embeddings=False, attention_bias=True, rms_norm_eps=1.5625e-7)),
 }
+# glm4_moe (GLM-4.5): grouped routing with a non-zero correction bias (randomize), q/k norm,
+# dense first layers, several shared experts; the second saved in transformers 5's fused
+# expert layout (gate_up_proj [E, 2I, H], down_proj [E, H, I]) instead of per-expert tensors.
+FIXTURE_SPECS.update({
+    "glm4moe-grouped": ("glm4_moe", 109, dict(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5, rope_theta=10000.0,
+        tie_word_embeddings=False, attention_bias=True, rms_norm_eps=1e-5, num_hidden_layers=3,
+        moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=3,
+        n_group=4, topk_group=2, first_k_dense_replace=1, norm_topk_prob=True,
+        routed_scaling_factor=1.5, use_qk_norm=True, num_nextn_predict_layers=0)),
+    "glm4moe-tied-fused": ("glm4_moe", 110, dict(
+        vocab_size=112, hidden_size=48, intermediate_size=64, num_attention_heads=6,
+        num_key_value_heads=3, head_dim=8, partial_rotary_factor=1.0, rope_theta=20000.0,
+        tie_word_embeddings=True, attention_bias=False, rms_norm_eps=1e-6, num_hidden_layers=2,
+        moe_intermediate_size=12, n_routed_experts=6, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False,
+        routed_scaling_factor=2.5, use_qk_norm=False, num_nextn_predict_layers=0)),
+})
+FUSED_EXPERTS = {"glm4moe-tied-fused"}
 SHARD_SIZE = {"glm-sharded": "20KB"}
 LEGACY = {"glm-legacy-config"}
 
-FAMILIES = {"glm": (GlmConfig, GlmForCausalLM), "glm4": (Glm4Config, Glm4ForCausalLM)}
+FAMILIES = {
+    "glm": (GlmConfig, GlmForCausalLM),
+    "glm4": (Glm4Config, Glm4ForCausalLM),
+    "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
+}
 
 
 def build_config(family: str, keys: dict, eos_id: int):
     config_cls, _ = FAMILIES[family]
-    return config_cls(
-        num_hidden_layers=2,
-        max_position_embeddings=64,
-        hidden_act="silu",
-        initializer_range=0.02,  # unused: randomize() below sets every parameter
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=eos_id,
+    return config_cls(**{
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 64,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,  # unused: randomize() below sets every parameter
+        "pad_token_id": PAD_ID,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": eos_id,
         **keys,
-    )
+    })
 
 
 @torch.no_grad()
@@ -114,7 +138,12 @@ def randomize(model, seed: int) -> None:
         elif "embed_tokens" in name:
             p.copy_(0.5 * noise)
         else:
-            p.copy_(noise * (1.5 / p.shape[1] ** 0.5))
+            p.copy_(noise * (1.5 / p.shape[-1] ** 0.5))
+    # glm4_moe's router correction bias is a buffer: non-zero, so that it changes which
+    # experts are chosen (and never the weights, which come from the unbiased scores).
+    for name, b in sorted(model.named_buffers()):
+        if name.endswith("e_score_correction_bias"):
+            b.copy_(0.3 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
 
 
 @torch.no_grad()
@@ -231,6 +260,8 @@ def make_fixture(name: str, family: str, seed: int, keys: dict) -> dict:
     shard = SHARD_SIZE.get(name)
     if shard:
         model.save_pretrained(out_dir, max_shard_size=shard)
+    elif name in FUSED_EXPERTS:
+        model.save_pretrained(out_dir, save_original_format=False)
     else:
         model.save_pretrained(out_dir)
     if name in LEGACY:
@@ -290,6 +321,8 @@ def make_fixture(name: str, family: str, seed: int, keys: dict) -> dict:
     }
     if shard:
         info["notes"] += f" Saved with save_pretrained(max_shard_size='{shard}')."
+    if name in FUSED_EXPERTS:
+        info["notes"] += " Saved with save_pretrained(save_original_format=False): fused expert tensors."
     if name in LEGACY:
         info["notes"] += (
             " config.json rewritten by hand into the transformers-4 layout: top-level rope_theta "

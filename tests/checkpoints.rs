@@ -183,3 +183,59 @@ fn bad_config_json_is_a_config_error() {
     fs::write(dir.join("config.json"), "{not json").unwrap();
     assert!(matches!(load_err(&dir), Error::Config(_)));
 }
+
+/// glm4_moe checkpoints: a missing expert, an expert of the wrong shape and a correction
+/// bias of the wrong length are each an error naming the tensor, in both expert layouts.
+#[test]
+fn broken_experts_are_named() {
+    let cases: [(&str, &str, Option<Vec<i64>>); 4] = [
+        ("glm4moe-grouped", "model.layers.2.mlp.experts.5.up_proj.weight", None),
+        ("glm4moe-grouped", "model.layers.1.mlp.experts.0.down_proj.weight", Some(vec![32, 15])),
+        ("glm4moe-grouped", "model.layers.1.mlp.gate.e_score_correction_bias", Some(vec![7])),
+        ("glm4moe-tied-fused", "model.layers.0.mlp.experts.gate_up_proj", Some(vec![6, 24, 47])),
+    ];
+    for (fixture, victim, shape) in cases {
+        let (_t, dir) = copy_fixture(fixture);
+        let mut ts = tensors(&dir);
+        match &shape {
+            None => ts.retain(|(n, _)| n != victim),
+            Some(s) => {
+                for (n, t) in ts.iter_mut() {
+                    if n == victim {
+                        *t = Tensor::zeros(s.as_slice(), (Kind::Float, tch::Device::Cpu));
+                    }
+                }
+            }
+        }
+        write(&dir, &ts);
+        let e = load_err(&dir);
+        match shape {
+            None => assert!(matches!(&e, Error::MissingTensor { name, .. } if name == victim), "{e}"),
+            Some(_) => assert!(matches!(&e, Error::ShapeMismatch { name, .. } if name == victim), "{e}"),
+        }
+        assert!(e.to_string().contains(victim), "{e}");
+    }
+}
+
+/// Multi-token-prediction layers stored after the decoder layers (GLM-4.5's layer 92) are
+/// skipped; a layer beyond them is still an unexpected tensor.
+#[test]
+fn mtp_layers_are_skipped() {
+    let (_t, dir) = copy_fixture("glm4moe-grouped");
+    let config = dir.join("config.json");
+    let text = fs::read_to_string(&config)
+        .unwrap()
+        .replace("\"num_nextn_predict_layers\": 0", "\"num_nextn_predict_layers\": 1");
+    fs::write(&config, text).unwrap();
+    let mut ts = tensors(&dir);
+    let extra =
+        |l: usize| (format!("model.layers.{l}.eh_proj.weight"), Tensor::zeros([2, 2], (Kind::Float, tch::Device::Cpu)));
+    ts.push(extra(3));
+    write(&dir, &ts);
+    let quiet = LoadOptions { progress_above_bytes: None, ..LoadOptions::default() };
+    Glm::load(&dir, &quiet).unwrap();
+    ts.push(extra(4));
+    write(&dir, &ts);
+    let e = load_err(&dir);
+    assert!(matches!(&e, Error::UnexpectedTensor { name, .. } if name == "model.layers.4.eh_proj.weight"), "{e}");
+}

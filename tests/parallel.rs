@@ -6,6 +6,7 @@
 //! Each test runs itself again as its ranks (`as_ranks`); the asserts run in every rank.
 
 use headcount_integration::{as_ranks, join, load, max_abs_diff, model_fixtures, name, reference};
+use headcount_runtime::model::Ffn;
 use headcount_runtime::{
     Error, GenerateOptions, Glm, LoadOptions, Parallel, RankEnv, Sampling, ShardPlan, generate, logits,
     rank_parameter_count,
@@ -47,14 +48,27 @@ fn check_layout(env: &RankEnv, tp: usize, pp: usize) {
             let cols = l.self_attn.qkv.linear.shape()[1];
             assert_eq!(cols, (p.heads_per_shard as i64 + 2 * p.kv_per_shard as i64) * hd, "{what}");
             assert_eq!(l.self_attn.o.linear.shape(), vec![p.heads_per_shard as i64 * hd, d.hidden as i64]);
-            assert_eq!(l.mlp.gate_up.linear.shape(), vec![d.hidden as i64, 2 * p.intermediate_per_shard as i64]);
-            assert_eq!(l.mlp.down.linear.shape(), vec![p.intermediate_per_shard as i64, d.hidden as i64]);
+            match &l.mlp {
+                Ffn::Dense(mlp) => {
+                    assert_eq!(mlp.gate_up.linear.shape(), vec![d.hidden as i64, 2 * p.intermediate_per_shard as i64]);
+                    assert_eq!(mlp.down.linear.shape(), vec![p.intermediate_per_shard as i64, d.hidden as i64]);
+                }
+                // Every expert on every rank, each with its share of the width.
+                Ffn::Moe(moe) => {
+                    let w = p.expert_width_per_shard as i64;
+                    assert_eq!(moe.experts.len(), d.moe.as_ref().map_or(0, |m| m.experts), "{what}");
+                    for e in &moe.experts {
+                        assert_eq!(e.gate_up.shape(), vec![d.hidden as i64, 2 * w], "{what}");
+                        assert_eq!(e.down.shape(), vec![w, d.hidden as i64], "{what}");
+                    }
+                }
+            }
         }
         assert_eq!(m.embed_tokens.is_some(), m.parallel.is_first_stage(), "{what}");
         assert_eq!(m.lm_head.is_some(), m.parallel.is_last_stage(), "{what}");
         let (first, last) = (m.parallel.is_first_stage(), m.parallel.is_last_stage());
         let held = m.parameter_count();
-        assert_eq!(held as u64, rank_parameter_count(d, p, m.layers.len(), first, last), "{what}");
+        assert_eq!(held as u64, rank_parameter_count(d, p, m.stage_layers.clone(), first, last), "{what}");
         // Over all ranks: the model once, plus replicated kv heads, vocabulary padding and
         // (tied, over several stages) the embedding again.
         let all = m.parallel.world.all_gather(&tch::Tensor::from_slice(&[held]), 0).unwrap();
@@ -64,13 +78,19 @@ fn check_layout(env: &RankEnv, tp: usize, pp: usize) {
         let replicated = (p.kv_replicas as i64 - 1) * kv_params * d.layers as i64;
         let norms_per_layer: i64 = if d.family == headcount::Family::Glm4 { 4 } else { 2 };
         let replicated_norms = (tp as i64 - 1) * (norms_per_layer * d.layers as i64 + 1) * d.hidden as i64;
+        // glm4_moe: every rank of a stage holds the routers and the q/k norms whole.
+        let replicated_moe = d.moe.as_ref().map_or(0, |m| {
+            let routers = (d.layers - m.dense_layers.min(d.layers)) * (m.experts * d.hidden + m.experts);
+            let qk_norms = if m.qk_norm { d.layers * 2 * d.head_dim } else { 0 };
+            (tp as i64 - 1) * (routers + qk_norms) as i64
+        });
         // The embedding and lm_head: padded, and the tied table held twice over stages.
         let tables_held = if d.tie_embeddings && pp == 1 { 1 } else { 2 };
         let tables = if d.tie_embeddings { 1 } else { 2 };
         let vocab_extra = ((tables_held * p.padded_vocab - tables * d.vocab) * d.hidden) as i64;
         assert_eq!(
             total,
-            d.parameter_count() + replicated + replicated_norms + vocab_extra,
+            d.parameter_count() + replicated + replicated_norms + replicated_moe + vocab_extra,
             "{what}: parameters over all ranks"
         );
 

@@ -54,6 +54,39 @@ pub struct Dims {
     pub attention_bias: bool,
     pub tie_embeddings: bool,
     pub act: Activation,
+    /// glm4_moe: the experts' shape and routing; `None` for a dense family.
+    pub moe: Option<MoeDims>,
+}
+
+/// A glm4_moe config's mixture-of-experts sizes.
+#[derive(Clone, Debug)]
+pub struct MoeDims {
+    pub experts: usize,
+    /// Width of one routed expert.
+    pub width: usize,
+    /// Width of the shared experts fused into one MLP (0: none).
+    pub shared_width: usize,
+    pub per_token: usize,
+    pub groups: usize,
+    pub topk_group: usize,
+    /// Layers `0..dense_layers` have a dense MLP.
+    pub dense_layers: usize,
+    pub norm_topk_prob: bool,
+    pub scaling: f64,
+    pub qk_norm: bool,
+    /// Layers stored after the decoder layers (multi-token prediction; not run).
+    pub mtp_layers: usize,
+    /// The checkpoint stores experts fused (`mlp.experts.gate_up_proj` [E, 2I, H] and
+    /// `mlp.experts.down_proj` [E, H, I], transformers 5's own layout) rather than one
+    /// `mlp.experts.N.{gate,up,down}_proj.weight` each (as published).
+    pub fused_experts: bool,
+}
+
+impl MoeDims {
+    /// Whether layer `l` has experts.
+    pub fn is_moe_layer(&self, l: usize) -> bool {
+        l >= self.dense_layers
+    }
 }
 
 // Config sizes are u64 and the model's are usize: the same width on the 64-bit targets
@@ -87,6 +120,20 @@ impl Dims {
             attention_bias: config.attention_bias,
             tie_embeddings: config.tie_word_embeddings,
             act,
+            moe: config.family.is_moe().then(|| MoeDims {
+                experts: config.n_routed_experts as usize,
+                width: config.moe_intermediate_size as usize,
+                shared_width: (config.moe_intermediate_size * config.n_shared_experts) as usize,
+                per_token: config.num_experts_per_tok as usize,
+                groups: config.n_group as usize,
+                topk_group: config.topk_group as usize,
+                dense_layers: config.first_k_dense_replace as usize,
+                norm_topk_prob: config.norm_topk_prob,
+                scaling: config.routed_scaling_factor,
+                qk_norm: config.use_qk_norm,
+                mtp_layers: config.num_nextn_predict_layers as usize,
+                fused_experts: false,
+            }),
         })
     }
 
@@ -122,8 +169,40 @@ impl Dims {
             out.push((format!("{p}.post_self_attn_layernorm.weight"), vec![h]));
             out.push((format!("{p}.post_mlp_layernorm.weight"), vec![h]));
         }
-        out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        let Some(m) = &self.moe else {
+            out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
+            out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+            return out;
+        };
+        if m.qk_norm {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![self.head_dim as i64]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![self.head_dim as i64]));
+        }
+        if !m.is_moe_layer(l) {
+            out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+            out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+            out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+            return out;
+        }
+        let (e, w) = (m.experts as i64, m.width as i64);
+        out.push((format!("{p}.mlp.gate.weight"), vec![e, h]));
+        out.push((format!("{p}.mlp.gate.e_score_correction_bias"), vec![e]));
+        if m.fused_experts {
+            out.push((format!("{p}.mlp.experts.gate_up_proj"), vec![e, 2 * w, h]));
+            out.push((format!("{p}.mlp.experts.down_proj"), vec![e, h, w]));
+        } else {
+            for x in 0..m.experts {
+                out.push((format!("{p}.mlp.experts.{x}.gate_proj.weight"), vec![w, h]));
+                out.push((format!("{p}.mlp.experts.{x}.up_proj.weight"), vec![w, h]));
+                out.push((format!("{p}.mlp.experts.{x}.down_proj.weight"), vec![h, w]));
+            }
+        }
+        if m.shared_width > 0 {
+            let sw = m.shared_width as i64;
+            out.push((format!("{p}.mlp.shared_experts.gate_proj.weight"), vec![sw, h]));
+            out.push((format!("{p}.mlp.shared_experts.up_proj.weight"), vec![sw, h]));
+            out.push((format!("{p}.mlp.shared_experts.down_proj.weight"), vec![h, sw]));
+        }
         out
     }
 
@@ -145,10 +224,17 @@ impl Dims {
             shapes.iter().map(|(_, s)| s.iter().product::<i64>()).fold(0, i64::saturating_add)
         };
         let embedding = (self.vocab as i64).saturating_mul(self.hidden as i64);
-        let layers = i64::try_from(self.layers).unwrap_or(i64::MAX);
-        embedding
-            .saturating_add(count(self.layer_shapes(0)).saturating_mul(layers))
-            .saturating_add(count(self.head_shapes()))
+        let n = |layers: usize| i64::try_from(layers).unwrap_or(i64::MAX);
+        // Dense layers first, then (glm4_moe) the layers with experts.
+        let dense = self.moe.as_ref().map_or(self.layers, |m| m.dense_layers.min(self.layers));
+        let mut total = embedding.saturating_add(count(self.head_shapes()));
+        if dense > 0 {
+            total = total.saturating_add(count(self.layer_shapes(0)).saturating_mul(n(dense)));
+        }
+        if dense < self.layers {
+            total = total.saturating_add(count(self.layer_shapes(dense)).saturating_mul(n(self.layers - dense)));
+        }
+        total
     }
 
     /// Bytes the weights take in `kind`, unsharded (saturating like `parameter_count`).

@@ -12,6 +12,7 @@ pub mod generate;
 mod load;
 pub mod memory;
 pub mod model;
+pub mod moe;
 pub mod nn;
 pub mod op_count;
 pub mod parallel;

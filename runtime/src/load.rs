@@ -53,7 +53,7 @@ impl WeightSource for RandomSource {
         kind: Kind,
         device: Device,
     ) -> Result<Tensor> {
-        if name.ends_with("layernorm.weight") || name == "model.norm.weight" {
+        if name.ends_with("norm.weight") {
             let mut s = shape.to_vec();
             if let (Some((_, n)), Some(first)) = (rows, s.first_mut()) {
                 *first = n as i64;

@@ -19,6 +19,7 @@ use crate::device::DType;
 use crate::error::{Error, Result};
 use crate::load::{Progress, RandomSource, WeightSource};
 use crate::memory::check_ranks_memory;
+use crate::moe::{ExpertMlp, Moe};
 pub use crate::nn::{Linear, Rope, Rounding, WeightLayout};
 use crate::nn::{rms_norm, rope_in_place};
 use crate::parallel::group::ProcessGroup;
@@ -38,6 +39,8 @@ fn array<const N: usize>(parts: Vec<Tensor>) -> Result<[Tensor; N]> {
 pub struct Attention {
     pub qkv: ColumnParallel,
     pub o: RowParallel,
+    /// glm4_moe with `use_qk_norm`: RMSNorm weights over head_dim for queries and keys.
+    pub qk_norm: Option<(Tensor, Tensor)>,
     /// Query and kv heads of this rank.
     pub heads: i64,
     pub kv_heads: i64,
@@ -52,6 +55,30 @@ pub struct Mlp {
     pub intermediate: i64,
 }
 
+/// A layer's feed-forward part: a dense MLP, or (glm4_moe after its dense layers) experts.
+pub enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+impl Ffn {
+    /// The dense MLP, if this is one.
+    pub fn dense(&self) -> Option<&Mlp> {
+        match self {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Moe(_) => None,
+        }
+    }
+
+    /// Parameters this rank holds.
+    pub fn numel(&self) -> i64 {
+        match self {
+            Ffn::Dense(m) => m.gate_up.linear.numel() + m.down.linear.numel(),
+            Ffn::Moe(m) => m.numel(),
+        }
+    }
+}
+
 /// One decoder layer with its norms (replicated on every rank of its stage).
 pub struct DecoderLayer {
     pub input_layernorm: Tensor,
@@ -59,7 +86,7 @@ pub struct DecoderLayer {
     /// GLM-4 only: the attention output normalized before the residual add.
     pub post_self_attn_layernorm: Option<Tensor>,
     pub post_attention_layernorm: Tensor,
-    pub mlp: Mlp,
+    pub mlp: Ffn,
     /// GLM-4 only: the MLP output normalized before the residual add.
     pub post_mlp_layernorm: Option<Tensor>,
 }
@@ -171,8 +198,15 @@ impl Glm {
 
     /// Loads this rank's part of a checkpoint with an already-read config.
     pub fn load_with_config(dir: &Path, config: &Config, opts: &LoadOptions, parallel: Parallel) -> Result<Glm> {
-        let dims = Dims::new(config)?;
+        let mut dims = Dims::new(config)?;
         let ckpt = Checkpoint::open(dir)?;
+        let layers = dims.layers;
+        if let Some(m) = &mut dims.moe {
+            // transformers 5 saves experts fused unless asked for the published layout.
+            m.fused_experts = (m.dense_layers..layers)
+                .next()
+                .is_some_and(|l| ckpt.tensors.contains_key(&format!("model.layers.{l}.mlp.experts.gate_up_proj")));
+        }
         // No rule bounds num_hidden_layers: before listing every weight, name the first layer
         // the checkpoint lacks, so 2^40 layers cost a few lookups, not 2^40 names. The search
         // stops within tensors.len() + 1 layers, as each layer needs its own tensor.
@@ -186,9 +220,19 @@ impl Glm {
         }
         // Every stored tensor must be one the model has.
         let expected: std::collections::HashSet<String> = dims.weight_shapes().into_iter().map(|(n, _)| n).collect();
+        let mtp = |name: &str| -> bool {
+            let Some(m) = &dims.moe else { return false };
+            let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+            layer.is_some_and(|l| l >= dims.layers && l < dims.layers + m.mtp_layers)
+        };
+        let mut skipped = 0usize;
         for (name, e) in &ckpt.tensors {
             // A tied checkpoint may still store lm_head.weight (the embedding again).
             let tied_head = dims.tie_embeddings && name == "lm_head.weight";
+            if mtp(name) {
+                skipped += 1;
+                continue;
+            }
             if !expected.contains(name) && !tied_head {
                 return Err(Error::UnexpectedTensor { name: name.clone(), file: ckpt.file_of(e).to_owned() });
             }
@@ -196,6 +240,13 @@ impl Glm {
         // Check everything before reading anything, so a bad checkpoint fails fast.
         for (name, shape) in dims.weight_shapes() {
             ckpt.check(&name, &shape)?;
+        }
+        if skipped > 0 && parallel.rank == 0 && opts.progress_above_bytes.is_some() {
+            let n = dims.moe.as_ref().map_or(0, |m| m.mtp_layers);
+            eprintln!(
+                "note: {skipped} tensors of {n} multi-token-prediction layer(s) (model.layers.{}.*) are not run",
+                dims.layers
+            );
         }
         let total = ckpt.total_bytes();
         parallel.agree(
@@ -242,7 +293,7 @@ impl Glm {
         let stage_layers = crate::parallel::plan::stage_layers(dims.layers, parallel.pp, parallel.stage);
         let (first, last) = (parallel.is_first_stage(), parallel.is_last_stage());
         if opts.device == Device::Cpu {
-            let need = rank_parameter_count(&dims, &plan, stage_layers.len(), first, last)
+            let need = rank_parameter_count(&dims, &plan, stage_layers.clone(), first, last)
                 .saturating_mul(opts.dtype.kind().elt_size_in_bytes() as u64);
             let advice = "use fewer layers, a smaller dtype or more ranks, or free memory";
             check_ranks_memory(|| "the weights".to_owned(), need, parallel.local_size, opts.dtype, advice)?;
@@ -279,10 +330,27 @@ impl Glm {
             };
             let q_rows = (qh.start * d, qh.len() * d);
             let kv_rows = (kvh.start * d, kvh.len() * d);
+            // glm4_moe rotates halves (channel i with i + R/2) where GLM rotates neighbours
+            // (2i with 2i + 1): its q and k channels are reordered at load so that the same
+            // interleaved rotation computes it. Attention scores are sums over channels,
+            // the same in either order; values are not reordered.
+            let halves = dims.moe.is_some();
+            let perm = rotate_half_order(d, dims.rotary_dim, dev)?;
+            let qk = |t: Tensor, heads: usize| -> Result<Tensor> {
+                if !halves {
+                    return Ok(t);
+                }
+                let mut shape = t.size();
+                shape[0] = heads as i64;
+                shape.insert(1, d as i64);
+                shape.truncate(if t.dim() == 1 { 2 } else { 3 });
+                let viewed = t.f_reshape(&shape)?;
+                Ok(viewed.f_index_select(1, &perm)?.f_reshape(t.size())?)
+            };
             let w = Tensor::f_cat(
                 &[
-                    rows(src, "self_attn.q_proj.weight", q_rows)?,
-                    rows(src, "self_attn.k_proj.weight", kv_rows)?,
+                    qk(rows(src, "self_attn.q_proj.weight", q_rows)?, qh.len())?,
+                    qk(rows(src, "self_attn.k_proj.weight", kv_rows)?, kvh.len())?,
                     rows(src, "self_attn.v_proj.weight", kv_rows)?,
                 ],
                 0,
@@ -290,8 +358,8 @@ impl Glm {
             let b = if dims.attention_bias {
                 Some(Tensor::f_cat(
                     &[
-                        rows(src, "self_attn.q_proj.bias", q_rows)?,
-                        rows(src, "self_attn.k_proj.bias", kv_rows)?,
+                        qk(rows(src, "self_attn.q_proj.bias", q_rows)?, qh.len())?,
+                        qk(rows(src, "self_attn.k_proj.bias", kv_rows)?, kvh.len())?,
                         rows(src, "self_attn.v_proj.bias", kv_rows)?,
                     ],
                     0,
@@ -299,21 +367,87 @@ impl Glm {
             } else {
                 None
             };
+            let qk_norm = match &dims.moe {
+                Some(m) if m.qk_norm => Some((
+                    whole(src, "self_attn.q_norm.weight")?.f_index_select(0, &perm)?,
+                    whole(src, "self_attn.k_norm.weight")?.f_index_select(0, &perm)?,
+                )),
+                _ => None,
+            };
             let qkv = ColumnParallel { linear: linear(&w, b)? };
             let o = whole(src, "self_attn.o_proj.weight")?.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
             let o = RowParallel { linear: linear(&o, None)? };
             let i_total = dims.intermediate;
-            let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
-            let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
-            let gate_up = ColumnParallel { linear: linear(&Tensor::f_cat(&[gate, up], 0)?, None)? };
-            let down = whole(src, "mlp.down_proj.weight")?.f_narrow(1, inter.start as i64, inter.len() as i64)?;
-            let down = RowParallel { linear: linear(&down, None)? };
+            // gate and up of this rank's channels `cols` (of `width`), as one projection, and
+            // down's matching columns: from one fused tensor, or from gate_proj and up_proj.
+            let gated = |src: &mut dyn WeightSource, prefix: &str, cols: std::ops::Range<usize>| {
+                let gate = rows(src, &format!("{prefix}gate_proj.weight"), (cols.start, cols.len()))?;
+                let up = rows(src, &format!("{prefix}up_proj.weight"), (cols.start, cols.len()))?;
+                let gate_up = linear(&Tensor::f_cat(&[gate, up], 0)?, None)?;
+                let down = whole(src, &format!("{prefix}down_proj.weight"))?.f_narrow(
+                    1,
+                    cols.start as i64,
+                    cols.len() as i64,
+                )?;
+                Ok::<_, Error>((gate_up, linear(&down, None)?))
+            };
+            let ffn = match &dims.moe {
+                Some(m) if m.is_moe_layer(l) => {
+                    let f32 = Kind::Float;
+                    let router = whole_as(src, &shape, &format!("{p}.mlp.gate.weight"), f32, dev)?;
+                    let correction_bias =
+                        whole_as(src, &shape, &format!("{p}.mlp.gate.e_score_correction_bias"), f32, dev)?;
+                    let w = plan.expert_width_per_shard;
+                    let cols = s * w..(s + 1) * w;
+                    let mut experts = Vec::new();
+                    for e in 0..m.experts {
+                        let (gate_up, down) = if m.fused_experts {
+                            let (gu, dn) = expert_from_fused(src, &shape, &p, e, m.width, cols.clone(), kind, dev)?;
+                            (linear(&gu, None)?, linear(&dn, None)?)
+                        } else {
+                            gated(src, &format!("mlp.experts.{e}."), cols.clone())?
+                        };
+                        experts.push(ExpertMlp { gate_up, down, width: w as i64 });
+                    }
+                    let shared = if m.shared_width > 0 {
+                        let sw = plan.shared_width_per_shard;
+                        let (gate_up, down) = gated(src, "mlp.shared_experts.", s * sw..(s + 1) * sw)?;
+                        Some(ExpertMlp { gate_up, down, width: sw as i64 })
+                    } else {
+                        None
+                    };
+                    Ffn::Moe(Moe { router, correction_bias, experts, shared })
+                }
+                _ => {
+                    let (gate_up, down) = if dims.moe.is_some() {
+                        gated(src, "mlp.", inter.clone())?
+                    } else {
+                        let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
+                        let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
+                        let gate_up = linear(&Tensor::f_cat(&[gate, up], 0)?, None)?;
+                        let down =
+                            whole(src, "mlp.down_proj.weight")?.f_narrow(1, inter.start as i64, inter.len() as i64)?;
+                        (gate_up, linear(&down, None)?)
+                    };
+                    Ffn::Dense(Mlp {
+                        gate_up: ColumnParallel { linear: gate_up },
+                        down: RowParallel { linear: down },
+                        intermediate: plan.intermediate_per_shard as i64,
+                    })
+                }
+            };
             layers.push(DecoderLayer {
                 input_layernorm,
-                self_attn: Attention { qkv, o, heads: plan.heads_per_shard as i64, kv_heads: plan.kv_per_shard as i64 },
+                self_attn: Attention {
+                    qkv,
+                    o,
+                    qk_norm,
+                    heads: plan.heads_per_shard as i64,
+                    kv_heads: plan.kv_per_shard as i64,
+                },
                 post_self_attn_layernorm,
                 post_attention_layernorm,
-                mlp: Mlp { gate_up, down, intermediate: plan.intermediate_per_shard as i64 },
+                mlp: ffn,
                 post_mlp_layernorm,
             });
         }
@@ -379,7 +513,7 @@ impl Glm {
     /// Whether some weight is stored in column blocks for worker threads (CPU only).
     pub fn splits_weights(&self) -> bool {
         self.lm_head.as_ref().is_some_and(|h| h.linear.parts.len() > 1)
-            || self.layers.iter().any(|l| l.mlp.gate_up.linear.parts.len() > 1)
+            || self.layers.iter().any(|l| l.mlp.dense().is_some_and(|m| m.gate_up.linear.parts.len() > 1))
     }
 
     /// The device this rank's weights and activations are on.
@@ -394,7 +528,8 @@ impl Glm {
             + self.norm.as_ref().map_or(0, |t| t.numel() as i64);
         for l in &self.layers {
             n += l.self_attn.qkv.linear.numel() + l.self_attn.o.linear.numel();
-            n += l.mlp.gate_up.linear.numel() + l.mlp.down.linear.numel();
+            n += l.mlp.numel();
+            n += l.self_attn.qk_norm.as_ref().map_or(0, |(q, k)| (q.numel() + k.numel()) as i64);
             let norms = [Some(&l.input_layernorm), Some(&l.post_attention_layernorm)];
             let more = [l.post_self_attn_layernorm.as_ref(), l.post_mlp_layernorm.as_ref()];
             n += norms.into_iter().chain(more).flatten().map(|t| t.numel() as i64).sum::<i64>();
@@ -537,7 +672,7 @@ impl DecoderLayer {
         group: &ProcessGroup,
     ) -> Result<Tensor> {
         let x = rms_norm(&h, &self.input_layernorm, eps, rounding)?;
-        let a = self.self_attn.forward(&x, step, kv, dims)?;
+        let a = self.self_attn.forward(&x, step, kv, dims, rounding)?;
         match &self.post_self_attn_layernorm {
             None if fuse => self.self_attn.o.add_into(&a, &h, group)?,
             post => {
@@ -549,11 +684,20 @@ impl DecoderLayer {
             }
         }
         let x = rms_norm(&h, &self.post_attention_layernorm, eps, rounding)?;
-        let m = self.mlp.activations(&x, dims.act)?;
+        let mlp = match &self.mlp {
+            Ffn::Dense(mlp) => mlp,
+            Ffn::Moe(moe) => {
+                // cannot fire: a layer with experts comes from a config with MoE sizes.
+                let m =
+                    dims.moe.as_ref().ok_or_else(|| Error::InvalidArgument("an MoE layer without MoE sizes".into()))?;
+                return Ok(h.f_add(&moe.forward(&x, m, dims.act, group)?)?);
+            }
+        };
+        let m = mlp.activations(&x, dims.act)?;
         match &self.post_mlp_layernorm {
-            None if fuse => self.mlp.down.add_into(&m, &h, group)?,
+            None if fuse => mlp.down.add_into(&m, &h, group)?,
             post => {
-                let mut m = self.mlp.down.forward(&m, group)?;
+                let mut m = mlp.down.forward(&m, group)?;
                 if let Some(w) = post {
                     m = rms_norm(&m, w, eps, rounding)?;
                 }
@@ -567,12 +711,17 @@ impl DecoderLayer {
 impl Attention {
     /// This rank's heads' attention output, o_proj's input ([B, T, heads·D]); the step's
     /// keys and values are written into `kv` first.
-    fn forward(&self, x: &Tensor, step: &Step, kv_cache: &Tensor, dims: &Dims) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, step: &Step, kv_cache: &Tensor, dims: &Dims, rounding: Rounding) -> Result<Tensor> {
         let (b, t) = (x.size3()?.0, step.len);
         let d = dims.head_dim as i64;
         let (hl, kvl) = (self.heads, self.kv_heads);
         let g = hl / kvl; // cannot fire: a rank holds at least one kv head (ShardPlan)
         let qkv = self.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
+        if let Some((qn, kn)) = &self.qk_norm {
+            let (q, k) = (qkv.f_narrow(2, 0, hl)?, qkv.f_narrow(2, hl, kvl)?);
+            q.shallow_clone().f_copy_(&rms_norm(&q, qn, dims.eps, rounding)?)?;
+            k.shallow_clone().f_copy_(&rms_norm(&k, kn, dims.eps, rounding)?)?;
+        }
         // q and k are rotated in place, so keys and values stay side by side as the
         // projection left them and one write a step stores both in the cache.
         let qk = qkv.f_narrow(2, 0, hl + kvl)?;
@@ -624,18 +773,82 @@ impl Mlp {
     }
 }
 
-/// Parameters a rank holds for `layers` layers of its stage (first and last stages add the
-/// embedding, the final norm and lm_head), from the plan: what the memory check compares
-/// before anything is allocated.
-pub fn rank_parameter_count(d: &Dims, plan: &ShardPlan, layers: usize, first: bool, last: bool) -> u64 {
+/// Parameters a rank holds for the layers `layers` of its stage (first and last stages add
+/// the embedding, the final norm and lm_head), from the plan: what the memory check
+/// compares before anything is allocated.
+pub fn rank_parameter_count(
+    d: &Dims,
+    plan: &ShardPlan,
+    layers: std::ops::Range<usize>,
+    first: bool,
+    last: bool,
+) -> u64 {
     let (h, hd) = (d.hidden as u64, d.head_dim as u64);
     let (q, kv) = (plan.heads_per_shard as u64 * hd, plan.kv_per_shard as u64 * hd);
     let inter = plan.intermediate_per_shard as u64;
     let norms = if d.family == Family::Glm4 { 4 } else { 2 };
     let bias = if d.attention_bias { q + 2 * kv } else { 0 };
-    let per_layer = (q + 2 * kv) * h + bias + q * h + 3 * inter * h + norms * h;
+    let qk_norm = if d.moe.as_ref().is_some_and(|m| m.qk_norm) { 2 * hd } else { 0 };
+    let attention = (q + 2 * kv) * h + bias + q * h + norms * h + qk_norm;
+    let dense = attention + 3 * inter * h;
+    let (count, moe_layer) = match &d.moe {
+        None => (layers.len() as u64, 0),
+        Some(m) => {
+            let experts = m.experts as u64;
+            let routed = experts.saturating_mul(3 * plan.expert_width_per_shard as u64 * h);
+            let shared = 3 * plan.shared_width_per_shard as u64 * h;
+            let dense_here = layers.clone().filter(|&l| !m.is_moe_layer(l)).count() as u64;
+            let moe_here = layers.len() as u64 - dense_here;
+            let per_moe = attention + experts * h + experts + routed.saturating_add(shared);
+            (dense_here, per_moe.saturating_mul(moe_here))
+        }
+    };
     let vocab_rows = plan.vocab_per_shard as u64 * h;
     let embed = if first && !(d.tie_embeddings && last) { vocab_rows } else { 0 };
     let head = if last { vocab_rows + h } else { 0 };
-    per_layer.saturating_mul(layers as u64).saturating_add(embed).saturating_add(head)
+    dense.saturating_mul(count).saturating_add(moe_layer).saturating_add(embed).saturating_add(head)
+}
+
+/// The head_dim channel order that turns glm4_moe's rotate-half rotary embedding into the
+/// interleaved one: channels `i` and `i + R/2` of the rotary part become neighbours `2i`,
+/// `2i + 1`; channels past the rotary part stay.
+fn rotate_half_order(head_dim: usize, rotary: usize, dev: Device) -> Result<Tensor> {
+    let half = rotary / 2;
+    let order: Vec<i64> =
+        (0..half).flat_map(|i| [i as i64, (i + half) as i64]).chain((rotary as i64)..head_dim as i64).collect();
+    Ok(Tensor::f_from_slice(&order)?.f_to_device(dev)?)
+}
+
+/// A whole tensor in `kind` (the router stays in f32 whatever the model's dtype).
+fn whole_as(
+    src: &mut dyn WeightSource,
+    shapes: &dyn Fn(&str) -> Vec<i64>,
+    name: &str,
+    kind: Kind,
+    dev: Device,
+) -> Result<Tensor> {
+    src.rows(name, &shapes(name), None, kind, dev)
+}
+
+/// Expert `e`'s gate/up and down weights (this rank's columns `cols` of its `width`)
+/// from transformers 5's fused `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I].
+#[allow(clippy::too_many_arguments)]
+fn expert_from_fused(
+    src: &mut dyn WeightSource,
+    shapes: &dyn Fn(&str) -> Vec<i64>,
+    prefix: &str,
+    e: usize,
+    width: usize,
+    cols: std::ops::Range<usize>,
+    kind: Kind,
+    dev: Device,
+) -> Result<(Tensor, Tensor)> {
+    let gu_name = format!("{prefix}.mlp.experts.gate_up_proj");
+    let down_name = format!("{prefix}.mlp.experts.down_proj");
+    let gu = src.rows(&gu_name, &shapes(&gu_name), Some((e, 1)), kind, dev)?.f_squeeze_dim(0)?;
+    let (start, len) = (cols.start as i64, cols.len() as i64);
+    let gate_up = Tensor::f_cat(&[gu.f_narrow(0, start, len)?, gu.f_narrow(0, width as i64 + start, len)?], 0)?;
+    let down = src.rows(&down_name, &shapes(&down_name), Some((e, 1)), kind, dev)?.f_squeeze_dim(0)?;
+    let down = down.f_narrow(1, start, len)?;
+    Ok((gate_up, down))
 }

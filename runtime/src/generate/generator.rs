@@ -261,6 +261,13 @@ fn choose_path(model: &Glm, mode: DecodeMode) -> Result<(DecodePath, Option<Stri
                 "CUDA graphs are not captured around collectives: a run of several ranks decodes eagerly".to_owned(),
             ));
         }
+        if model.dims.moe.is_some() {
+            return Err(Error::InvalidArgument(
+                "CUDA graphs are not captured around mixture-of-experts layers (each step reads how many tokens \
+                 every expert got): glm4_moe decodes eagerly"
+                    .to_owned(),
+            ));
+        }
         crate::cuda_graph::available()
     };
     Ok(match mode {

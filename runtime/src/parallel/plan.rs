@@ -24,6 +24,10 @@ pub struct ShardPlan {
     /// How many shards hold each kv head (1 unless replicated).
     pub kv_replicas: usize,
     pub intermediate_per_shard: usize,
+    /// glm4_moe: each routed expert's channels on one shard (0 for a dense family).
+    pub expert_width_per_shard: usize,
+    /// glm4_moe: the shared experts' channels on one shard.
+    pub shared_width_per_shard: usize,
     /// The vocabulary after padding to a multiple of the size.
     pub padded_vocab: usize,
     pub vocab_per_shard: usize,
@@ -53,6 +57,8 @@ impl ShardPlan {
             kv_per_shard,
             kv_replicas,
             intermediate_per_shard: d.intermediate / size,
+            expert_width_per_shard: d.moe.as_ref().map_or(0, |m| m.width / size),
+            shared_width_per_shard: d.moe.as_ref().map_or(0, |m| m.shared_width / size),
             padded_vocab,
             vocab_per_shard: padded_vocab / size,
         })

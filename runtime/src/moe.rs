@@ -1,0 +1,124 @@
+//! glm4_moe's mixture-of-experts MLP (GLM-4.5, 4.6, 4.7), in the order data flows: the
+//! router (sigmoid scores in f32, the correction bias only to choose, group-limited top-k),
+//! the routed experts (each run on the tokens routed to it only), the shared experts.
+//!
+//! With tensor parallelism each expert's width is split over the ranks (gate and up by
+//! matching column blocks, down by the same rows), so a rank's routed and shared outputs
+//! are partial sums, added up by one all-reduce.
+
+use tch::{Kind, Tensor};
+
+use crate::config::{Activation, MoeDims};
+use crate::error::{Error, Result};
+use crate::nn::Linear;
+use crate::parallel::group::ProcessGroup;
+
+/// One expert's (or the shared experts') part on this rank: gate and up fused.
+pub struct ExpertMlp {
+    pub gate_up: Linear,
+    pub down: Linear,
+    /// Channels of this rank.
+    pub width: i64,
+}
+
+impl ExpertMlp {
+    /// `down(act(gate(x)) * up(x))`, this rank's partial sum.
+    fn forward(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
+        let gu = self.gate_up.forward(x)?;
+        let gate = gu.f_narrow(-1, 0, self.width)?;
+        let up = gu.f_narrow(-1, self.width, self.width)?;
+        self.down.forward(&act.apply(&gate)?.f_mul(&up)?)
+    }
+
+    pub fn numel(&self) -> i64 {
+        self.gate_up.numel() + self.down.numel()
+    }
+}
+
+/// The router and the experts of one layer.
+pub struct Moe {
+    /// `[E, H]`, f32 whatever the model dtype (transformers keeps it in f32).
+    pub router: Tensor,
+    /// `[E]`, f32: added to the scores to choose experts, never to weigh them.
+    pub correction_bias: Tensor,
+    pub experts: Vec<ExpertMlp>,
+    pub shared: Option<ExpertMlp>,
+}
+
+impl Moe {
+    /// Parameters this rank holds.
+    pub fn numel(&self) -> i64 {
+        (self.router.numel() + self.correction_bias.numel()) as i64
+            + self.experts.iter().map(ExpertMlp::numel).sum::<i64>()
+            + self.shared.as_ref().map_or(0, ExpertMlp::numel)
+    }
+
+    /// The chosen experts of each token and their weights: `([N, k] int64, [N, k] f32)`,
+    /// computed as transformers' Glm4MoeTopkRouter does.
+    pub fn route(&self, x: &Tensor, m: &MoeDims) -> Result<(Tensor, Tensor)> {
+        let logits = x.f_to_kind(Kind::Float)?.f_matmul(&self.router.f_transpose(0, 1)?)?;
+        let scores = logits.f_sigmoid()?;
+        let mut choice = scores.f_add(&self.correction_bias)?;
+        let n = choice.size()[0];
+        if m.groups > 1 {
+            let (g, per) = (m.groups as i64, (m.experts / m.groups) as i64);
+            // Each group's score is the sum of its two best experts; the topk_group best
+            // groups stay, the others' experts are masked out.
+            let (top2, _) = choice.f_view([n, g, per])?.f_topk(2, -1, true, true)?;
+            let group_scores = top2.f_sum_dim_intlist(-1, false, Kind::Float)?;
+            let (_, groups) = group_scores.f_topk(m.topk_group as i64, -1, true, false)?;
+            let keep = Tensor::f_zeros([n, g], (Kind::Float, x.device()))?
+                .f_scatter_value(1, &groups, 1.0)?
+                .f_to_kind(Kind::Bool)?;
+            let keep = keep.f_unsqueeze(-1)?.f_expand([n, g, per], false)?.f_reshape([n, g * per])?;
+            choice = choice.f_masked_fill(&keep.f_logical_not()?, f64::NEG_INFINITY)?;
+        }
+        let (_, chosen) = choice.f_topk(m.per_token as i64, -1, true, false)?;
+        let mut weights = scores.f_gather(1, &chosen, false)?;
+        if m.norm_topk_prob {
+            weights = weights.f_div(&weights.f_sum_dim_intlist(-1, true, Kind::Float)?.f_add_scalar(1e-20)?)?;
+        }
+        Ok((chosen, weights.f_mul_scalar(m.scaling)?))
+    }
+
+    /// The layer's output for `x` ([B, T, H]): routed experts weighted, plus the shared
+    /// experts, summed over the tensor-parallel group.
+    pub fn forward(&self, x: &Tensor, m: &MoeDims, act: Activation, group: &ProcessGroup) -> Result<Tensor> {
+        let shape = x.size();
+        let h = *shape.last().ok_or_else(|| Error::InvalidArgument("an MoE input without dimensions".into()))?;
+        let flat = x.f_reshape([-1, h])?;
+        let (chosen, weights) = self.route(&flat, m)?;
+        let k = m.per_token as i64;
+        // The (token, slot) pairs sorted by expert: each expert's tokens are one slice.
+        let by_expert = chosen.f_reshape([-1])?;
+        let order = by_expert.f_argsort(0, false)?;
+        let counts = by_expert.f_bincount(None::<Tensor>, m.experts as i64)?;
+        let counts: Vec<i64> = Vec::<i64>::try_from(&counts.f_to_device(tch::Device::Cpu)?)?;
+        let tokens = order.f_floor_divide_scalar(k)?;
+        let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?;
+        let out = Tensor::f_zeros_like(&flat)?;
+        let mut start = 0;
+        for (e, &count) in counts.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let expert = self
+                .experts
+                .get(e)
+                .ok_or_else(|| Error::InvalidArgument(format!("the router chose expert {e}, which is not loaded")))?;
+            let rows = tokens.f_narrow(0, start, count)?;
+            let y = expert.forward(&flat.f_index_select(0, &rows)?, act)?;
+            // As transformers: the product with the f32 weight, then back to the model dtype.
+            let w = slot_weights.f_narrow(0, start, count)?.f_unsqueeze(-1)?;
+            let y = y.f_to_kind(Kind::Float)?.f_mul(&w)?.f_to_kind(flat.kind())?;
+            let _ = out.shallow_clone().f_index_add_(0, &rows, &y)?;
+            start += count;
+        }
+        let out = match &self.shared {
+            Some(s) => out.f_add(&s.forward(&flat, act)?)?,
+            None => out,
+        };
+        group.all_reduce_sum(&out)?;
+        Ok(out.f_reshape(&shape)?)
+    }
+}
