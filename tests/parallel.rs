@@ -20,22 +20,29 @@ fn greedy(n: usize) -> GenerateOptions {
 
 /// Whether a fixture's layout splits over `tp x pp` ranks (the runtime's defaults: kv
 /// replication allowed, uneven stages allowed).
-fn splits(dir: &std::path::Path, tp: usize, pp: usize) -> bool {
+fn splits(dir: &std::path::Path, tp: usize, pp: usize, ep: usize) -> bool {
     let d = load(dir).dims;
-    ShardPlan::new(&d, tp, true, 1).is_ok() && pp <= d.layers
+    ShardPlan::new(&d, tp, true, 1).and_then(|p| p.with_expert_parallel(&d, ep)).is_ok() && pp <= d.layers
 }
 
 /// On every fixture `tp x pp` can split: this rank's parts, and the run's outputs against
 /// transformers' and the run of one rank.
 fn check_layout(env: &RankEnv, tp: usize, pp: usize) {
+    check_layout_ep(env, tp, pp, 1, 4);
+}
+
+/// `check_layout` with the routed experts of glm4_moe placed whole on `ep` groups of each
+/// stage's tensor-parallel ranks; at least `fixtures` fixtures must split.
+fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usize) {
     let mut parallel = join(env, tp, pp);
     let mut ran = 0;
     for dir in model_fixtures() {
-        if !splits(&dir, tp, pp) {
+        if !splits(&dir, tp, pp, ep) {
             continue;
         }
-        let what = format!("{} tp {tp} pp {pp} rank {}", name(&dir), env.rank);
-        let m = Glm::load_rank(&dir, &LoadOptions::default(), parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let what = format!("{} tp {tp} pp {pp} ep {ep} rank {}", name(&dir), env.rank);
+        let opts = LoadOptions { expert_parallel: ep, ..LoadOptions::default() };
+        let m = Glm::load_rank(&dir, &opts, parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
         let r = reference(&dir);
         let d = &m.dims;
 
@@ -53,10 +60,14 @@ fn check_layout(env: &RankEnv, tp: usize, pp: usize) {
                     assert_eq!(mlp.gate_up.linear.shape(), vec![d.hidden as i64, 2 * p.intermediate_per_shard as i64]);
                     assert_eq!(mlp.down.linear.shape(), vec![p.intermediate_per_shard as i64, d.hidden as i64]);
                 }
-                // Every expert on every rank, each with its share of the width.
+                // n_routed_experts / ep whole experts on each rank, each with its share of
+                // the width (all of it when ep = tp).
                 Ffn::Moe(moe) => {
                     let w = p.expert_width_per_shard as i64;
-                    assert_eq!(moe.experts.len(), d.moe.as_ref().map_or(0, |m| m.experts), "{what}");
+                    let experts = d.moe.as_ref().map_or(0, |m| m.experts);
+                    assert_eq!(moe.experts.len(), experts / ep, "{what}");
+                    assert_eq!(moe.first_expert, p.experts(m.parallel.tp_rank).start, "{what}");
+                    assert_eq!(w as usize * tp / ep, d.moe.as_ref().map_or(0, |m| m.width), "{what}");
                     for e in &moe.experts {
                         assert_eq!(e.gate_up.shape(), vec![d.hidden as i64, 2 * w], "{what}");
                         assert_eq!(e.down.shape(), vec![w, d.hidden as i64], "{what}");
@@ -141,7 +152,22 @@ fn check_layout(env: &RankEnv, tp: usize, pp: usize) {
         parallel = m.into_parallel();
         ran += 1;
     }
-    assert!(ran >= 4, "tp {tp} pp {pp}: only {ran} fixtures split");
+    assert!(ran >= fixtures, "tp {tp} pp {pp} ep {ep}: only {ran} fixtures split");
+}
+
+/// glm4_moe's experts on 2 ranks, 4 whole experts each.
+#[test]
+fn expert_parallel_2() {
+    let Some(env) = as_ranks("expert_parallel_2", 2) else { return };
+    check_layout_ep(&env, 2, 1, 2, 1);
+}
+
+/// 4 tensor-parallel ranks in 2 expert groups: each expert is held by two ranks, half its
+/// width each; attention is split 4 ways.
+#[test]
+fn tensor_4_with_expert_parallel_2() {
+    let Some(env) = as_ranks("tensor_4_with_expert_parallel_2", 4) else { return };
+    check_layout_ep(&env, 4, 1, 2, 1);
 }
 
 #[test]

@@ -43,6 +43,8 @@ pub enum Error {
     TensorParallel { size: usize, reason: String },
     #[error("pipeline-parallel size {size} is not legal for this model: {reason}")]
     PipelineParallel { size: usize, reason: String },
+    #[error("expert-parallel size {size} is not legal for this run: {reason}")]
+    ExpertParallel { size: usize, reason: String },
     /// A failure of the ranks of a parallel run: rendezvous, a collective, a peer that died
     /// or disagrees.
     #[error("{0}")]

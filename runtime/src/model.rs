@@ -166,6 +166,10 @@ pub struct LoadOptions {
     pub weight_layout: WeightLayout,
     /// Where half-precision results are rounded (see [`Rounding`]).
     pub rounding: Rounding,
+    /// glm4_moe: groups of the tensor-parallel ranks that hold whole experts (1: every rank
+    /// holds every expert, a part of its width). Divides the tensor-parallel size and the
+    /// experts.
+    pub expert_parallel: usize,
 }
 
 impl Default for LoadOptions {
@@ -180,6 +184,7 @@ impl Default for LoadOptions {
             cpu_threads: None,
             weight_layout: WeightLayout::Auto,
             rounding: Rounding::Transformers,
+            expert_parallel: 1,
         }
     }
 }
@@ -283,12 +288,14 @@ impl Glm {
             ("kv_replication", opts.kv_replication.to_string()),
             ("vocab_padding", opts.vocab_padding.to_string()),
             ("uneven_pipeline", opts.uneven_pipeline.to_string()),
+            ("expert_parallel", opts.expert_parallel.to_string()),
         ]
     }
 
     fn build(dims: Dims, opts: &LoadOptions, parallel: Parallel, src: &mut dyn WeightSource) -> Result<Glm> {
         let _guard = tch::no_grad_guard();
-        let plan = ShardPlan::new(&dims, parallel.tp, opts.kv_replication, opts.vocab_padding)?;
+        let plan = ShardPlan::new(&dims, parallel.tp, opts.kv_replication, opts.vocab_padding)?
+            .with_expert_parallel(&dims, opts.expert_parallel)?;
         crate::parallel::plan::check_pipeline(&dims, parallel.pp, opts.uneven_pipeline)?;
         let stage_layers = crate::parallel::plan::stage_layers(dims.layers, parallel.pp, parallel.stage);
         let (first, last) = (parallel.is_first_stage(), parallel.is_last_stage());
@@ -398,9 +405,10 @@ impl Glm {
                     let correction_bias =
                         whole_as(src, &shape, &format!("{p}.mlp.gate.e_score_correction_bias"), f32, dev)?;
                     let w = plan.expert_width_per_shard;
-                    let cols = s * w..(s + 1) * w;
+                    let cols = plan.expert_width(s);
                     let mut experts = Vec::new();
-                    for e in 0..m.experts {
+                    let local = plan.experts(s);
+                    for e in local.clone() {
                         let (gate_up, down) = if m.fused_experts {
                             let (gu, dn) = expert_from_fused(src, &shape, &p, e, m.width, cols.clone(), kind, dev)?;
                             (linear(&gu, None)?, linear(&dn, None)?)
@@ -416,7 +424,7 @@ impl Glm {
                     } else {
                         None
                     };
-                    Ffn::Moe(Moe { router, correction_bias, experts, shared })
+                    Ffn::Moe(Moe { router, correction_bias, first_expert: local.start, experts, shared })
                 }
                 _ => {
                     let (gate_up, down) = if dims.moe.is_some() {
@@ -795,7 +803,7 @@ pub fn rank_parameter_count(
         None => (layers.len() as u64, 0),
         Some(m) => {
             let experts = m.experts as u64;
-            let routed = experts.saturating_mul(3 * plan.expert_width_per_shard as u64 * h);
+            let routed = (plan.experts_per_rank as u64).saturating_mul(3 * plan.expert_width_per_shard as u64 * h);
             let shared = 3 * plan.shared_width_per_shard as u64 * h;
             let dense_here = layers.clone().filter(|&l| !m.is_moe_layer(l)).count() as u64;
             let moe_here = layers.len() as u64 - dense_here;

@@ -3,8 +3,10 @@
 //! the routed experts (each run on the tokens routed to it only), the shared experts.
 //!
 //! With tensor parallelism each expert's width is split over the ranks (gate and up by
-//! matching column blocks, down by the same rows), so a rank's routed and shared outputs
-//! are partial sums, added up by one all-reduce.
+//! matching column blocks, down by the same rows); with expert parallelism the ranks of a
+//! tensor-parallel group hold whole experts, `n_routed_experts / ep` each (split in width
+//! over the `tp / ep` ranks that share them). Either way a rank's routed and shared outputs
+//! are partial sums, added up by one all-reduce; the routing is computed on every rank.
 
 use tch::{Kind, Tensor};
 
@@ -41,6 +43,9 @@ pub struct Moe {
     pub router: Tensor,
     /// `[E]`, f32: added to the scores to choose experts, never to weigh them.
     pub correction_bias: Tensor,
+    /// The routed experts this rank holds: `first_expert..first_expert + experts.len()`
+    /// (all of them without expert parallelism).
+    pub first_expert: usize,
     pub experts: Vec<ExpertMlp>,
     pub shared: Option<ExpertMlp>,
 }
@@ -98,14 +103,14 @@ impl Moe {
         let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?;
         let out = Tensor::f_zeros_like(&flat)?;
         let mut start = 0;
+        let local = self.first_expert..self.first_expert + self.experts.len();
         for (e, &count) in counts.iter().enumerate() {
-            if count == 0 {
+            if count == 0 || !local.contains(&e) {
+                // Another rank's expert (expert parallelism): its tokens are skipped here.
+                start += count;
                 continue;
             }
-            let expert = self
-                .experts
-                .get(e)
-                .ok_or_else(|| Error::InvalidArgument(format!("the router chose expert {e}, which is not loaded")))?;
+            let expert = &self.experts[e - self.first_expert]; // cannot fire: `local` holds e
             let rows = tokens.f_narrow(0, start, count)?;
             let y = expert.forward(&flat.f_index_select(0, &rows)?, act)?;
             // As transformers: the product with the f32 weight, then back to the model dtype.

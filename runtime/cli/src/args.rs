@@ -87,6 +87,12 @@ pub struct ParallelArgs {
     /// Pipeline stages: processes holding contiguous blocks of layers.
     #[arg(long = "pp", default_value_t = 1, value_name = "N", value_parser = at_least_one)]
     pub pipeline_parallel: usize,
+    /// glm4_moe: expert-parallel groups within each tensor-parallel group. The --tp ranks
+    /// then hold whole experts, n_routed_experts / N each (split in width over the
+    /// tp / N ranks that share them), instead of a part of every expert. Must divide --tp
+    /// and n_routed_experts.
+    #[arg(long = "ep", default_value_t = 1, value_name = "N", value_parser = at_least_one)]
+    pub expert_parallel: usize,
     /// Seconds a rank waits for another before giving up (a rank that dies is noticed at
     /// once; the other ranks stop within this). It must cover the longest step one rank
     /// waits for another: a pipeline stage waits for the earlier stages' prefill.

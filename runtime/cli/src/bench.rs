@@ -48,6 +48,7 @@ pub fn load(b: &BenchArgs, quiet: bool) -> Result<Glm> {
         device: rank_device(parse_device(&r.device)?, &parallel),
         progress_above_bytes: if quiet || parallel.rank != 0 { None } else { Some(200 << 20) },
         weight_layout: r.weight_layout.into(),
+        expert_parallel: r.parallel.expert_parallel,
         rounding: r.rounding.into(),
         ..Default::default()
     };

@@ -21,6 +21,7 @@ pub fn load(dir: &Path, r: &RuntimeArgs, quiet: bool) -> Result<Glm> {
         progress_above_bytes: if quiet { None } else { Some(200 << 20) },
         rounding: r.rounding.into(),
         weight_layout: r.weight_layout.into(),
+        expert_parallel: r.parallel.expert_parallel,
         ..Default::default()
     };
     Glm::load_rank(dir, &opts, parallel)

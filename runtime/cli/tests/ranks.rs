@@ -354,3 +354,25 @@ fn illegal_sizes_are_one_error_before_any_rank_starts() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("invalid value '0' for '--tp <N>': must be at least 1"), "{}", stderr(&o));
 }
+
+/// glm4_moe over 2 ranks holding 4 whole experts each (`--ep 2`) gives transformers'
+/// logits; an expert-parallel size that does not fit the run is refused with its reason.
+#[test]
+fn expert_parallel_logits_equal_transformers() {
+    let dir = fixture("glm4moe-grouped");
+    let (ids, want) = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("logits.safetensors");
+    let run = |extra: &[&str], model: &str| {
+        let args = ["logits", "-q", "--model", model, "--ids", &ids, "--out"];
+        run_bounded(bin().args(args).arg(&out).args(extra), Duration::from_secs(120))
+    };
+    let o = run(&["--tp", "2", "--ep", "2"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_logits_match(&out, &want);
+    expect_fail(
+        &run(&["--ep", "2"], &dir),
+        "expert-parallel size 2 is not legal for this run: experts are placed on the ranks of a tensor-parallel group, so the size must divide the tensor-parallel size 1",
+    );
+    expect_fail(&run(&["--tp", "2", "--ep", "2"], &fixture("glm-gqa2")), "glm has no experts to place");
+}

@@ -24,7 +24,12 @@ pub struct ShardPlan {
     /// How many shards hold each kv head (1 unless replicated).
     pub kv_replicas: usize,
     pub intermediate_per_shard: usize,
-    /// glm4_moe: each routed expert's channels on one shard (0 for a dense family).
+    /// glm4_moe: expert-parallel groups within the tensor-parallel group (1: every rank
+    /// holds every expert); each group holds `experts_per_rank` whole experts.
+    pub expert_parallel: usize,
+    pub experts_per_rank: usize,
+    /// glm4_moe: each routed expert's channels on one shard (0 for a dense family): the
+    /// width split over the `size / expert_parallel` ranks that share an expert.
     pub expert_width_per_shard: usize,
     /// glm4_moe: the shared experts' channels on one shard.
     pub shared_width_per_shard: usize,
@@ -57,6 +62,8 @@ impl ShardPlan {
             kv_per_shard,
             kv_replicas,
             intermediate_per_shard: d.intermediate / size,
+            expert_parallel: 1,
+            experts_per_rank: d.moe.as_ref().map_or(0, |m| m.experts),
             expert_width_per_shard: d.moe.as_ref().map_or(0, |m| m.width / size),
             shared_width_per_shard: d.moe.as_ref().map_or(0, |m| m.shared_width / size),
             padded_vocab,
@@ -76,6 +83,49 @@ impl ShardPlan {
     pub fn kv_heads(&self, s: usize) -> Range<usize> {
         let first = (s / self.kv_replicas) * self.kv_per_shard;
         first..first + self.kv_per_shard
+    }
+
+    /// The plan with glm4_moe's routed experts placed whole on `ep` groups of the
+    /// tensor-parallel ranks (ranks `s` with the same `s / (size / ep)` hold the same
+    /// experts, each a part of their width). `ep` must divide the tensor-parallel size and
+    /// the experts.
+    pub fn with_expert_parallel(mut self, d: &Dims, ep: usize) -> Result<ShardPlan> {
+        if ep == 1 {
+            return Ok(self);
+        }
+        let refuse = |reason: String| Err(Error::ExpertParallel { size: ep, reason });
+        let Some(m) = &d.moe else {
+            return refuse(format!(
+                "{} has no experts to place: only glm4_moe runs with --ep above 1",
+                d.family.model_type()
+            ));
+        };
+        if ep == 0 || !self.size.is_multiple_of(ep) {
+            return refuse(format!(
+                "experts are placed on the ranks of a tensor-parallel group, so the size must divide the tensor-parallel size {}",
+                self.size
+            ));
+        }
+        if let Err(v) = d.config.validate_sizes(&[], &[], &[ep as u64]) {
+            return refuse(v.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "));
+        }
+        let sharing = self.size / ep; // cannot fire: ep divides size, checked above
+        self.expert_parallel = ep;
+        self.experts_per_rank = m.experts / ep;
+        self.expert_width_per_shard = m.width / sharing;
+        Ok(self)
+    }
+
+    /// The routed experts shard `s` holds.
+    pub fn experts(&self, s: usize) -> Range<usize> {
+        let group = s / (self.size / self.expert_parallel).max(1);
+        group * self.experts_per_rank..(group + 1) * self.experts_per_rank
+    }
+
+    /// The channels of each of its experts shard `s` holds.
+    pub fn expert_width(&self, s: usize) -> Range<usize> {
+        let part = s % (self.size / self.expert_parallel).max(1);
+        part * self.expert_width_per_shard..(part + 1) * self.expert_width_per_shard
     }
 
     /// The intermediate (MLP) channels of shard `s`.
