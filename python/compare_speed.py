@@ -24,6 +24,8 @@ SHAPES = {
     "4-layer": ["--config", "python/bench/glm-4layer.json"],
     "12-layer": ["--config", "python/bench/glm-12layer.json"],
     "glm-4-9b": ["--config", "python/bench/glm-4-9b.json"],
+    # glm4_moe: 4 layers (1 dense), hidden 512, 64 experts of width 256, 8 a token.
+    "moe-4-layer": ["--config", "python/bench/glm4moe-4layer.json"],
 }
 
 

@@ -88,13 +88,17 @@ fn a_kept_decoder_serves_padded_rows_after_unpadded_ones() {
 /// transformers' bf16 logits bit for bit, tests/parity.rs). Attention over the whole
 /// capacity sums its softmax in another order, which moves a bf16 logit by a step or two
 /// (measured up to 0.125 at |logit| 15, 0.8% of the largest), so tokens may part only where
-/// the two best logits are that close: a near-tie. Compared up to the first parting.
+/// the two best logits are that close: a near-tie. Compared up to the first parting. Dense
+/// fixtures only: in glm4_moe such a step can also change which expert a token is routed
+/// to, a discrete change no tolerance bounds (glm4_moe decodes eagerly; its f32 static
+/// steps are checked above).
 #[test]
 fn static_steps_follow_eager_steps_in_bf16() {
     const TOLERANCE: f64 = 0.02; // of the largest logit
-    for (dir, rounding) in
-        model_fixtures().into_iter().flat_map(|d| [(d.clone(), Rounding::Transformers), (d, Rounding::Fused)])
-    {
+    let dense = model_fixtures()
+        .into_iter()
+        .filter(|d| headcount::Config::from_file(d.join("config.json")).is_ok_and(|c| !c.family.is_moe()));
+    for (dir, rounding) in dense.flat_map(|d| [(d.clone(), Rounding::Transformers), (d, Rounding::Fused)]) {
         let model = Glm::load(&dir, &LoadOptions { dtype: DType::Bf16, rounding, ..Default::default() }).unwrap();
         let prompts = padded_batch(&dir);
         let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());

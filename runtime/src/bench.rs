@@ -145,7 +145,8 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     let ranks = all.chunks(2).map(|r| RankReport { peak_rss_bytes: (r[0] >= 0).then_some(r[0]), parameters: r[1] });
     let ranks: Vec<RankReport> = ranks.collect();
     // The memory bound of a decode step: every weight read once (the embedding only a row
-    // of, unless tied to lm_head) at the devices' copy bandwidth, counted read plus write.
+    // of, unless tied to lm_head; glm4_moe's unchosen experts not at all) at the devices'
+    // copy bandwidth, counted read plus write.
     // Every rank copies at once and their bandwidths add up (ranks on one CPU share it).
     p.world.barrier()?;
     let own = copy_bandwidth(device)?;
@@ -156,7 +157,14 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     let d = &model.dims;
     let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
     let elt = model.dtype.kind().elt_size_in_bytes() as f64;
-    let weight_bytes = (d.parameter_count() as f64 - embedding as f64) * elt;
+    // glm4_moe reads only the experts its tokens chose: at most batch x experts a token of
+    // them each layer (the active weights), not all of them.
+    let unread = d.moe.as_ref().map_or(0.0, |m| {
+        let read = (opts.batch * m.per_token).min(m.experts);
+        let moe_layers = d.layers.saturating_sub(m.dense_layers);
+        ((m.experts - read) * 3 * m.width * d.hidden * moe_layers) as f64
+    });
+    let weight_bytes = (d.parameter_count() as f64 - embedding as f64 - unread) * elt;
     let bound = opts.batch as f64 * bandwidth / weight_bytes.max(1.0);
     let decode_median = median(&mut decode);
     Ok(Some(BenchReport {
