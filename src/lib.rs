@@ -86,8 +86,9 @@
 
 pub use headcount_macros::Architecture;
 pub use headcount_spec::{
-    ArchSpec, Architecture, Config, ConfigError, Family, LayoutError, SupportsExpertParallel, SupportsPipelineParallel,
-    SupportsTensorParallel, ValidationError, keys, rules,
+    ArchSpec, Architecture, BlockQuant, Config, ConfigError, Engine, EngineLayout, Family, LayoutError,
+    SupportsDataParallel, SupportsExpertParallel, SupportsPipelineParallel, SupportsTensorParallel, ValidationError,
+    keys, rules,
 };
 
 /// The rules crate, for code that needs more than the re-exports.

@@ -64,6 +64,10 @@ pub(crate) enum Value {
     Str(String),
     List(Vec<Elem>),
     Path(LitStr),
+    /// `engines = [vllm, megatron]`, each with its tokens.
+    Engines(Vec<(headcount_spec::engines::Engine, TokenStream)>),
+    /// `quantization = fp8_block(128, 128)`.
+    Quant(headcount_spec::engines::BlockQuant),
     /// An optional value left out: no pad or bos token, head_dim derived.
     Absent,
 }

@@ -36,6 +36,10 @@ pub(crate) enum Kind {
     Sizes,
     /// A path to an HF config.json.
     Path,
+    /// A list of engine names.
+    Engines,
+    /// `fp8_block(n, k)`.
+    Quant,
 }
 
 /// The kind of a config field, from the field table.
@@ -51,10 +55,13 @@ fn field_kind(kind: FieldKind) -> Kind {
 }
 
 /// The keys only a declaration has, with their kinds (after the config fields).
-const DECLARATION_KEYS: [(&str, Kind); 7] = [
+const DECLARATION_KEYS: [(&str, Kind); 10] = [
     (keys::TENSOR_PARALLEL, Kind::Sizes),
     (keys::PIPELINE_PARALLEL, Kind::Sizes),
     (keys::EXPERT_PARALLEL, Kind::Sizes),
+    (keys::DATA_PARALLEL, Kind::Sizes),
+    (keys::ENGINES, Kind::Engines),
+    (keys::QUANTIZATION, Kind::Quant),
     (keys::KV_REPLICATION, Kind::Bool),
     (keys::VOCAB_PADDING, Kind::Count),
     (keys::UNEVEN_PIPELINE, Kind::Bool),
@@ -245,6 +252,8 @@ fn typed(key: &'static str, raw: RawEntry, cx: &Ctxt) -> Option<Entry> {
         Kind::Str => string(key, &expr),
         Kind::TokenIds => token_ids(key, &expr, cx),
         Kind::Sizes => sizes(key, &expr, cx),
+        Kind::Engines => engines(key, &expr, cx),
+        Kind::Quant => quantization(key, &expr),
         Kind::Path => match &expr {
             Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(Some(Value::Path(s.clone()))),
             other => Err(format!("{key} expects a string literal path, found {}", found(other))),
@@ -420,6 +429,7 @@ fn sizes(key: &str, expr: &Expr, cx: &Ctxt) -> Result<Option<Value>, String> {
     let marker = match key {
         keys::TENSOR_PARALLEL => "SupportsTensorParallel",
         keys::EXPERT_PARALLEL => "SupportsExpertParallel",
+        keys::DATA_PARALLEL => "SupportsDataParallel",
         _ => "SupportsPipelineParallel",
     };
     let mut out: Vec<Elem> = Vec::new();
@@ -453,4 +463,60 @@ fn sizes(key: &str, expr: &Expr, cx: &Ctxt) -> Result<Option<Value>, String> {
         }
     }
     Ok(ok.then_some(Value::List(out)))
+}
+
+/// `engines = [vllm, sglang, megatron, transformers]`: each once.
+fn engines(key: &str, expr: &Expr, cx: &Ctxt) -> Result<Option<Value>, String> {
+    use headcount_spec::engines::Engine;
+    let names: Vec<String> = Engine::ALL.iter().map(|e| format!("`{}`", e.key())).collect();
+    let Expr::Array(array) = expr else {
+        return Err(format!("{key} expects a list of engines such as [vllm, megatron], found {}", found(expr)));
+    };
+    if array.elems.is_empty() {
+        return Err(format!("{key} must list at least one engine: {}", names.join(", ")));
+    }
+    let mut out: Vec<(Engine, proc_macro2::TokenStream)> = Vec::new();
+    let mut ok = true;
+    for e in &array.elems {
+        let e = ungroup(e.clone());
+        let tokens = e.to_token_stream();
+        let name = match &e {
+            Expr::Path(p) if p.qself.is_none() => p.path.get_ident().map(|i| i.unraw().to_string()),
+            _ => None,
+        };
+        match name.as_deref().and_then(Engine::from_key) {
+            Some(engine) if out.iter().any(|(x, _)| *x == engine) => {
+                cx.error_spanned_by(&tokens, format!("engine `{}` is listed twice", engine.key()));
+                ok = false;
+            }
+            Some(engine) => out.push((engine, tokens)),
+            None => {
+                let what = name.map_or_else(|| found(&e), |n| format!("`{n}`"));
+                cx.error_spanned_by(&tokens, format!("unknown engine {what}: use {}", names.join(", ")));
+                ok = false;
+            }
+        }
+    }
+    Ok(ok.then_some(Value::Engines(out)))
+}
+
+/// `quantization = fp8_block(128, 128)`: weights in FP8 with one scale per n x k block.
+fn quantization(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    let usage = format!(
+        "{key} expects fp8_block(n, k), the weight block of FP8 block quantization, such as fp8_block(128, 128)"
+    );
+    let Expr::Call(call) = expr else { return Err(format!("{usage}, found {}", found(expr))) };
+    let is_fp8 = matches!(&*call.func, Expr::Path(p) if p.path.is_ident("fp8_block"));
+    if !is_fp8 || call.args.len() != 2 {
+        return Err(usage);
+    }
+    let mut v = [0u64; 2];
+    for (slot, arg) in v.iter_mut().zip(&call.args) {
+        match integer(key, &ungroup(arg.clone()), Sign::Size)? {
+            Num::Lit(n) if n > 0 => *slot = n,
+            Num::Lit(_) => return Err(format!("{key}: a block of 0 rows or columns")),
+            Num::Expr(_) => return Err(format!("{usage}: n and k must be integer literals")),
+        }
+    }
+    Ok(Some(Value::Quant(headcount_spec::engines::BlockQuant { n: v[0], k: v[1] })))
 }

@@ -101,6 +101,18 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
     let (replication, uneven) = (boolean(keys::KV_REPLICATION), boolean(keys::UNEVEN_PIPELINE));
     let padding = int(layout, keys::VOCAB_PADDING);
     let (tp, pp, ep) = (list(keys::TENSOR_PARALLEL), list(keys::PIPELINE_PARALLEL), list(keys::EXPERT_PARALLEL));
+    let dp = list(keys::DATA_PARALLEL);
+    let engine_list: Vec<TokenStream> = match layout.value(keys::ENGINES) {
+        Some(Value::Engines(v)) => v.iter().map(|(e, _)| engine_tokens(*e)).collect(),
+        _ => Vec::new(),
+    };
+    let quant = match layout.value(keys::QUANTIZATION) {
+        Some(Value::Quant(q)) => {
+            let (n, k) = (lit_u64(q.n), lit_u64(q.k));
+            quote!(::core::option::Option::Some(::headcount::BlockQuant { n: #n, k: #k }))
+        }
+        _ => quote!(::core::option::Option::None),
+    };
 
     let markers = |key: &str, tr: &str| -> TokenStream {
         let tr = format_ident!("{}", tr);
@@ -113,6 +125,8 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
     let tp_impls = markers(keys::TENSOR_PARALLEL, "SupportsTensorParallel");
     let pp_impls = markers(keys::PIPELINE_PARALLEL, "SupportsPipelineParallel");
     let ep_impls = markers(keys::EXPERT_PARALLEL, "SupportsExpertParallel");
+    let dp_impls = markers(keys::DATA_PARALLEL, "SupportsDataParallel");
+    let engine_checks = layout.deferred_engines.iter().map(|d| engine_assertion(input, layout, d));
     let checks = layout.deferred.iter().map(|d| assertion(input, layout, d.rule, &d.tokens));
     let track = layout.config_file.as_deref().and_then(tracked);
 
@@ -126,6 +140,9 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
             const TENSOR_PARALLEL: &'static [u64] = #tp;
             const PIPELINE_PARALLEL: &'static [u64] = #pp;
             const EXPERT_PARALLEL: &'static [u64] = #ep;
+            const DATA_PARALLEL: &'static [u64] = #dp;
+            const ENGINES: &'static [::headcount::Engine] = &[#(#engine_list),*];
+            const QUANTIZATION: ::core::option::Option<::headcount::BlockQuant> = #quant;
             const KV_REPLICATION: bool = #replication;
             const VOCAB_PADDING: u64 = #padding;
             const UNEVEN_PIPELINE: bool = #uneven;
@@ -133,7 +150,9 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
         #tp_impls
         #pp_impls
         #ep_impls
+        #dp_impls
         #(#checks)*
+        #(#engine_checks)*
         #track
     }
 }
@@ -169,6 +188,56 @@ fn assertion(input: &Input, layout: &Layout, rule: &str, value: &TokenStream) ->
             };
             let mut __errors = ::headcount::__private::Errors::new();
             ::headcount::spec::rules::#rule(&__spec, &mut __errors);
+            if !__errors.is_empty() {
+                ::core::panic! #args;
+            }
+        };
+    }
+}
+
+fn engine_tokens(e: headcount_spec::engines::Engine) -> TokenStream {
+    use headcount_spec::engines::Engine;
+    match e {
+        Engine::Vllm => quote!(::headcount::Engine::Vllm),
+        Engine::Sglang => quote!(::headcount::Engine::Sglang),
+        Engine::Megatron => quote!(::headcount::Engine::Megatron),
+        Engine::Transformers => quote!(::headcount::Engine::Transformers),
+    }
+}
+
+/// A `const _` running one engine's rules on one layout in the compiler (a value they read
+/// is a const expression), spanned at the declared size the layout comes from.
+fn engine_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredEngine) -> TokenStream {
+    let ident = input.ident;
+    let mut tokens = d.tokens.clone().into_iter();
+    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
+    let last = tokens.last().map_or(first, |t| t.span());
+    let head_dim = match layout.value(keys::HEAD_DIM) {
+        Some(Value::Absent) => quote!(::core::option::Option::None),
+        _ => quote!(::core::option::Option::Some(<#ident as ::headcount::Architecture>::HEAD_DIM as u64)),
+    };
+    let engine = engine_tokens(d.engine);
+    let l = d.layout;
+    let (tp, pp, ep, dp, nnodes) = (lit_u64(l.tp), lit_u64(l.pp), lit_u64(l.ep), lit_u64(l.dp), lit_u64(l.nnodes));
+    let quant = match l.quant {
+        Some(q) => {
+            let (n, k) = (lit_u64(q.n), lit_u64(q.k));
+            quote!(::core::option::Option::Some(::headcount::BlockQuant { n: #n, k: #k }))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let args = Group::new(Delimiter::Parenthesis, quote_spanned!(last=> "{}", __errors.render().as_str()));
+    let mut args = TokenTree::Group(args);
+    args.set_span(last);
+    quote_spanned! {first=>
+        const _: () = {
+            let __spec = ::headcount::__private::ArchSpec {
+                head_dim: #head_dim,
+                ..<#ident as ::headcount::Architecture>::SPEC
+            };
+            let __layout = ::headcount::EngineLayout { tp: #tp, pp: #pp, ep: #ep, dp: #dp, nnodes: #nnodes, quant: #quant };
+            let mut __errors = ::headcount::__private::Errors::new();
+            ::headcount::spec::engines::check(#engine, &__spec, &__layout, &mut __errors);
             if !__errors.is_empty() {
                 ::core::panic! #args;
             }

@@ -7,9 +7,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use headcount_spec::engines::{self, Engine, EngineLayout};
 use headcount_spec::rules::{self, Errors, Rule};
-use headcount_spec::{Config, ConfigError, Family, FieldValue, LayoutError, keys};
+use headcount_spec::{ArchSpec, Config, ConfigError, Family, FieldValue, LayoutError, keys};
 use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use syn::LitStr;
 
 use crate::ast::{Elem, Entry, Input, Num, Value};
@@ -40,6 +42,14 @@ pub(crate) struct Deferred {
     pub tokens: TokenStream,
 }
 
+/// An engine check the compiler evaluates (the layout reads a const expression).
+pub(crate) struct DeferredEngine {
+    pub engine: Engine,
+    pub layout: EngineLayout,
+    /// The declared size the layout comes from.
+    pub tokens: TokenStream,
+}
+
 /// The declaration after defaults and config.json are applied.
 pub(crate) struct Layout {
     pub family: Family,
@@ -51,6 +61,7 @@ pub(crate) struct Layout {
     /// The rotary dimension, when the macro can compute it.
     pub rotary_dim: Option<u64>,
     pub deferred: Vec<Deferred>,
+    pub deferred_engines: Vec<DeferredEngine>,
     /// The config.json read at compile time (so a change to it rebuilds the crate).
     pub config_file: Option<PathBuf>,
 }
@@ -185,7 +196,15 @@ pub(crate) fn check(input: &Input, cx: &Ctxt, locate: Locate) -> Layout {
         }
     }
 
-    let mut layout = Layout { family, values, head_dim: None, rotary_dim: None, deferred: Vec::new(), config_file };
+    let mut layout = Layout {
+        family,
+        values,
+        head_dim: None,
+        rotary_dim: None,
+        deferred: Vec::new(),
+        deferred_engines: Vec::new(),
+        config_file,
+    };
     run_rules(&mut layout, input, from_config, cx);
     layout
 }
@@ -273,9 +292,11 @@ fn default_value(family: Family, key: &str) -> Option<Value> {
         });
     }
     Some(match key {
-        keys::TENSOR_PARALLEL | keys::PIPELINE_PARALLEL | keys::EXPERT_PARALLEL => {
+        keys::TENSOR_PARALLEL | keys::PIPELINE_PARALLEL | keys::EXPERT_PARALLEL | keys::DATA_PARALLEL => {
             Value::List(vec![Elem { num: Num::Lit(1), tokens: TokenStream::new() }])
         }
+        keys::ENGINES => Value::Engines(Vec::new()),
+        keys::QUANTIZATION => Value::Absent,
         keys::KV_REPLICATION | keys::UNEVEN_PIPELINE => Value::Bool(false),
         keys::VOCAB_PADDING => Value::Int(Num::Lit(1)),
         _ => return None,
@@ -291,7 +312,7 @@ fn to_field(v: &Value) -> Option<FieldValue> {
         Value::Str(s) => FieldValue::Text(s.clone()),
         Value::List(items) => FieldValue::Ids(items.iter().filter_map(|e| e.num.lit()).collect()),
         Value::Absent => FieldValue::Absent,
-        Value::Family(_) | Value::Path(_) => return None,
+        Value::Family(_) | Value::Path(_) | Value::Engines(_) | Value::Quant(_) => return None,
     })
 }
 
@@ -345,6 +366,7 @@ fn run_rules(layout: &mut Layout, input: &Input, from_config: Option<&LitStr>, c
         }
     }
     layout.deferred = deferred;
+    check_engines(layout, &spec, input, cx);
 }
 
 /// Reports one rule violation at the value it is about: the list element for a list key,
@@ -392,4 +414,102 @@ fn involved(e: &LayoutError, rule: &Rule) -> Vec<&'static str> {
         LayoutError::SizeOverflow { .. } => rule.fields.iter().rev().copied().collect(),
         _ => Vec::new(),
     }
+}
+
+/// The layouts `engine` runs for one declared size of `key`: a tensor- or pipeline-parallel
+/// size alone; an expert-parallel size E as the engine places E-way experts (vLLM, SGLang and
+/// transformers over a tensor-parallel group of E, Megatron-LM over E data-parallel ranks);
+/// a data-parallel size D with the tensor-parallel size the engine needs beside it (SGLang's
+/// attention data parallelism splits a group of D).
+pub(crate) fn engine_layout(engine: Engine, key: &str, v: u64, quant: Option<engines::BlockQuant>) -> EngineLayout {
+    let l = EngineLayout { quant, ..EngineLayout::new(1, 1) };
+    match key {
+        keys::TENSOR_PARALLEL => EngineLayout { tp: v, ..l },
+        keys::PIPELINE_PARALLEL => EngineLayout { pp: v, ..l },
+        keys::EXPERT_PARALLEL => match engine {
+            Engine::Megatron => EngineLayout { ep: v, dp: v, ..l },
+            _ => EngineLayout { tp: v, ep: v, ..l },
+        },
+        _ => match engine {
+            Engine::Sglang => EngineLayout { tp: v, dp: v, ..l },
+            _ => EngineLayout { dp: v, ..l },
+        },
+    }
+}
+
+/// `engines = [..]`: every declared size against every listed engine, reported at the size
+/// (or left to the compiler when a value the engines read is a const expression).
+fn check_engines(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt) {
+    let engines = match layout.value(keys::ENGINES) {
+        Some(Value::Engines(v)) if !v.is_empty() => v.clone(),
+        _ => return,
+    };
+    let quant = match layout.value(keys::QUANTIZATION) {
+        Some(Value::Quant(q)) => Some(*q),
+        _ => None,
+    };
+    let known =
+        headcount_spec::FIELDS.iter().all(|f| layout.literal(f.key) == Some(true) || layout.value(f.key).is_none());
+    let broken = headcount_spec::FIELDS.iter().any(|f| layout.literal(f.key).is_none() && f.in_family(layout.family));
+    if broken {
+        return; // a value is missing or malformed, and already reported
+    }
+    for key in [keys::TENSOR_PARALLEL, keys::PIPELINE_PARALLEL, keys::EXPERT_PARALLEL, keys::DATA_PARALLEL] {
+        let items = match layout.value(key) {
+            Some(Value::List(items)) => items.clone(),
+            _ => continue,
+        };
+        for item in items {
+            let Some(v) = item.num.lit() else { continue };
+            if v == 0 || (v == 1 && key != keys::TENSOR_PARALLEL) {
+                continue;
+            }
+            let tokens = if item.tokens.is_empty() {
+                layout.given(key).cloned().unwrap_or_else(|| input.ident.to_token_stream())
+            } else {
+                item.tokens.clone()
+            };
+            for (engine, _) in &engines {
+                let l = engine_layout(*engine, key, v, quant);
+                if !known {
+                    layout.deferred_engines.push(DeferredEngine { engine: *engine, layout: l, tokens: tokens.clone() });
+                    continue;
+                }
+                let mut errors = headcount_spec::Errors::new();
+                engines::check(*engine, spec, &l, &mut errors);
+                for e in errors.iter() {
+                    let msg = match (key, &e) {
+                        (keys::EXPERT_PARALLEL | keys::DATA_PARALLEL, LayoutError::Engine(err)) => {
+                            // The size as the engine runs it, and the sizes of this key it takes.
+                            let legal: Vec<String> = (1..=size_limit(spec, key))
+                                .filter(|&x| engines::accepts(*engine, spec, &engine_layout(*engine, key, x, quant)))
+                                .map(|x| x.to_string())
+                                .collect();
+                            let legal = if legal.is_empty() { "none".to_owned() } else { legal.join(", ") };
+                            format!(
+                                "[{}] {} {} refuses {key} {v}, which it runs as tp {} ep {} dp {}: {}; legal {key} on {}: {legal}",
+                                e.code(),
+                                engine.name(),
+                                engine.version(),
+                                l.tp,
+                                l.ep,
+                                l.dp,
+                                err.reason(headcount_spec::Msg::new()).as_str(),
+                                engine.name(),
+                            )
+                        }
+                        _ => e.to_string(),
+                    };
+                    cx.error_spanned_by(&tokens, msg);
+                }
+            }
+        }
+    }
+}
+
+/// The largest size of `key` worth listing: the experts for expert parallelism, the heads
+/// otherwise.
+fn size_limit(spec: &ArchSpec, key: &str) -> u64 {
+    let n = if key == keys::EXPERT_PARALLEL { spec.n_routed_experts } else { spec.num_attention_heads };
+    n.clamp(1, 4096)
 }

@@ -50,6 +50,12 @@ macro_rules! architecture_trait {
             const PIPELINE_PARALLEL: &'static [u64];
             /// The expert-parallel sizes declared (and checked) for this architecture.
             const EXPERT_PARALLEL: &'static [u64];
+            /// The data-parallel sizes declared (checked against the engines listed).
+            const DATA_PARALLEL: &'static [u64];
+            /// The engines whose layout rules every declared size passed.
+            const ENGINES: &'static [crate::engines::Engine];
+            /// Block quantization the engines' rules were checked with.
+            const QUANTIZATION: Option<crate::engines::BlockQuant>;
             const KV_REPLICATION: bool;
             /// Vocabulary padded to a multiple of this before a vocab-parallel split (1 = none).
             const VOCAB_PADDING: u64;
@@ -109,3 +115,12 @@ pub trait SupportsPipelineParallel<const N: usize>: Architecture {}
     note = "add {N} to `expert_parallel = [...]` in its `#[arch(...)]`; the derive macro then checks that n_routed_experts splits {N} ways"
 )]
 pub trait SupportsExpertParallel<const N: usize>: Architecture {}
+
+/// Implemented by `#[derive(Architecture)]` for every data-parallel size listed in
+/// `data_parallel = [...]` (checked against the engines listed in `engines = [...]`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not declare data-parallel size {N}",
+    label = "data-parallel size {N} is not declared for `{Self}`",
+    note = "add {N} to `data_parallel = [...]` in its `#[arch(...)]`"
+)]
+pub trait SupportsDataParallel<const N: usize>: Architecture {}

@@ -22,6 +22,12 @@ pub const TENSOR_PARALLEL: &str = "tensor_parallel";
 pub const PIPELINE_PARALLEL: &str = "pipeline_parallel";
 /// Declaration-only: expert-parallel sizes (glm4_moe): whole experts placed on ranks.
 pub const EXPERT_PARALLEL: &str = "expert_parallel";
+/// Declaration-only: data-parallel sizes, checked against the engines that constrain them.
+pub const DATA_PARALLEL: &str = "data_parallel";
+/// Declaration-only: the engines whose layout rules every declared size must pass.
+pub const ENGINES: &str = "engines";
+/// Declaration-only: block quantization the engines' rules must allow, `fp8_block(n, k)`.
+pub const QUANTIZATION: &str = "quantization";
 /// Declaration-only: allow a tensor-parallel size that is a multiple of the kv heads,
 /// each kv head then replicated on `size / kv` shards.
 pub const KV_REPLICATION: &str = "kv_replication";
@@ -33,11 +39,14 @@ pub const UNEVEN_PIPELINE: &str = "uneven_pipeline";
 pub const FROM_CONFIG: &str = "from_config";
 
 /// The keys only a `#[arch(...)]` declaration has.
-pub const DECLARATION_ONLY: [&str; 8] = [
+pub const DECLARATION_ONLY: [&str; 11] = [
     FAMILY,
     TENSOR_PARALLEL,
     PIPELINE_PARALLEL,
     EXPERT_PARALLEL,
+    DATA_PARALLEL,
+    ENGINES,
+    QUANTIZATION,
     KV_REPLICATION,
     VOCAB_PADDING,
     UNEVEN_PIPELINE,

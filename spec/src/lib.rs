@@ -17,14 +17,18 @@
 pub mod arch;
 pub mod config;
 pub mod declare;
+pub mod engines;
 pub mod fields;
 pub mod keys;
 pub mod msg;
 pub mod reference;
 pub mod rules;
 
-pub use arch::{Architecture, SupportsExpertParallel, SupportsPipelineParallel, SupportsTensorParallel};
+pub use arch::{
+    Architecture, SupportsDataParallel, SupportsExpertParallel, SupportsPipelineParallel, SupportsTensorParallel,
+};
 pub use config::{Config, ConfigError, RopeLayout, ValidationError};
+pub use engines::{BlockQuant, Engine, EngineLayout};
 pub use fields::{FIELDS, Field, FieldKind, FieldValue};
 pub use msg::Msg;
 pub use rules::{ArchSpec, Errors, Family, LayoutError, SizeList};

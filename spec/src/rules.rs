@@ -412,6 +412,8 @@ pub enum LayoutError {
     ExpertParallelExperts { ep: u64, experts: u64, legal: SizeList },
     /// Rule 10: expert parallelism on a family without experts.
     ExpertParallelDense { ep: u64, family: Family },
+    /// An engine profile refuses a layout ([`crate::engines`]).
+    Engine(crate::engines::EngineError),
 }
 
 impl LayoutError {
@@ -447,6 +449,7 @@ impl LayoutError {
             LayoutError::ExpertParallelZero
             | LayoutError::ExpertParallelExperts { .. }
             | LayoutError::ExpertParallelDense { .. } => keys::EXPERT_PARALLEL,
+            LayoutError::Engine(e) => e.rule.dimension().key(),
         }
     }
 
@@ -463,6 +466,7 @@ impl LayoutError {
             LayoutError::TensorParallelMoeIntermediate { tp, .. } => Some(*tp),
             LayoutError::ExpertParallelZero => Some(0),
             LayoutError::ExpertParallelExperts { ep, .. } | LayoutError::ExpertParallelDense { ep, .. } => Some(*ep),
+            LayoutError::Engine(e) => Some(e.value()),
             LayoutError::TokenOutOfVocab { id, .. } => Some(*id),
             _ => None,
         }
@@ -501,6 +505,7 @@ impl LayoutError {
             LayoutError::ExpertParallelZero => "HC1001",
             LayoutError::ExpertParallelExperts { .. } => "HC1002",
             LayoutError::ExpertParallelDense { .. } => "HC1003",
+            LayoutError::Engine(e) => e.rule.code(),
         }
     }
 
@@ -737,6 +742,7 @@ impl LayoutError {
                     .num(experts)
                     .push("): each rank holds the same number of whole experts; legal expert_parallel sizes are "),
             ),
+            LayoutError::Engine(e) => e.write(m),
             LayoutError::ExpertParallelDense { ep, family } => m
                 .push("expert_parallel size ")
                 .num(ep)

@@ -29,20 +29,9 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Validate a config.json: every violation with its fix, and the legal tensor-parallel sizes.
-    Check {
-        /// The config.json to check.
-        config: PathBuf,
-        /// Also check this tensor-parallel size (repeatable).
-        #[arg(long = "tp", value_name = "N")]
-        tensor_parallel: Vec<u64>,
-        /// Also check this pipeline-parallel size (repeatable).
-        #[arg(long = "pp", value_name = "N")]
-        pipeline_parallel: Vec<u64>,
-        /// Also check this expert-parallel size (repeatable; glm4_moe).
-        #[arg(long = "ep", value_name = "N")]
-        expert_parallel: Vec<u64>,
-    },
+    /// Validate a config.json: every violation with its fix, the legal parallel sizes, and
+    /// with --engine the engines' own layout rules and their legal layouts.
+    Check(CheckArgs),
     /// Print the #[derive(Architecture)] declaration of a config.json.
     Declare {
         config: PathBuf,
@@ -197,6 +186,70 @@ pub struct BenchArgs {
     /// How decode steps run.
     #[arg(long, value_enum, default_value_t = DecodeArg::Auto)]
     pub decode: DecodeArg,
+}
+
+/// `headcount check`.
+#[derive(Args)]
+pub struct CheckArgs {
+    /// The config.json to check.
+    pub config: PathBuf,
+    /// Also check this tensor-parallel size (repeatable).
+    #[arg(long = "tp", value_name = "N")]
+    pub tensor_parallel: Vec<u64>,
+    /// Also check this pipeline-parallel size (repeatable).
+    #[arg(long = "pp", value_name = "N")]
+    pub pipeline_parallel: Vec<u64>,
+    /// Also check this expert-parallel size (repeatable; glm4_moe).
+    #[arg(long = "ep", value_name = "N")]
+    pub expert_parallel: Vec<u64>,
+    /// With --engine: this data-parallel size (repeatable; on SGLang attention data
+    /// parallelism, --dp-size with --enable-dp-attention).
+    #[arg(long = "dp", value_name = "N")]
+    pub data_parallel: Vec<u64>,
+    /// With --engine: the nodes the ranks span (SGLang needs tp x pp to split over them).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub nnodes: u64,
+    /// Check every layout of --tp x --pp x --ep x --dp against this engine's rules, and
+    /// print the layouts it accepts (repeatable).
+    #[arg(long = "engine", value_enum, value_name = "ENGINE")]
+    pub engines: Vec<EngineArg>,
+    /// With --engine: block-quantized weights, `fp8-block-N` (N x N blocks) or
+    /// `fp8-block-NxK`, as the engines' FP8 block rules check them.
+    #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
+    pub quantization: Option<headcount_spec::engines::BlockQuant>,
+}
+
+/// `fp8-block-128` or `fp8-block-128x64`.
+fn block_quant(s: &str) -> Result<headcount_spec::engines::BlockQuant, String> {
+    let bad = || format!("{s:?} is not a block quantization: use fp8-block-N or fp8-block-NxK, e.g. fp8-block-128");
+    let rest = s.strip_prefix("fp8-block-").ok_or_else(bad)?;
+    let (n, k) = rest.split_once('x').unwrap_or((rest, rest));
+    let (n, k): (u64, u64) = (n.parse().map_err(|_| bad())?, k.parse().map_err(|_| bad())?);
+    if n == 0 || k == 0 {
+        return Err(format!("{s:?}: a block of 0 rows or columns"));
+    }
+    Ok(headcount_spec::engines::BlockQuant { n, k })
+}
+
+/// An engine whose layout rules `check --engine` applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    Vllm,
+    Sglang,
+    Megatron,
+    Transformers,
+}
+
+impl From<EngineArg> for headcount_spec::engines::Engine {
+    fn from(e: EngineArg) -> Self {
+        use headcount_spec::engines::Engine;
+        match e {
+            EngineArg::Vllm => Engine::Vllm,
+            EngineArg::Sglang => Engine::Sglang,
+            EngineArg::Megatron => Engine::Megatron,
+            EngineArg::Transformers => Engine::Transformers,
+        }
+    }
 }
 
 /// The weight and activation dtype.

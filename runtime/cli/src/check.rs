@@ -6,9 +6,26 @@ use std::process::ExitCode;
 
 use headcount_runtime::{Error, Result};
 use headcount_spec::Config;
+use headcount_spec::engines::{self, Dimension, Engine, EngineLayout};
 
-pub fn check(path: &Path, tp: &[u64], pp: &[u64], ep: &[u64]) -> Result<ExitCode> {
+use crate::args::CheckArgs;
+
+pub fn check(a: &CheckArgs) -> Result<ExitCode> {
+    let (path, tp, pp, ep) =
+        (a.config.as_path(), &a.tensor_parallel[..], &a.pipeline_parallel[..], &a.expert_parallel[..]);
     let config = Config::from_file(path)?;
+    if !a.engines.is_empty() {
+        // The engines' rules read the layout: check it against the model's rules first.
+        if let Err(v) = config.validate() {
+            let n = v.errors.len();
+            println!("{}: {n} layout error{}", path.display(), if n == 1 { "" } else { "s" });
+            for e in &v.errors {
+                println!("  error[{}]: {}", e.code(), e.message());
+            }
+            return Ok(ExitCode::from(1));
+        }
+        return engines(a, &config);
+    }
     let shown = path.display();
     let legal = config.legal_tensor_parallel();
     match config.validate_sizes(tp, pp, ep) {
@@ -86,4 +103,126 @@ pub fn declare(path: &Path, name: &str) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `check --engine`: every layout of the sizes given against each engine, then the layouts
+/// each engine accepts.
+fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
+    let spec = config.spec(&[], &[]);
+    let or_one = |v: &[u64]| if v.is_empty() { vec![1] } else { v.to_vec() };
+    let (tps, pps, eps, dps) = (
+        or_one(&a.tensor_parallel),
+        or_one(&a.pipeline_parallel),
+        or_one(&a.expert_parallel),
+        or_one(&a.data_parallel),
+    );
+    if [&tps, &pps, &eps, &dps].iter().any(|v| v.contains(&0)) || a.nnodes == 0 {
+        return Err(Error::InvalidArgument("--tp, --pp, --ep, --dp and --nnodes must be at least 1".to_owned()));
+    }
+    let mut refused = 0;
+    for &engine in &a.engines {
+        let engine: Engine = engine.into();
+        let mut lines = Vec::new();
+        for &tp in &tps {
+            for &pp in &pps {
+                for &ep in &eps {
+                    for &dp in &dps {
+                        let l = EngineLayout { tp, pp, ep, dp, nnodes: a.nnodes, quant: a.quantization };
+                        let mut errors = headcount_spec::Errors::new();
+                        engines::check(engine, &spec, &l, &mut errors);
+                        if errors.is_empty() {
+                            lines.push(format!("  ok: tp {tp} pp {pp} ep {ep} dp {dp}"));
+                        }
+                        for e in errors.iter() {
+                            refused += 1;
+                            lines.push(format!(
+                                "  error[{}]: tp {tp} pp {pp} ep {ep} dp {dp}: {}",
+                                e.code(),
+                                e.message()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        println!("{} {}:", engine.name(), engine.version());
+        for l in lines {
+            println!("{l}");
+        }
+        print_engine_table(engine, &spec, a);
+    }
+    Ok(if refused == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// The layouts `engine` accepts: each legal tensor-parallel size (with --dp's first size)
+/// with the pipeline and expert-parallel sizes it takes beside it.
+fn print_engine_table(engine: Engine, spec: &headcount_spec::ArchSpec, a: &CheckArgs) {
+    let dp = a.data_parallel.first().copied().unwrap_or(1);
+    let base = EngineLayout { tp: 1, pp: 1, ep: 1, dp, nnodes: a.nnodes, quant: a.quantization };
+    // Every legal value (SizeList keeps the first 24, enough for a message, not a table).
+    let legal = |l: &EngineLayout, dim: Dimension| -> Vec<u64> {
+        let limit = match dim {
+            Dimension::Tensor => spec.num_attention_heads,
+            Dimension::Pipeline => spec.num_hidden_layers,
+            Dimension::Expert => {
+                if spec.family.is_moe() {
+                    spec.n_routed_experts
+                } else {
+                    1
+                }
+            }
+            Dimension::Data => 1,
+        };
+        let with = |v: u64| match dim {
+            Dimension::Tensor => EngineLayout { tp: v, ..*l },
+            Dimension::Pipeline => EngineLayout { pp: v, ..*l },
+            Dimension::Expert => EngineLayout { ep: v, ..*l },
+            Dimension::Data => EngineLayout { dp: v, ..*l },
+        };
+        (1..=limit.min(4096)).filter(|&v| engines::accepts(engine, spec, &with(v))).collect()
+    };
+    let tps = legal(&base, Dimension::Tensor);
+    let quant = a.quantization.map_or(String::new(), |q| format!(", fp8 blocks {}x{}", q.n, q.k));
+    println!(
+        "  legal layouts on {} (dp {dp}, {} node{}{quant}):",
+        engine.name(),
+        a.nnodes,
+        if a.nnodes == 1 { "" } else { "s" }
+    );
+    if tps.is_empty() {
+        println!("    none");
+    }
+    for tp in tps {
+        let l = EngineLayout { tp, ..base };
+        let experts = if spec.family.is_moe() {
+            format!(", ep {}", ranges(&legal(&l, Dimension::Expert)))
+        } else {
+            String::new()
+        };
+        println!("    tp {tp:>3}: pp {}{experts}", ranges(&legal(&l, Dimension::Pipeline)));
+    }
+}
+
+/// `1-4, 6, 8` for 1, 2, 3, 4, 6, 8.
+fn ranges(v: &[u64]) -> String {
+    if v.is_empty() {
+        return "none".to_owned();
+    }
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if j >= i + 2 {
+            format!("{}-{}", v[i], v[j])
+        } else if j == i + 1 {
+            format!("{}, {}", v[i], v[j])
+        } else {
+            v[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(", ")
 }

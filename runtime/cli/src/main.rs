@@ -19,9 +19,7 @@ fn dispatch(cli: &Cli) -> headcount_runtime::Result<ExitCode> {
         return Ok(code);
     }
     match &cli.command {
-        Command::Check { config, tensor_parallel, pipeline_parallel, expert_parallel } => {
-            check::check(config, tensor_parallel, pipeline_parallel, expert_parallel)
-        }
+        Command::Check(a) => check::check(a),
         Command::Declare { config, name } => check::declare(config, name),
         Command::Run(a) => generate::run(a, cli.quiet),
         Command::Logits(a) => generate::write_logits(a, cli.quiet),

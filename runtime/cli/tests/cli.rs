@@ -413,3 +413,44 @@ fn products_times_every_weight_in_every_variant() {
     );
     expect(&headcount_dev(&["products", "--config", &fixture("configs/zero-heads.json")]), 1, "num_attention_heads");
 }
+
+/// `check --engine`: GLM-4.5 at pp 3 is fine for vLLM and refused by Megatron-LM in its own
+/// words; the published MoE shapes print their legal tensor- and expert-parallel sizes.
+#[test]
+fn check_against_engines() {
+    let glm45 = fixture("moe-configs/glm-4.5.json");
+    let o = headcount(&["check", &glm45, "--engine", "vllm", "--engine", "megatron", "--pp", "3"]);
+    expect(&o, 1, "ok: tp 1 pp 3 ep 1 dp 1");
+    expect(&o, 1, "error[HC2012]: tp 1 pp 3 ep 1 dp 1: Megatron-LM 0.20.0 refuses pipeline_parallel 3");
+    expect(&o, 1, "(\"Number of layers should be divisible by the pipeline-model-parallel size\")");
+    expect(&o, 1, "tp   8: pp 1-92, ep 1");
+    expect(&o, 1, "tp  96: pp 1, 2, 4, 23, 46, 92, ep 1");
+    let o = headcount(&[
+        "check",
+        &glm45,
+        "--engine",
+        "sglang",
+        "--tp",
+        "8",
+        "--ep",
+        "8",
+        "--quantization",
+        "fp8-block-128",
+    ]);
+    // Whole experts a rank (ep = tp): the routed experts fit the blocks, the shared experts'
+    // 1536 channels over 8 ranks do not (GLM-4.7 FP8 at SGLang TP 32 is the same with 48).
+    expect(&o, 1, "error[HC2015]");
+    expect(&o, 1, "(\"Weight output_partition_size = 192 is not divisible by weight quantization block_n = 128.\")");
+    let o = headcount(&["check", &glm45, "--engine", "sglang", "--tp", "4", "--ep", "2"]);
+    expect(&o, 0, "ok: tp 4 pp 1 ep 2 dp 1");
+    expect(&o, 0, "tp   8: pp 1-92, ep 1, 2, 4, 8");
+    let air = fixture("moe-configs/glm-4.5-air.json");
+    expect(
+        &headcount(&["check", &air, "--engine", "transformers", "--tp", "8", "--ep", "8"]),
+        0,
+        "tp   8: pp 1-46, ep 1, 8",
+    );
+    expect(&headcount(&["check", &glm45, "--engine", "vllm", "--quantization", "int4"]), 2, "not a block quantization");
+    let bad = fixture("moe-configs/topk-group-exceeds-groups.json");
+    expect(&headcount(&["check", &bad, "--engine", "vllm"]), 1, "error[HC0903]");
+}

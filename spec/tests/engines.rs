@@ -1,0 +1,192 @@
+//! Engine profiles on the published shapes: each engine's rules refuse exactly the layouts
+//! its source refuses, with its own words quoted, and list the layouts it takes.
+
+use std::path::Path;
+
+use headcount_spec::engines::{self, BlockQuant, Dimension, Engine, EngineLayout};
+use headcount_spec::{Config, Errors, LayoutError};
+
+fn config(rel: &str) -> Config {
+    Config::from_file(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(rel)).unwrap()
+}
+
+fn errors(engine: Engine, c: &Config, l: EngineLayout) -> Vec<LayoutError> {
+    let mut out = Errors::new();
+    engines::check(engine, &c.spec(&[], &[]), &l, &mut out);
+    out.to_vec()
+}
+
+fn codes(engine: Engine, c: &Config, l: EngineLayout) -> Vec<&'static str> {
+    errors(engine, c, l).iter().map(LayoutError::code).collect()
+}
+
+fn legal(engine: Engine, c: &Config, l: EngineLayout, dim: Dimension) -> Vec<u64> {
+    engines::legal(engine, &c.spec(&[], &[]), &l, dim).as_slice().to_vec()
+}
+
+const FP8: Option<BlockQuant> = Some(BlockQuant { n: 128, k: 128 });
+
+#[test]
+fn glm_4_5_tensor_parallel_per_engine() {
+    let c = config("moe-configs/glm-4.5.json");
+    let l = EngineLayout::new(1, 1);
+    assert_eq!(legal(Engine::Vllm, &c, l, Dimension::Tensor), [1, 2, 4, 8, 16, 32]);
+    // SGLang pads the vocabulary to 64 x tp where 64 does not split (no vocabulary rule);
+    // Megatron-LM pads to 128 x tp and takes kv groups that divide tp.
+    assert_eq!(legal(Engine::Sglang, &c, l, Dimension::Tensor), [1, 2, 4, 8, 16, 24, 32, 48, 96]);
+    assert_eq!(legal(Engine::Megatron, &c, l, Dimension::Tensor), [1, 2, 4, 8, 16, 24, 32, 48, 96]);
+    // transformers splits kv heads, never replicates them.
+    assert_eq!(legal(Engine::Transformers, &c, l, Dimension::Tensor), [1, 2, 4, 8]);
+    // FP8 blocks of 128: 1536-wide experts leave 192 channels a rank at tp 8.
+    let fp8 = EngineLayout { quant: FP8, ..l };
+    assert_eq!(legal(Engine::Vllm, &c, fp8, Dimension::Tensor), [1, 2, 4]);
+    assert_eq!(legal(Engine::Sglang, &c, fp8, Dimension::Tensor), [1, 2, 4]);
+    let e = errors(Engine::Vllm, &c, EngineLayout { tp: 6, ..l });
+    assert_eq!(
+        e[0].message().as_str(),
+        "vLLM 0.33.0 refuses tensor_parallel 6: num_key_value_heads (8) must be divisible by it (\"8 is not divisible by 6\"); legal on vLLM: 1, 2, 4, 8, 16, 32"
+    );
+    assert_eq!(codes(Engine::Vllm, &c, EngineLayout { tp: 6, ..l }), ["HC2002", "HC2003"]);
+}
+
+#[test]
+fn a_pipeline_size_vllm_takes_and_megatron_refuses() {
+    let c = config("moe-configs/glm-4.5.json");
+    let pp3 = EngineLayout::new(1, 3);
+    assert!(codes(Engine::Vllm, &c, pp3).is_empty());
+    assert!(codes(Engine::Sglang, &c, pp3).is_empty());
+    let e = errors(Engine::Megatron, &c, pp3);
+    assert_eq!(
+        e[0].message().as_str(),
+        "Megatron-LM 0.20.0 refuses pipeline_parallel 3: num_hidden_layers (92) must be divisible by it (no first- or last-stage split given) (\"Number of layers should be divisible by the pipeline-model-parallel size\"); legal on Megatron-LM: 1, 2, 4, 23, 46, 92"
+    );
+    // SGLang wants a layer a stage.
+    assert_eq!(codes(Engine::Sglang, &c, EngineLayout::new(1, 93)), ["HC2013"]);
+}
+
+#[test]
+fn expert_parallel_per_engine() {
+    let c = config("moe-configs/glm-4.5.json");
+    // vLLM: the expert-parallel size is tp x dp.
+    assert_eq!(codes(Engine::Vllm, &c, EngineLayout { ep: 8, ..EngineLayout::new(8, 1) }), Vec::<&str>::new());
+    assert_eq!(codes(Engine::Vllm, &c, EngineLayout { ep: 4, ..EngineLayout::new(8, 1) }), ["HC2007"]);
+    // SGLang: ep divides tp and the experts.
+    assert_eq!(legal(Engine::Sglang, &c, EngineLayout::new(8, 1), Dimension::Expert), [1, 2, 4, 8]);
+    assert_eq!(codes(Engine::Sglang, &c, EngineLayout { ep: 3, ..EngineLayout::new(6, 1) }), ["HC2002", "HC2006"]);
+    // Megatron-LM: the world tp x pp x dp must split into etp (= tp) x ep x pp, so ep
+    // needs as many data-parallel ranks: world 8 over 8 x 2 x 1 is its own error message.
+    let l = EngineLayout { ep: 2, ..EngineLayout::new(8, 1) };
+    let e = errors(Engine::Megatron, &c, l);
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].message()
+            .as_str()
+            .contains("(\"world_size (8) is not divisible by expert_tensor_model_pipeline_parallel size (16)\")"),
+        "{}",
+        e[0]
+    );
+    assert!(codes(Engine::Megatron, &c, EngineLayout { dp: 2, ..l }).is_empty());
+    // Experts that do not split.
+    let e = codes(Engine::Megatron, &c, EngineLayout { ep: 3, dp: 3, ..EngineLayout::new(1, 1) });
+    assert_eq!(e, ["HC2006"]);
+}
+
+#[test]
+fn sglang_limits_tp_by_experts_dp_and_nodes() {
+    let c = config("moe-configs/tiny-moe.json"); // 4 heads, 8 experts
+    let mut small = c.clone();
+    small.num_attention_heads = 16;
+    small.num_key_value_heads = 16;
+    small.head_dim = Some(8);
+    small.intermediate_size = 64;
+    small.moe_intermediate_size = 64;
+    assert_eq!(codes(Engine::Sglang, &small, EngineLayout::new(16, 1)), ["HC2008"]);
+    assert_eq!(codes(Engine::Sglang, &c, EngineLayout { dp: 3, ..EngineLayout::new(4, 1) }), ["HC2010"]);
+    assert_eq!(codes(Engine::Sglang, &c, EngineLayout { nnodes: 3, ..EngineLayout::new(4, 1) }), ["HC2011"]);
+}
+
+#[test]
+fn dense_glm_4_9b_per_engine() {
+    let c = config("configs/glm-default.json"); // 32 heads, 2 kv heads
+    let l = EngineLayout::new(1, 1);
+    assert_eq!(legal(Engine::Vllm, &c, l, Dimension::Tensor), [1, 2, 4, 8, 16, 32]);
+    assert_eq!(legal(Engine::Transformers, &c, l, Dimension::Tensor), [1, 2]);
+    // No experts to place.
+    assert_eq!(codes(Engine::Sglang, &c, EngineLayout { ep: 2, ..EngineLayout::new(2, 1) }), ["HC2006"]);
+    assert_eq!(legal(Engine::Sglang, &c, l, Dimension::Expert), [1]);
+}
+
+/// docs/ENGINES.md is rendered from `engines::RULE_DOCS` and the engines' legal layouts of
+/// the published shapes (`HEADCOUNT_BLESS=1` rewrites it).
+#[test]
+fn the_engines_reference_is_current() {
+    let docs = engines::RULE_DOCS;
+    let codes: Vec<&str> = docs.iter().map(|d| d.code).collect();
+    let mut sorted = codes.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(codes, sorted, "codes listed once, in order");
+    assert_eq!(codes.len(), 19);
+    let mut doc = String::from(
+        "# Engine profiles\n\nGenerated from `spec/src/engines.rs` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
+         to rewrite). Each rule is a `const fn` read from the engine's source at the version named;\n\
+         `headcount check CONFIG --engine E` and `#[arch(engines = [..])]` apply them, quoting the\n\
+         engine's own message (or the line that fails where it has none) beside ours.\n\n",
+    );
+    doc.push_str("| engine | version read |\n|---|---|\n");
+    for e in Engine::ALL {
+        doc.push_str(&format!("| {} (`{}`) | {} |\n", e.name(), e.key(), e.version()));
+    }
+    doc.push_str(
+        "\nIn a declaration each size is checked as the engine runs it: a `tensor_parallel` or\n\
+         `pipeline_parallel` size alone; an `expert_parallel` size E over a tensor-parallel group of\n\
+         E (vLLM, SGLang, transformers) or over E data-parallel ranks (Megatron-LM, whose expert\n\
+         tensor-parallel size is tp); a `data_parallel` size D beside tp 1 (SGLang: attention data\n\
+         parallelism over tp D). `headcount check` takes any layout (`--tp --pp --ep --dp --nnodes`).\n\
+         The FP8 block rules assume every linear layer is block-quantized, and follow the checks as\n\
+         written: vLLM's Triton MoE backend can refine the block (gcd >= 32) and accept experts the\n\
+         rule refuses.\n\n## Rules\n\n| code | rule | engine | must hold | source |\n|---|---|---|---|---|\n",
+    );
+    for d in docs {
+        for (e, condition, source) in d.by {
+            doc.push_str(&format!("| {} | {} | {} | {} | `{}` |\n", d.code, d.title, e.name(), condition, source));
+        }
+    }
+    doc.push_str("\n## Legal tensor-parallel sizes of the published shapes (pp 1, ep 1, dp 1)\n\n");
+    doc.push_str("| config | engine | bf16 | FP8 blocks 128 |\n|---|---|---|---|\n");
+    for (name, rel) in [
+        ("GLM-4-9B", "configs/glm-default.json"),
+        ("GLM-4.5 / 4.6", "moe-configs/glm-4.5.json"),
+        ("GLM-4.5-Air", "moe-configs/glm-4.5-air.json"),
+    ] {
+        let c = config(rel);
+        for e in Engine::ALL {
+            let l = EngineLayout::new(1, 1);
+            let show = |v: Vec<u64>| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+            let plain = show(legal(e, &c, l, Dimension::Tensor));
+            let fp8 = if matches!(e, Engine::Vllm | Engine::Sglang) {
+                show(legal(e, &c, EngineLayout { quant: FP8, ..l }, Dimension::Tensor))
+            } else {
+                "-".to_owned()
+            };
+            doc.push_str(&format!("| {name} | {} | {plain} | {fp8} |\n", e.name()));
+        }
+    }
+    let c = config("moe-configs/glm-4.5.json");
+    let show = |e: Engine, l: EngineLayout, d: Dimension| {
+        legal(e, &c, l, d).iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+    };
+    doc.push_str(&format!(
+        "\nGLM-4.5's 92 layers: vLLM takes any pipeline size (uneven stages), Megatron-LM {}.\n\
+         Expert parallelism at tp 8: SGLang ep {}; vLLM ep 8 only (tp x dp); Megatron-LM ep {} at dp 8.\n",
+        show(Engine::Megatron, EngineLayout::new(1, 1), Dimension::Pipeline),
+        show(Engine::Sglang, EngineLayout::new(8, 1), Dimension::Expert),
+        show(Engine::Megatron, EngineLayout { dp: 8, ..EngineLayout::new(8, 1) }, Dimension::Expert),
+    ));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/ENGINES.md");
+    if std::env::var_os("HEADCOUNT_BLESS").is_some() {
+        std::fs::write(&path, &doc).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(committed == doc, "docs/ENGINES.md is out of date: run HEADCOUNT_BLESS=1 cargo test -p headcount-spec");
+}

@@ -1,0 +1,14 @@
+// An engine rule on a const expression: the compiler evaluates it, at the declared size.
+const HEADS: usize = 8;
+
+#[derive(headcount::Architecture)]
+#[arch(
+    family = glm4_moe, engines = [vllm],
+    vocab_size = 32_000, hidden_size = 256, intermediate_size = 512, num_hidden_layers = 4,
+    num_attention_heads = HEADS, num_key_value_heads = 2, head_dim = 32,
+    moe_intermediate_size = 128, n_routed_experts = 16, num_experts_per_tok = 4,
+    expert_parallel = [16],
+)]
+pub struct TinyMoe;
+
+fn main() {}

@@ -1,0 +1,12 @@
+// HC2001: vLLM places expert_parallel 16 on 16 tensor-parallel ranks, which 8 heads do not split.
+#[derive(headcount::Architecture)]
+#[arch(
+    family = glm4_moe, engines = [vllm],
+    vocab_size = 32_000, hidden_size = 256, intermediate_size = 512, num_hidden_layers = 4,
+    num_attention_heads = 8, num_key_value_heads = 2, head_dim = 32,
+    moe_intermediate_size = 128, n_routed_experts = 16, num_experts_per_tok = 4,
+    expert_parallel = [1, 16],
+)]
+pub struct TinyMoe;
+
+fn main() {}
