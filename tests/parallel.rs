@@ -109,6 +109,19 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
         let cache = m.new_cache(3, 11).unwrap();
         let bytes: u64 = cache.kv.iter().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
         assert_eq!(m.cache_bytes_on_cpu(3, 11), bytes, "{what}");
+        // The spec's memory plan (what declarations and `check --memory` use) says the same.
+        let plan = headcount::spec::memory::RankLayout {
+            tp: tp as u64,
+            pp: pp as u64,
+            ep: ep as u64,
+            kv_replication: true,
+            vocab_padding: 1,
+        };
+        let spec = d.config.spec(&[], &[]);
+        let stage = m.parallel.stage as u64;
+        assert_eq!(headcount::spec::memory::rank_cache_bytes_per_token(&spec, &plan, stage, 4) * 33, bytes, "{what}");
+        assert_eq!(headcount::spec::memory::rank_parameters(&spec, &plan, stage), held as u64, "{what}");
+        assert_eq!(headcount::spec::memory::parameter_count(&spec), d.parameter_count() as u64, "{what}");
         assert_eq!(cache.kv.len(), m.layers.len());
 
         // Logits of every position against transformers' unsharded ones.

@@ -40,6 +40,8 @@ pub(crate) enum Kind {
     Engines,
     /// `fp8_block(n, k)`.
     Quant,
+    /// `bf16`, `f16`, `f32` or `fp8`: the bytes of one value.
+    Dtype,
 }
 
 /// The kind of a config field, from the field table.
@@ -55,7 +57,10 @@ fn field_kind(kind: FieldKind) -> Kind {
 }
 
 /// The keys only a declaration has, with their kinds (after the config fields).
-const DECLARATION_KEYS: [(&str, Kind); 10] = [
+const DECLARATION_KEYS: [(&str, Kind); 13] = [
+    (keys::DEVICE_MEMORY_GIB, Kind::Count),
+    (keys::CONTEXT, Kind::Count),
+    (keys::DTYPE, Kind::Dtype),
     (keys::TENSOR_PARALLEL, Kind::Sizes),
     (keys::PIPELINE_PARALLEL, Kind::Sizes),
     (keys::EXPERT_PARALLEL, Kind::Sizes),
@@ -254,6 +259,7 @@ fn typed(key: &'static str, raw: RawEntry, cx: &Ctxt) -> Option<Entry> {
         Kind::Sizes => sizes(key, &expr, cx),
         Kind::Engines => engines(key, &expr, cx),
         Kind::Quant => quantization(key, &expr),
+        Kind::Dtype => dtype(key, &expr),
         Kind::Path => match &expr {
             Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(Some(Value::Path(s.clone()))),
             other => Err(format!("{key} expects a string literal path, found {}", found(other))),
@@ -519,4 +525,19 @@ fn quantization(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
         }
     }
     Ok(Some(Value::Quant(headcount_spec::engines::BlockQuant { n: v[0], k: v[1] })))
+}
+
+/// `dtype = bf16`: the bytes a weight and a cache value take, for the memory check.
+fn dtype(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    let name = match expr {
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident().map(|i| i.unraw().to_string()),
+        _ => None,
+    };
+    let bytes = match name.as_deref() {
+        Some("bf16" | "f16") => 2,
+        Some("f32") => 4,
+        Some("fp8") => 1,
+        _ => return Err(format!("{key} expects bf16, f16, f32 or fp8, found {}", found(expr))),
+    };
+    Ok(Some(Value::Int(Num::Lit(bytes))))
 }

@@ -127,6 +127,7 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
     let ep_impls = markers(keys::EXPERT_PARALLEL, "SupportsExpertParallel");
     let dp_impls = markers(keys::DATA_PARALLEL, "SupportsDataParallel");
     let engine_checks = layout.deferred_engines.iter().map(|d| engine_assertion(input, layout, d));
+    let memory_checks = layout.deferred_memory.iter().map(|d| memory_assertion(input, layout, d));
     let checks = layout.deferred.iter().map(|d| assertion(input, layout, d.rule, &d.tokens));
     let track = layout.config_file.as_deref().and_then(tracked);
 
@@ -153,6 +154,7 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
         #dp_impls
         #(#checks)*
         #(#engine_checks)*
+        #(#memory_checks)*
         #track
     }
 }
@@ -238,6 +240,41 @@ fn engine_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredEn
             let __layout = ::headcount::EngineLayout { tp: #tp, pp: #pp, ep: #ep, dp: #dp, nnodes: #nnodes, quant: #quant };
             let mut __errors = ::headcount::__private::Errors::new();
             ::headcount::spec::engines::check(#engine, &__spec, &__layout, &mut __errors);
+            if !__errors.is_empty() {
+                ::core::panic! #args;
+            }
+        };
+    }
+}
+
+/// A `const _` running the memory check of one layout in the compiler.
+fn memory_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredMemory) -> TokenStream {
+    let ident = input.ident;
+    let mut tokens = d.tokens.clone().into_iter();
+    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
+    let last = tokens.last().map_or(first, |t| t.span());
+    let head_dim = match layout.value(keys::HEAD_DIM) {
+        Some(Value::Absent) => quote!(::core::option::Option::None),
+        _ => quote!(::core::option::Option::Some(<#ident as ::headcount::Architecture>::HEAD_DIM as u64)),
+    };
+    let l = d.layout;
+    let (tp, pp, ep, padding) = (lit_u64(l.tp), lit_u64(l.pp), lit_u64(l.ep), lit_u64(l.vocab_padding));
+    let replication = l.kv_replication;
+    let (limit, context, elt, uneven) = (lit_u64(d.limit_gib), lit_u64(d.context), lit_u64(d.elt), d.uneven);
+    let args = Group::new(Delimiter::Parenthesis, quote_spanned!(last=> "{}", __errors.render().as_str()));
+    let mut args = TokenTree::Group(args);
+    args.set_span(last);
+    quote_spanned! {first=>
+        const _: () = {
+            let __spec = ::headcount::__private::ArchSpec {
+                head_dim: #head_dim,
+                ..<#ident as ::headcount::Architecture>::SPEC
+            };
+            let __layout = ::headcount::spec::memory::RankLayout {
+                tp: #tp, pp: #pp, ep: #ep, kv_replication: #replication, vocab_padding: #padding,
+            };
+            let mut __errors = ::headcount::__private::Errors::new();
+            ::headcount::spec::memory::check_fits(&__spec, &__layout, #limit, #context, #elt, #uneven, &mut __errors);
             if !__errors.is_empty() {
                 ::core::panic! #args;
             }

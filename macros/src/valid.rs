@@ -42,6 +42,16 @@ pub(crate) struct Deferred {
     pub tokens: TokenStream,
 }
 
+/// A memory check the compiler evaluates (the layout reads a const expression).
+pub(crate) struct DeferredMemory {
+    pub layout: headcount_spec::memory::RankLayout,
+    pub limit_gib: u64,
+    pub context: u64,
+    pub elt: u64,
+    pub uneven: bool,
+    pub tokens: TokenStream,
+}
+
 /// An engine check the compiler evaluates (the layout reads a const expression).
 pub(crate) struct DeferredEngine {
     pub engine: Engine,
@@ -62,6 +72,7 @@ pub(crate) struct Layout {
     pub rotary_dim: Option<u64>,
     pub deferred: Vec<Deferred>,
     pub deferred_engines: Vec<DeferredEngine>,
+    pub deferred_memory: Vec<DeferredMemory>,
     /// The config.json read at compile time (so a change to it rebuilds the crate).
     pub config_file: Option<PathBuf>,
 }
@@ -203,6 +214,7 @@ pub(crate) fn check(input: &Input, cx: &Ctxt, locate: Locate) -> Layout {
         rotary_dim: None,
         deferred: Vec::new(),
         deferred_engines: Vec::new(),
+        deferred_memory: Vec::new(),
         config_file,
     };
     run_rules(&mut layout, input, from_config, cx);
@@ -296,6 +308,8 @@ fn default_value(family: Family, key: &str) -> Option<Value> {
             Value::List(vec![Elem { num: Num::Lit(1), tokens: TokenStream::new() }])
         }
         keys::ENGINES => Value::Engines(Vec::new()),
+        keys::DEVICE_MEMORY_GIB | keys::CONTEXT => Value::Absent,
+        keys::DTYPE => Value::Int(Num::Lit(2)),
         keys::QUANTIZATION => Value::Absent,
         keys::KV_REPLICATION | keys::UNEVEN_PIPELINE => Value::Bool(false),
         keys::VOCAB_PADDING => Value::Int(Num::Lit(1)),
@@ -367,6 +381,7 @@ fn run_rules(layout: &mut Layout, input: &Input, from_config: Option<&LitStr>, c
     }
     layout.deferred = deferred;
     check_engines(layout, &spec, input, cx);
+    check_memory(layout, &spec, input, cx);
 }
 
 /// Reports one rule violation at the value it is about: the list element for a list key,
@@ -512,4 +527,73 @@ fn check_engines(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt)
 fn size_limit(spec: &ArchSpec, key: &str) -> u64 {
     let n = if key == keys::EXPERT_PARALLEL { spec.n_routed_experts } else { spec.num_attention_heads };
     n.clamp(1, 4096)
+}
+
+/// `device_memory_gib = N`: every declared layout (each tensor- and pipeline-parallel size
+/// together, and each expert-parallel size with the tensor-parallel sizes it divides) must
+/// fit one device with the KV cache of one `context`-token sequence (default:
+/// max_position_embeddings) in `dtype` (default bf16).
+fn check_memory(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt) {
+    let limit = match layout.value(keys::DEVICE_MEMORY_GIB) {
+        Some(Value::Int(Num::Lit(n))) => *n,
+        _ => return,
+    };
+    if headcount_spec::FIELDS.iter().any(|f| layout.literal(f.key).is_none() && f.in_family(layout.family)) {
+        return; // a value is missing or malformed, and already reported
+    }
+    let known = headcount_spec::FIELDS.iter().all(|f| layout.literal(f.key) != Some(false));
+    let context = match layout.value(keys::CONTEXT) {
+        Some(Value::Int(Num::Lit(n))) => *n,
+        _ => spec.max_position_embeddings,
+    };
+    let elt = layout.u64(keys::DTYPE).unwrap_or(2);
+    let uneven = layout.bool(keys::UNEVEN_PIPELINE);
+    let items = |key: &str| match layout.value(key) {
+        Some(Value::List(items)) => items.iter().filter_map(|e| Some((e.num.lit()?, e.tokens.clone()))).collect(),
+        _ => Vec::new(),
+    };
+    let (tps, pps, eps): (Vec<(u64, TokenStream)>, Vec<_>, Vec<_>) =
+        (items(keys::TENSOR_PARALLEL), items(keys::PIPELINE_PARALLEL), items(keys::EXPERT_PARALLEL));
+    let fallback = layout.given(keys::DEVICE_MEMORY_GIB).cloned().unwrap_or_else(|| input.ident.to_token_stream());
+    let at = |t: &TokenStream| if t.is_empty() { fallback.clone() } else { t.clone() };
+    for (tp, tp_tokens) in &tps {
+        for (pp, pp_tokens) in &pps {
+            for (ep, ep_tokens) in &eps {
+                if *tp == 0 || *pp == 0 || *ep == 0 || !tp.is_multiple_of(*ep) {
+                    continue;
+                }
+                let r = headcount_spec::memory::RankLayout {
+                    tp: *tp,
+                    pp: *pp,
+                    ep: *ep,
+                    kv_replication: layout.bool(keys::KV_REPLICATION),
+                    vocab_padding: layout.u64(keys::VOCAB_PADDING).unwrap_or(1),
+                };
+                // Point at the size that makes the rank largest to fix: ep, else tp, else pp.
+                let tokens = if *ep > 1 {
+                    at(ep_tokens)
+                } else if *tp >= *pp {
+                    at(tp_tokens)
+                } else {
+                    at(pp_tokens)
+                };
+                if !known {
+                    layout.deferred_memory.push(DeferredMemory {
+                        layout: r,
+                        limit_gib: limit,
+                        context,
+                        elt,
+                        uneven,
+                        tokens,
+                    });
+                    continue;
+                }
+                let mut errors = headcount_spec::Errors::new();
+                headcount_spec::memory::check_fits(spec, &r, limit, context, elt, uneven, &mut errors);
+                for e in errors.iter() {
+                    cx.error_spanned_by(&tokens, e.to_string());
+                }
+            }
+        }
+    }
 }

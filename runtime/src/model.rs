@@ -783,7 +783,8 @@ impl Mlp {
 
 /// Parameters a rank holds for the layers `layers` of its stage (first and last stages add
 /// the embedding, the final norm and lm_head), from the plan: what the memory check
-/// compares before anything is allocated.
+/// compares before anything is allocated. Counted by the spec's memory plan
+/// (`headcount_spec::memory`), which declarations use too.
 pub fn rank_parameter_count(
     d: &Dims,
     plan: &ShardPlan,
@@ -791,30 +792,15 @@ pub fn rank_parameter_count(
     first: bool,
     last: bool,
 ) -> u64 {
-    let (h, hd) = (d.hidden as u64, d.head_dim as u64);
-    let (q, kv) = (plan.heads_per_shard as u64 * hd, plan.kv_per_shard as u64 * hd);
-    let inter = plan.intermediate_per_shard as u64;
-    let norms = if d.family == Family::Glm4 { 4 } else { 2 };
-    let bias = if d.attention_bias { q + 2 * kv } else { 0 };
-    let qk_norm = if d.moe.as_ref().is_some_and(|m| m.qk_norm) { 2 * hd } else { 0 };
-    let attention = (q + 2 * kv) * h + bias + q * h + norms * h + qk_norm;
-    let dense = attention + 3 * inter * h;
-    let (count, moe_layer) = match &d.moe {
-        None => (layers.len() as u64, 0),
-        Some(m) => {
-            let experts = m.experts as u64;
-            let routed = (plan.experts_per_rank as u64).saturating_mul(3 * plan.expert_width_per_shard as u64 * h);
-            let shared = 3 * plan.shared_width_per_shard as u64 * h;
-            let dense_here = layers.clone().filter(|&l| !m.is_moe_layer(l)).count() as u64;
-            let moe_here = layers.len() as u64 - dense_here;
-            let per_moe = attention + experts * h + experts + routed.saturating_add(shared);
-            (dense_here, per_moe.saturating_mul(moe_here))
-        }
+    let r = headcount_spec::memory::RankLayout {
+        tp: plan.size as u64,
+        pp: 1,
+        ep: plan.expert_parallel as u64,
+        kv_replication: true,
+        vocab_padding: plan.vocab_padding as u64,
     };
-    let vocab_rows = plan.vocab_per_shard as u64 * h;
-    let embed = if first && !(d.tie_embeddings && last) { vocab_rows } else { 0 };
-    let head = if last { vocab_rows + h } else { 0 };
-    dense.saturating_mul(count).saturating_add(moe_layer).saturating_add(embed).saturating_add(head)
+    let spec = d.config.spec(&[], &[]);
+    headcount_spec::memory::rank_parameters_of(&spec, &r, layers.start as u64, layers.end as u64, first, last)
 }
 
 /// The head_dim channel order that turns glm4_moe's rotate-half rotary embedding into the

@@ -79,6 +79,36 @@ macro_rules! architecture_trait {
                 uneven_pipeline: Self::UNEVEN_PIPELINE,
             };
 
+            /// Parameters of the whole model, as its checkpoint stores them.
+            const PARAMETERS: u64 = crate::memory::parameter_count(&Self::SPEC);
+            /// Parameters one token reads (glm4_moe: all but the routed experts it was not
+            /// routed to); `PARAMETERS` for a dense family.
+            const ACTIVE_PARAMETERS: u64 = crate::memory::active_parameter_count(&Self::SPEC);
+
+            /// Bytes of the weights in a dtype of `elt` bytes (2 for bf16).
+            fn weight_bytes(elt: u64) -> u64 {
+                Self::PARAMETERS.saturating_mul(elt)
+            }
+
+            /// KV-cache bytes one token takes in a dtype of `elt` bytes.
+            fn kv_cache_bytes_per_token(elt: u64) -> u64 {
+                crate::memory::cache_bytes_per_token(&Self::SPEC, elt)
+            }
+
+            /// The fullest rank's weight and KV-cache bytes for one sequence of `context`
+            /// tokens, with `tp x pp` ranks (and experts on `ep` groups of each tensor-parallel
+            /// group), in a dtype of `elt` bytes.
+            fn rank_bytes(tp: u64, pp: u64, ep: u64, context: u64, elt: u64) -> (u64, u64) {
+                let r = crate::memory::RankLayout {
+                    tp,
+                    pp,
+                    ep,
+                    kv_replication: Self::KV_REPLICATION,
+                    vocab_padding: Self::VOCAB_PADDING,
+                };
+                crate::memory::rank_bytes(&Self::SPEC, &r, context, elt)
+            }
+
             /// The Hugging Face config this declaration corresponds to.
             fn config() -> crate::Config {
                 crate::Config::from_spec(&Self::SPEC)

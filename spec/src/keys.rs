@@ -28,6 +28,12 @@ pub const DATA_PARALLEL: &str = "data_parallel";
 pub const ENGINES: &str = "engines";
 /// Declaration-only: block quantization the engines' rules must allow, `fp8_block(n, k)`.
 pub const QUANTIZATION: &str = "quantization";
+/// Declaration-only: the memory of one device (GiB) every declared layout's ranks must fit.
+pub const DEVICE_MEMORY_GIB: &str = "device_memory_gib";
+/// Declaration-only: the tokens of one sequence whose KV cache a rank must hold too.
+pub const CONTEXT: &str = "context";
+/// Declaration-only: the weights' dtype for the memory check (`bf16`, `f16`, `f32`, `fp8`).
+pub const DTYPE: &str = "dtype";
 /// Declaration-only: allow a tensor-parallel size that is a multiple of the kv heads,
 /// each kv head then replicated on `size / kv` shards.
 pub const KV_REPLICATION: &str = "kv_replication";
@@ -39,7 +45,10 @@ pub const UNEVEN_PIPELINE: &str = "uneven_pipeline";
 pub const FROM_CONFIG: &str = "from_config";
 
 /// The keys only a `#[arch(...)]` declaration has.
-pub const DECLARATION_ONLY: [&str; 11] = [
+pub const DECLARATION_ONLY: [&str; 14] = [
+    DEVICE_MEMORY_GIB,
+    CONTEXT,
+    DTYPE,
     FAMILY,
     TENSOR_PARALLEL,
     PIPELINE_PARALLEL,

@@ -20,6 +20,7 @@ pub mod declare;
 pub mod engines;
 pub mod fields;
 pub mod keys;
+pub mod memory;
 pub mod msg;
 pub mod reference;
 pub mod rules;

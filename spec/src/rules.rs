@@ -414,6 +414,8 @@ pub enum LayoutError {
     ExpertParallelDense { ep: u64, family: Family },
     /// An engine profile refuses a layout ([`crate::engines`]).
     Engine(crate::engines::EngineError),
+    /// A declared layout's ranks do not fit the declared device memory ([`crate::memory`]).
+    Memory(crate::memory::MemoryError),
 }
 
 impl LayoutError {
@@ -450,6 +452,7 @@ impl LayoutError {
             | LayoutError::ExpertParallelExperts { .. }
             | LayoutError::ExpertParallelDense { .. } => keys::EXPERT_PARALLEL,
             LayoutError::Engine(e) => e.rule.dimension().key(),
+            LayoutError::Memory(_) => keys::DEVICE_MEMORY_GIB,
         }
     }
 
@@ -506,6 +509,7 @@ impl LayoutError {
             LayoutError::ExpertParallelExperts { .. } => "HC1002",
             LayoutError::ExpertParallelDense { .. } => "HC1003",
             LayoutError::Engine(e) => e.rule.code(),
+            LayoutError::Memory(_) => "HC1101",
         }
     }
 
@@ -743,6 +747,7 @@ impl LayoutError {
                     .push("): each rank holds the same number of whole experts; legal expert_parallel sizes are "),
             ),
             LayoutError::Engine(e) => e.write(m),
+            LayoutError::Memory(e) => e.write(m),
             LayoutError::ExpertParallelDense { ep, family } => m
                 .push("expert_parallel size ")
                 .num(ep)

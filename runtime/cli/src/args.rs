@@ -213,10 +213,40 @@ pub struct CheckArgs {
     /// print the layouts it accepts (repeatable).
     #[arg(long = "engine", value_enum, value_name = "ENGINE")]
     pub engines: Vec<EngineArg>,
+    /// Print each layout's memory a rank against this much device memory (`80GiB`).
+    #[arg(long, value_name = "GiB", value_parser = gib)]
+    pub memory: Option<u64>,
+    /// With --memory: the weights' and cache's dtype (bf16, f16, f32, fp8).
+    #[arg(long = "dtype", default_value = "bf16", value_parser = dtype_bytes, value_name = "DTYPE")]
+    pub memory_dtype: u64,
+    /// With --memory: the tokens of the one sequence whose KV cache a rank holds (default:
+    /// max_position_embeddings).
+    #[arg(long, value_name = "TOKENS")]
+    pub context: Option<u64>,
     /// With --engine: block-quantized weights, `fp8-block-N` (N x N blocks) or
     /// `fp8-block-NxK`, as the engines' FP8 block rules check them.
     #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
     pub quantization: Option<headcount_spec::engines::BlockQuant>,
+}
+
+/// `80GiB`, `80G` or `80`: GiB of device memory.
+fn gib(s: &str) -> Result<u64, String> {
+    let digits = s.trim_end_matches("GiB").trim_end_matches('G');
+    match digits.parse::<u64>() {
+        Ok(0) => Err("must be at least 1 GiB".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a size in GiB, such as 80GiB")),
+    }
+}
+
+/// Bytes one value of the dtype takes.
+fn dtype_bytes(s: &str) -> Result<u64, String> {
+    match s {
+        "bf16" | "bfloat16" | "f16" | "float16" | "half" => Ok(2),
+        "f32" | "float32" => Ok(4),
+        "fp8" => Ok(1),
+        _ => Err(format!("{s:?}: use bf16, f16, f32 or fp8")),
+    }
 }
 
 /// `fp8-block-128` or `fp8-block-128x64`.

@@ -14,6 +14,19 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
     let (path, tp, pp, ep) =
         (a.config.as_path(), &a.tensor_parallel[..], &a.pipeline_parallel[..], &a.expert_parallel[..]);
     let config = Config::from_file(path)?;
+    if let Some(limit) = a.memory {
+        if let Err(v) = config.validate() {
+            println!("{}: {} layout error(s)", path.display(), v.errors.len());
+            for e in &v.errors {
+                println!("  error[{}]: {}", e.code(), e.message());
+            }
+            return Ok(ExitCode::from(1));
+        }
+        memory_table(&config, limit, a.memory_dtype, a.context.unwrap_or(config.max_position_embeddings));
+        if a.engines.is_empty() {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     if !a.engines.is_empty() {
         // The engines' rules read the layout: check it against the model's rules first.
         if let Err(v) = config.validate() {
@@ -225,4 +238,38 @@ fn ranges(v: &[u64]) -> String {
         i = j + 1;
     }
     out.join(", ")
+}
+
+/// `check --memory`: the fullest rank's weights and one sequence's KV cache for each legal
+/// tensor-parallel size and a few pipeline sizes, against the device memory.
+fn memory_table(config: &Config, limit_gib: u64, elt: u64, context: u64) {
+    use headcount_spec::memory::{self, RankLayout};
+    let spec = config.spec(&[], &[]);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let dtype = match elt {
+        1 => "fp8",
+        4 => "f32",
+        _ => "bf16",
+    };
+    println!(
+        "memory a rank in {dtype}: {:.1}B parameters ({:.1}B active a token), KV cache {} KiB a token; {limit_gib} GiB a device, one sequence of {context} tokens",
+        memory::parameter_count(&spec) as f64 / 1e9,
+        memory::active_parameter_count(&spec) as f64 / 1e9,
+        memory::cache_bytes_per_token(&spec, elt) / 1024,
+    );
+    let pps: Vec<u64> = [1u64, 2, 4, 8, 16].into_iter().filter(|&p| p <= config.num_hidden_layers).collect();
+    let header: Vec<String> = pps.iter().map(|p| format!("{:>16}", format!("pp {p}"))).collect();
+    println!("  {:>6}{}", "", header.join(""));
+    for tp in config.legal_tensor_parallel() {
+        let cells: Vec<String> = pps
+            .iter()
+            .map(|&pp| {
+                let (w, c) = memory::rank_bytes(&spec, &RankLayout::new(tp, pp), context, elt);
+                let total = w.saturating_add(c);
+                let mark = if total <= limit_gib << 30 { "fits" } else { "no" };
+                format!("{:>16}", format!("{:.1} GiB {mark}", gib(total)))
+            })
+            .collect();
+        println!("  tp {tp:>3}{}", cells.join(""));
+    }
 }

@@ -454,3 +454,14 @@ fn check_against_engines() {
     let bad = fixture("moe-configs/topk-group-exceeds-groups.json");
     expect(&headcount(&["check", &bad, "--engine", "vllm"]), 1, "error[HC0903]");
 }
+
+/// `check --memory`: GLM-4.5's fullest rank per layout against 80 GiB.
+#[test]
+fn check_prints_memory_a_rank() {
+    let glm45 = fixture("moe-configs/glm-4.5.json");
+    let o = headcount(&["check", &glm45, "--memory", "80GiB", "--dtype", "bf16", "--context", "131072"]);
+    expect(&o, 0, "352.8B parameters (33.6B active a token), KV cache 368 KiB a token");
+    expect(&o, 0, "tp   8     88.0 GiB no   45.3 GiB fits");
+    expect(&headcount(&["check", &glm45, "--memory", "0"]), 2, "must be at least 1 GiB");
+    expect(&headcount(&["check", &glm45, "--memory", "80", "--dtype", "int3"]), 2, "use bf16, f16, f32 or fp8");
+}

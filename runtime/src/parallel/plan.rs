@@ -24,6 +24,8 @@ pub struct ShardPlan {
     /// How many shards hold each kv head (1 unless replicated).
     pub kv_replicas: usize,
     pub intermediate_per_shard: usize,
+    /// The declaration's vocabulary padding (the vocabulary is padded to a multiple of it).
+    pub vocab_padding: usize,
     /// glm4_moe: expert-parallel groups within the tensor-parallel group (1: every rank
     /// holds every expert); each group holds `experts_per_rank` whole experts.
     pub expert_parallel: usize,
@@ -62,6 +64,7 @@ impl ShardPlan {
             kv_per_shard,
             kv_replicas,
             intermediate_per_shard: d.intermediate / size,
+            vocab_padding: vocab_padding.max(1),
             expert_parallel: 1,
             experts_per_rank: d.moe.as_ref().map_or(0, |m| m.experts),
             expert_width_per_shard: d.moe.as_ref().map_or(0, |m| m.width / size),

@@ -1,0 +1,315 @@
+//! Memory plans: how many parameters and cache bytes a model and each rank of a layout hold,
+//! as `const fn`s, so a declaration can refuse a layout whose ranks cannot fit a device. The
+//! runtime counts its ranks' weights with the same functions (and tests them against the
+//! tensors it loaded).
+
+use crate::rules::{ArchSpec, Family};
+
+/// How a run splits the model: tensor-, pipeline- and expert-parallel sizes (expert
+/// parallelism within each tensor-parallel group, as the runtime runs it), and the
+/// declaration's kv replication and vocabulary padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankLayout {
+    pub tp: u64,
+    pub pp: u64,
+    pub ep: u64,
+    pub kv_replication: bool,
+    pub vocab_padding: u64,
+}
+
+impl RankLayout {
+    pub const fn new(tp: u64, pp: u64) -> RankLayout {
+        RankLayout { tp, pp, ep: 1, kv_replication: true, vocab_padding: 1 }
+    }
+}
+
+/// The layers of pipeline stage `stage` of `pp` over `layers` (vLLM's split: the stages just
+/// before the last take one more when the layers do not divide).
+pub const fn stage_layers(layers: u64, pp: u64, stage: u64) -> (u64, u64) {
+    if pp == 0 {
+        return (0, 0);
+    }
+    let (base, extra) = (layers / pp, layers % pp);
+    let mut start = 0;
+    let mut s = 0;
+    while s < stage {
+        start += base + if s + 1 < pp && s + 1 + extra >= pp { 1 } else { 0 };
+        s += 1;
+    }
+    let len = base + if stage + 1 < pp && stage + 1 + extra >= pp { 1 } else { 0 };
+    (start, start + len)
+}
+
+const fn min(a: u64, b: u64) -> u64 {
+    if a < b { a } else { b }
+}
+
+/// kv heads one rank holds: its share, or one replicated head.
+const fn kv_per_rank(s: &ArchSpec, tp: u64) -> u64 {
+    if s.num_key_value_heads.is_multiple_of(tp) { s.num_key_value_heads / tp } else { 1 }
+}
+
+const fn head_dim(s: &ArchSpec) -> u64 {
+    match s.resolved_head_dim() {
+        Some(d) => d,
+        None => 0,
+    }
+}
+
+/// Whether layer `l` has experts.
+const fn is_moe_layer(s: &ArchSpec, l: u64) -> bool {
+    s.family.is_moe() && l >= s.first_k_dense_replace
+}
+
+/// Parameters one rank holds of layer `l` (saturating).
+const fn layer_parameters(s: &ArchSpec, r: &RankLayout, l: u64) -> u64 {
+    let (h, hd, tp) = (s.hidden_size, head_dim(s), r.tp);
+    let q = (s.num_attention_heads / tp).saturating_mul(hd);
+    let kv = kv_per_rank(s, tp).saturating_mul(hd);
+    let norms = if matches!(s.family, Family::Glm4) { 4 } else { 2 };
+    let bias = if s.attention_bias { q + 2 * kv } else { 0 };
+    let qk_norm = if s.family.is_moe() && s.use_qk_norm { 2 * hd } else { 0 };
+    let attention = (q + 2 * kv).saturating_mul(h).saturating_add(q.saturating_mul(h)) + bias + norms * h + qk_norm;
+    if !is_moe_layer(s, l) {
+        return attention.saturating_add((3 * (s.intermediate_size / tp)).saturating_mul(h));
+    }
+    let experts = s.n_routed_experts;
+    let ep = if r.ep == 0 { 1 } else { r.ep };
+    let sharing = if tp / ep == 0 { 1 } else { tp / ep };
+    let routed = (experts / ep).saturating_mul(3 * (s.moe_intermediate_size / sharing)).saturating_mul(h);
+    let shared = (3 * (s.moe_intermediate_size * s.n_shared_experts / tp)).saturating_mul(h);
+    attention.saturating_add(experts * h + experts).saturating_add(routed).saturating_add(shared)
+}
+
+/// The vocabulary rows one rank holds (after the declaration's padding).
+const fn vocab_rows(s: &ArchSpec, r: &RankLayout) -> u64 {
+    let p = if r.vocab_padding <= 1 { 1 } else { r.vocab_padding };
+    let padded = s.vocab_size.div_ceil(p).saturating_mul(p);
+    padded / r.tp
+}
+
+/// Parameters one rank of stage `stage` holds: its layers' parts, and on the first stage the
+/// embedding rows, on the last the final norm and lm_head rows (a tied embedding on a
+/// stage that holds both is held once). Kv heads replicated and vocabulary padding count.
+pub const fn rank_parameters(s: &ArchSpec, r: &RankLayout, stage: u64) -> u64 {
+    if r.tp == 0 || r.pp == 0 {
+        return 0;
+    }
+    let (start, end) = stage_layers(s.num_hidden_layers, r.pp, stage);
+    rank_parameters_of(s, r, start, end, stage == 0, stage + 1 == r.pp)
+}
+
+/// [`rank_parameters`] for the layers `start..end`, with or without the first and last
+/// stage's tables.
+pub const fn rank_parameters_of(s: &ArchSpec, r: &RankLayout, start: u64, end: u64, first: bool, last: bool) -> u64 {
+    if r.tp == 0 {
+        return 0;
+    }
+    // Layers with experts and without are counted once each, times how many there are.
+    let dense_end = if s.family.is_moe() { s.first_k_dense_replace } else { u64::MAX };
+    let dense = min(end, dense_end).saturating_sub(min(start, dense_end));
+    let moe = (end - start).saturating_sub(dense);
+    let mut n = 0u64;
+    if dense > 0 {
+        n = n.saturating_add(layer_parameters(s, r, start).saturating_mul(dense));
+    }
+    if moe > 0 {
+        n = n.saturating_add(layer_parameters(s, r, end - 1).saturating_mul(moe));
+    }
+    let rows = vocab_rows(s, r).saturating_mul(s.hidden_size);
+    if first && !(s.tie_word_embeddings && last) {
+        n = n.saturating_add(rows);
+    }
+    if last {
+        n = n.saturating_add(rows).saturating_add(s.hidden_size);
+    }
+    n
+}
+
+/// The most parameters any rank of the layout holds.
+pub const fn max_rank_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
+    let mut most = 0;
+    let mut stage = 0;
+    while stage < r.pp {
+        let n = rank_parameters(s, r, stage);
+        if n > most {
+            most = n;
+        }
+        stage += 1;
+    }
+    most
+}
+
+/// Parameters of the whole model as its checkpoint stores them.
+pub const fn parameter_count(s: &ArchSpec) -> u64 {
+    // One rank holding every layer and both tables (a tied lm_head counted once).
+    rank_parameters(s, &RankLayout::new(1, 1), 0)
+}
+
+/// Parameters one token reads: all but the routed experts it was not routed to.
+pub const fn active_parameter_count(s: &ArchSpec) -> u64 {
+    let total = parameter_count(s);
+    if !s.family.is_moe() {
+        return total;
+    }
+    let idle = s.n_routed_experts.saturating_sub(s.num_experts_per_tok);
+    let moe_layers = s.num_hidden_layers.saturating_sub(s.first_k_dense_replace);
+    let per_expert = (3 * s.moe_intermediate_size).saturating_mul(s.hidden_size);
+    total.saturating_sub(idle.saturating_mul(per_expert).saturating_mul(moe_layers))
+}
+
+/// KV-cache bytes one token takes on one rank of stage `stage` (its layers, its kv heads).
+pub const fn rank_cache_bytes_per_token(s: &ArchSpec, r: &RankLayout, stage: u64, elt: u64) -> u64 {
+    if r.tp == 0 || r.pp == 0 {
+        return 0;
+    }
+    let (start, end) = stage_layers(s.num_hidden_layers, r.pp, stage);
+    (end - start).saturating_mul(2 * kv_per_rank(s, r.tp)).saturating_mul(head_dim(s)).saturating_mul(elt)
+}
+
+/// KV-cache bytes one token takes in the whole model.
+pub const fn cache_bytes_per_token(s: &ArchSpec, elt: u64) -> u64 {
+    rank_cache_bytes_per_token(s, &RankLayout::new(1, 1), 0, elt)
+}
+
+/// The most bytes a rank of the layout needs for its weights and the cache of one sequence
+/// of `context` tokens, in a dtype of `elt` bytes: `(weights, cache)`.
+pub const fn rank_bytes(s: &ArchSpec, r: &RankLayout, context: u64, elt: u64) -> (u64, u64) {
+    let mut most = (0u64, 0u64);
+    let mut stage = 0;
+    while stage < r.pp {
+        let w = rank_parameters(s, r, stage).saturating_mul(elt);
+        let c = rank_cache_bytes_per_token(s, r, stage, elt).saturating_mul(context);
+        if w.saturating_add(c) > most.0.saturating_add(most.1) {
+            most = (w, c);
+        }
+        stage += 1;
+    }
+    most
+}
+
+/// A declared layout whose ranks do not fit the declared device memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryError {
+    pub layout: RankLayout,
+    /// Bytes of the fullest rank: weights, and the cache of one `context`-token sequence.
+    pub weights: u64,
+    pub cache: u64,
+    pub limit_gib: u64,
+    pub context: u64,
+    /// Bytes a value takes (2 for bf16).
+    pub elt: u64,
+    /// The smallest layouts (fewest ranks) that fit: `(tp, pp, bytes a rank)`.
+    pub fits: [Option<(u64, u64, u64)>; 3],
+}
+
+const GIB: u64 = 1 << 30;
+
+/// Whether the fullest rank of layout `r` fits `limit_gib` GiB with one sequence of
+/// `context` tokens in a dtype of `elt` bytes; when not, a [`MemoryError`] with the smallest
+/// layouts that fit (tensor-parallel sizes the model's rules allow, pipeline sizes that
+/// split the layers, evenly unless `uneven`).
+pub const fn check_fits(
+    s: &ArchSpec,
+    r: &RankLayout,
+    limit_gib: u64,
+    context: u64,
+    elt: u64,
+    uneven: bool,
+    out: &mut crate::rules::Errors,
+) {
+    let (w, c) = rank_bytes(s, r, context, elt);
+    let limit = limit_gib.saturating_mul(GIB);
+    if w.saturating_add(c) <= limit {
+        return;
+    }
+    let mut fits = [None; 3];
+    let mut found = 0;
+    let spec = ArchSpec { kv_replication: r.kv_replication, vocab_padding: r.vocab_padding, ..*s };
+    let tps = spec.legal_tensor_parallel();
+    // Fewest ranks first: every world size up to 1024, each split into tp x pp.
+    let mut world: u64 = 1;
+    while world <= 1024 && found < 3 {
+        let mut i = 0;
+        while i < tps.as_slice().len() && found < 3 {
+            let tp = tps.as_slice()[i];
+            i += 1;
+            if !world.is_multiple_of(tp) {
+                continue;
+            }
+            let pp = world / tp;
+            if pp > s.num_hidden_layers || (!uneven && !s.num_hidden_layers.is_multiple_of(pp)) {
+                continue;
+            }
+            let l = RankLayout { tp, pp, ep: 1, ..*r };
+            let (lw, lc) = rank_bytes(s, &l, context, elt);
+            if lw.saturating_add(lc) <= limit {
+                fits[found] = Some((tp, pp, lw.saturating_add(lc)));
+                found += 1;
+            }
+        }
+        world += 1;
+    }
+    out.push(crate::rules::LayoutError::Memory(MemoryError {
+        layout: *r,
+        weights: w,
+        cache: c,
+        limit_gib,
+        context,
+        elt,
+        fits,
+    }));
+}
+
+/// `bytes` in GiB with one decimal.
+const fn gib(m: crate::msg::Msg, bytes: u64) -> crate::msg::Msg {
+    let tenths = (bytes / (GIB / 1024)).saturating_mul(10).saturating_add(512) / 1024;
+    m.num(tenths / 10).push(".").num(tenths % 10).push(" GiB")
+}
+
+const fn dtype_name(elt: u64) -> &'static str {
+    match elt {
+        1 => "fp8",
+        2 => "bf16",
+        4 => "f32",
+        _ => "the dtype",
+    }
+}
+
+impl MemoryError {
+    pub const fn write(&self, m: crate::msg::Msg) -> crate::msg::Msg {
+        let l = &self.layout;
+        let mut m = m.push("tensor_parallel ").num(l.tp).push(" x pipeline_parallel ").num(l.pp);
+        if l.ep > 1 {
+            m = m.push(" x expert_parallel ").num(l.ep);
+        }
+        m = gib(m.push(": a rank needs "), self.weights.saturating_add(self.cache));
+        m = gib(m.push(" in ").push(dtype_name(self.elt)).push(" ("), self.weights);
+        m = gib(m.push(" of weights, "), self.cache);
+        m = m
+            .push(" of KV cache for ")
+            .num(self.context)
+            .push(" tokens), more than device_memory_gib (")
+            .num(self.limit_gib)
+            .push(")");
+        if self.fits[0].is_none() {
+            return m.push("; no layout of up to 1024 ranks fits");
+        }
+        m = m.push("; the smallest layouts that fit: ");
+        let mut i = 0;
+        while i < self.fits.len() {
+            if let Some((tp, pp, bytes)) = self.fits[i] {
+                if i > 0 {
+                    m = m.push(", ");
+                }
+                m = m.push("tp ").num(tp);
+                if pp > 1 {
+                    m = m.push(" x pp ").num(pp);
+                }
+                m = gib(m.push(" ("), bytes).push(" a rank)");
+            }
+            i += 1;
+        }
+        m
+    }
+}
