@@ -183,6 +183,15 @@ fn the_engines_reference_is_current() {
         show(Engine::Sglang, EngineLayout::new(8, 1), Dimension::Expert),
         show(Engine::Megatron, EngineLayout { dp: 8, ..EngineLayout::new(8, 1) }, Dimension::Expert),
     ));
+    doc.push_str(
+        "\n## Memory plans (HC1101)\n\n`spec/src/memory.rs` counts each rank's parameters (its heads, kv heads replicated\n\
+         where they must be, its share of the MLPs and experts, its stage's layers, the padded\n\
+         vocabulary rows on the first and last stage) and KV-cache bytes, the same functions the\n\
+         runtime loads by (tests/parallel.rs compares them with the tensors loaded). A declaration\n\
+         with `device_memory_gib = G` refuses each declared layout whose fullest rank needs more\n\
+         than G GiB for its weights plus the cache of one `context`-token sequence in `dtype`;\n\
+         activations and the engine's own buffers are not counted.\n",
+    );
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/ENGINES.md");
     if std::env::var_os("HEADCOUNT_BLESS").is_some() {
         std::fs::write(&path, &doc).unwrap();
