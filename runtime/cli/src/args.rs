@@ -32,6 +32,9 @@ pub enum Command {
     /// Validate a config.json: every violation with its fix, the legal parallel sizes, and
     /// with --engine the engines' own layout rules and their legal layouts.
     Check(CheckArgs),
+    /// Print an engine's launch command for a layout its rules accept (refused with their
+    /// messages otherwise).
+    LaunchArgs(LaunchArgs),
     /// Print the #[derive(Architecture)] declaration of a config.json.
     Declare {
         config: PathBuf,
@@ -247,6 +250,31 @@ fn dtype_bytes(s: &str) -> Result<u64, String> {
         "fp8" => Ok(1),
         _ => Err(format!("{s:?}: use bf16, f16, f32 or fp8")),
     }
+}
+
+/// `headcount launch-args`.
+#[derive(Args)]
+pub struct LaunchArgs {
+    /// The engine to launch.
+    #[arg(long, value_enum)]
+    pub engine: EngineArg,
+    /// The checkpoint's config.json.
+    pub config: PathBuf,
+    /// The model to serve or train as the engine names it (default: the config's folder).
+    #[arg(long)]
+    pub model: Option<String>,
+    #[arg(long = "tp", default_value_t = 1, value_name = "N")]
+    pub tensor_parallel: u64,
+    #[arg(long = "pp", default_value_t = 1, value_name = "N")]
+    pub pipeline_parallel: u64,
+    #[arg(long = "ep", default_value_t = 1, value_name = "N")]
+    pub expert_parallel: u64,
+    #[arg(long = "dp", default_value_t = 1, value_name = "N")]
+    pub data_parallel: u64,
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub nnodes: u64,
+    #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
+    pub quantization: Option<headcount_spec::engines::BlockQuant>,
 }
 
 /// `fp8-block-128` or `fp8-block-128x64`.

@@ -8,7 +8,7 @@ use headcount_runtime::{Error, Result};
 use headcount_spec::Config;
 use headcount_spec::engines::{self, Dimension, Engine, EngineLayout};
 
-use crate::args::CheckArgs;
+use crate::args::{CheckArgs, LaunchArgs};
 
 pub fn check(a: &CheckArgs) -> Result<ExitCode> {
     let (path, tp, pp, ep) =
@@ -272,4 +272,113 @@ fn memory_table(config: &Config, limit_gib: u64, elt: u64, context: u64) {
             .collect();
         println!("  tp {tp:>3}{}", cells.join(""));
     }
+}
+
+/// `launch-args`: the engine's command for a layout its rules accept, so that the layout
+/// checked is the one that runs.
+pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
+    let config = Config::from_file(&a.config)?;
+    if let Err(v) = config.validate() {
+        for e in &v.errors {
+            println!("error[{}]: {}", e.code(), e.message());
+        }
+        return Ok(ExitCode::from(1));
+    }
+    let engine: Engine = a.engine.into();
+    let (tp, pp, ep, dp) = (a.tensor_parallel, a.pipeline_parallel, a.expert_parallel, a.data_parallel);
+    if [tp, pp, ep, dp, a.nnodes].contains(&0) {
+        return Err(Error::InvalidArgument("--tp, --pp, --ep, --dp and --nnodes must be at least 1".to_owned()));
+    }
+    let layout = EngineLayout { tp, pp, ep, dp, nnodes: a.nnodes, quant: a.quantization };
+    let spec = config.spec(&[], &[]);
+    let mut errors = headcount_spec::Errors::new();
+    engines::check(engine, &spec, &layout, &mut errors);
+    if !errors.is_empty() {
+        for e in errors.iter() {
+            println!("error[{}]: {}", e.code(), e.message());
+        }
+        return Ok(ExitCode::from(1));
+    }
+    let model = a.model.clone().unwrap_or_else(|| {
+        a.config.parent().filter(|p| !p.as_os_str().is_empty()).map_or(".".to_owned(), |p| p.display().to_string())
+    });
+    let c = &config;
+    let mut args: Vec<String> = Vec::new();
+    let mut push = |v: &[&str]| args.extend(v.iter().map(|s| s.to_string()));
+    match engine {
+        Engine::Vllm => {
+            push(&["vllm", "serve", &model, "--tensor-parallel-size", &tp.to_string()]);
+            push(&["--pipeline-parallel-size", &pp.to_string()]);
+            if dp > 1 {
+                push(&["--data-parallel-size", &dp.to_string()]);
+            }
+            if ep > 1 {
+                push(&["--enable-expert-parallel"]);
+            }
+        }
+        Engine::Sglang => {
+            push(&["python", "-m", "sglang.launch_server", "--model-path", &model, "--tp-size", &tp.to_string()]);
+            push(&["--pp-size", &pp.to_string()]);
+            if ep > 1 {
+                push(&["--ep-size", &ep.to_string()]);
+            }
+            if dp > 1 {
+                push(&["--attn-dp-size", &dp.to_string()]);
+            }
+            if a.nnodes > 1 {
+                push(&["--nnodes", &a.nnodes.to_string()]);
+            }
+        }
+        Engine::Megatron => {
+            let world = tp * pp * dp;
+            let per_node = world.div_ceil(a.nnodes);
+            push(&["torchrun", "--nproc-per-node", &per_node.to_string()]);
+            if a.nnodes > 1 {
+                push(&["--nnodes", &a.nnodes.to_string()]);
+            }
+            push(&["pretrain_gpt.py", "--tensor-model-parallel-size", &tp.to_string()]);
+            push(&["--pipeline-model-parallel-size", &pp.to_string()]);
+            if ep > 1 {
+                push(&["--expert-model-parallel-size", &ep.to_string()]);
+            }
+            push(&["--num-layers", &c.num_hidden_layers.to_string(), "--hidden-size", &c.hidden_size.to_string()]);
+            push(&["--ffn-hidden-size", &c.intermediate_size.to_string()]);
+            push(&["--num-attention-heads", &c.num_attention_heads.to_string()]);
+            push(&["--group-query-attention", "--num-query-groups", &c.num_key_value_heads.to_string()]);
+            push(&["--kv-channels", &c.resolved_head_dim().unwrap_or(0).to_string()]);
+            push(&["--seq-length", &c.max_position_embeddings.to_string()]);
+            push(&["--max-position-embeddings", &c.max_position_embeddings.to_string()]);
+            if c.family.is_moe() {
+                push(&["--num-experts", &c.n_routed_experts.to_string()]);
+                push(&["--moe-ffn-hidden-size", &c.moe_intermediate_size.to_string()]);
+                push(&["--moe-router-topk", &c.num_experts_per_tok.to_string()]);
+                if c.n_shared_experts > 0 {
+                    let shared = (c.moe_intermediate_size * c.n_shared_experts).to_string();
+                    push(&["--moe-shared-expert-intermediate-size", &shared]);
+                }
+                let moe = c.num_hidden_layers.saturating_sub(c.first_k_dense_replace);
+                let freq = format!("([0]*{}+[1]*{moe})", c.first_k_dense_replace.min(c.num_hidden_layers));
+                push(&["--moe-layer-freq", &freq]);
+            }
+        }
+        Engine::Transformers => {
+            // transformers' native tensor parallelism: one process a rank under torchrun.
+            push(&["torchrun", "--nproc-per-node", &tp.to_string(), "your_script.py"]);
+            println!("# in your_script.py:");
+            println!(
+                "#   AutoModelForCausalLM.from_pretrained({model:?}, tp_plan=\"auto\"{})",
+                if ep > 1 {
+                    format!(", distributed_config=DistributedConfig(tp_size={tp}, ep_size={ep})")
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    let quoted: Vec<String> = args
+        .iter()
+        .map(|s| if s.contains(['(', ')', '*', '[', ']', ' ']) { format!("'{s}'") } else { s.clone() })
+        .collect();
+    println!("{}", quoted.join(" "));
+    Ok(ExitCode::SUCCESS)
 }

@@ -465,3 +465,32 @@ fn check_prints_memory_a_rank() {
     expect(&headcount(&["check", &glm45, "--memory", "0"]), 2, "must be at least 1 GiB");
     expect(&headcount(&["check", &glm45, "--memory", "80", "--dtype", "int3"]), 2, "use bf16, f16, f32 or fp8");
 }
+
+/// `launch-args`: each engine's command for a layout it accepts; a layout it refuses is its
+/// error messages and exit 1.
+#[test]
+fn launch_args_per_engine() {
+    let glm45 = fixture("moe-configs/glm-4.5.json");
+    let run = |engine: &str, extra: &[&str]| {
+        let mut args = vec!["launch-args", "--engine", engine, glm45.as_str(), "--model", "zai-org/GLM-4.5"];
+        args.extend(extra);
+        headcount(&args)
+    };
+    expect(
+        &run("vllm", &["--tp", "8", "--ep", "8"]),
+        0,
+        "vllm serve zai-org/GLM-4.5 --tensor-parallel-size 8 --pipeline-parallel-size 1 --enable-expert-parallel",
+    );
+    expect(
+        &run("sglang", &["--tp", "16", "--ep", "8", "--nnodes", "2"]),
+        0,
+        "python -m sglang.launch_server --model-path zai-org/GLM-4.5 --tp-size 16 --pp-size 1 --ep-size 8 --nnodes 2",
+    );
+    let o = run("megatron", &["--tp", "8", "--ep", "8", "--dp", "8", "--nnodes", "8"]);
+    expect(&o, 0, "torchrun --nproc-per-node 8 --nnodes 8 pretrain_gpt.py --tensor-model-parallel-size 8");
+    expect(&o, 0, "--expert-model-parallel-size 8 --num-layers 92 --hidden-size 5120");
+    expect(&o, 0, "--num-experts 160 --moe-ffn-hidden-size 1536 --moe-router-topk 8");
+    expect(&o, 0, "--moe-layer-freq '([0]*3+[1]*89)'");
+    expect(&run("megatron", &["--pp", "3"]), 1, "error[HC2012]");
+    expect(&run("vllm", &["--tp", "8", "--ep", "4"]), 1, "error[HC2007]");
+}
