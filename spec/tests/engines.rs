@@ -199,3 +199,21 @@ fn the_engines_reference_is_current() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(committed == doc, "docs/ENGINES.md is out of date: run HEADCOUNT_BLESS=1 cargo test -p headcount-spec");
 }
+
+/// The rules a declaration cannot reach (its sizes are placed as each engine runs them),
+/// on layouts given to `headcount check`.
+#[test]
+fn rules_of_explicit_layouts() {
+    let c = config("moe-configs/glm-4.5.json");
+    // SGLang: ep must divide tp (the experts' tensor-parallel size is tp / ep).
+    assert_eq!(codes(Engine::Sglang, &c, EngineLayout { ep: 16, ..EngineLayout::new(8, 1) }), ["HC2009"]);
+    // transformers: the expert mesh is the tensor-parallel one.
+    let e = errors(Engine::Transformers, &c, EngineLayout { ep: 4, ..EngineLayout::new(8, 1) });
+    assert_eq!(e.iter().map(LayoutError::code).collect::<Vec<_>>(), ["HC2019"]);
+    assert!(e[0].message().as_str().contains("(\"`ep_size` must be a multiple of `tp_size`.\")"), "{}", e[0]);
+    // Megatron-LM: ep 8 at tp 8 needs 8 data-parallel ranks.
+    assert_eq!(codes(Engine::Megatron, &c, EngineLayout { ep: 8, ..EngineLayout::new(8, 1) }), ["HC2014"]);
+    let dp = legal(Engine::Megatron, &c, EngineLayout { ep: 8, ..EngineLayout::new(8, 1) }, Dimension::Data);
+    assert_eq!(dp[..3], [8, 16, 24]);
+    assert!(dp.iter().all(|d| d % 8 == 0));
+}
