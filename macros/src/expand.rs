@@ -106,13 +106,10 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
         Some(Value::Engines(v)) => v.iter().map(|(e, _)| engine_tokens(*e)).collect(),
         _ => Vec::new(),
     };
-    let quant = match layout.value(keys::QUANTIZATION) {
-        Some(Value::Quant(q)) => {
-            let (n, k) = (lit_u64(q.n), lit_u64(q.k));
-            quote!(::core::option::Option::Some(::headcount::BlockQuant { n: #n, k: #k }))
-        }
-        _ => quote!(::core::option::Option::None),
-    };
+    let quant = quant_tokens(match layout.value(keys::QUANTIZATION) {
+        Some(Value::Quant(q)) => Some(*q),
+        _ => None,
+    });
 
     let markers = |key: &str, tr: &str| -> TokenStream {
         let tr = format_ident!("{}", tr);
@@ -159,18 +156,17 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
     }
 }
 
-/// An item-level `const _` running one rule in the compiler (evaluated by `cargo check`,
-/// which generic-function const evaluation would not be). It panics with the rule's own
-/// messages, and the panic spans the value the rule reads, so the error points at that
-/// expression. The panic is written here rather than in a spec `const fn` so that the
-/// compiler's report has no frames inside other crates (whose rendering depends on whether
-/// rust-src is installed).
-fn assertion(input: &Input, layout: &Layout, rule: &str, value: &TokenStream) -> TokenStream {
+/// An item-level `const _` that runs `check` (statements filling `__errors` from `__spec`,
+/// the declaration's values) in the compiler (evaluated by `cargo check`, which
+/// generic-function const evaluation would not be). It panics with the rule's own messages,
+/// and the panic spans `value`, so the error points at that expression. The panic is
+/// written here rather than in a spec `const fn` so that the compiler's report has no frames
+/// inside other crates (whose rendering depends on whether rust-src is installed).
+fn compiler_check(input: &Input, layout: &Layout, value: &TokenStream, check: TokenStream) -> TokenStream {
     let ident = input.ident;
     let mut tokens = value.clone().into_iter();
     let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
     let last = tokens.last().map_or(first, |t| t.span());
-    let rule = format_ident!("{}", rule, span = first);
     let head_dim = match layout.value(keys::HEAD_DIM) {
         Some(Value::Absent) => quote!(::core::option::Option::None),
         _ => {
@@ -182,6 +178,7 @@ fn assertion(input: &Input, layout: &Layout, rule: &str, value: &TokenStream) ->
     let args = Group::new(Delimiter::Parenthesis, quote_spanned!(last=> "{}", __errors.render().as_str()));
     let mut args = TokenTree::Group(args);
     args.set_span(last);
+    let check = respan(check, first);
     quote_spanned! {first=>
         const _: () = {
             let __spec = ::headcount::__private::ArchSpec {
@@ -189,12 +186,35 @@ fn assertion(input: &Input, layout: &Layout, rule: &str, value: &TokenStream) ->
                 ..<#ident as ::headcount::Architecture>::SPEC
             };
             let mut __errors = ::headcount::__private::Errors::new();
-            ::headcount::spec::rules::#rule(&__spec, &mut __errors);
+            #check
             if !__errors.is_empty() {
                 ::core::panic! #args;
             }
         };
     }
+}
+
+/// `tokens` with every span set to `span` (so a failure inside them is reported there).
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut t| {
+            if let TokenTree::Group(g) = &t {
+                let mut group = Group::new(g.delimiter(), respan(g.stream(), span));
+                group.set_span(span);
+                t = TokenTree::Group(group);
+            } else {
+                t.set_span(span);
+            }
+            t
+        })
+        .collect()
+}
+
+/// One model rule the macro could not evaluate.
+fn assertion(input: &Input, layout: &Layout, rule: &str, value: &TokenStream) -> TokenStream {
+    let rule = format_ident!("{}", rule);
+    compiler_check(input, layout, value, quote!(::headcount::spec::rules::#rule(&__spec, &mut __errors);))
 }
 
 fn engine_tokens(e: headcount_spec::engines::Engine) -> TokenStream {
@@ -207,78 +227,52 @@ fn engine_tokens(e: headcount_spec::engines::Engine) -> TokenStream {
     }
 }
 
-/// A `const _` running one engine's rules on one layout in the compiler (a value they read
-/// is a const expression), spanned at the declared size the layout comes from.
+/// One engine's rules on one layout, for a declaration whose values the macro could not
+/// evaluate.
 fn engine_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredEngine) -> TokenStream {
-    let ident = input.ident;
-    let mut tokens = d.tokens.clone().into_iter();
-    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
-    let last = tokens.last().map_or(first, |t| t.span());
-    let head_dim = match layout.value(keys::HEAD_DIM) {
-        Some(Value::Absent) => quote!(::core::option::Option::None),
-        _ => quote!(::core::option::Option::Some(<#ident as ::headcount::Architecture>::HEAD_DIM as u64)),
-    };
     let engine = engine_tokens(d.engine);
     let l = d.layout;
     let (tp, pp, ep, dp, nnodes) = (lit_u64(l.tp), lit_u64(l.pp), lit_u64(l.ep), lit_u64(l.dp), lit_u64(l.nnodes));
-    let quant = match l.quant {
+    let quant = quant_tokens(l.quant);
+    compiler_check(
+        input,
+        layout,
+        &d.tokens,
+        quote! {
+            let __layout = ::headcount::EngineLayout { tp: #tp, pp: #pp, ep: #ep, dp: #dp, nnodes: #nnodes, quant: #quant };
+            ::headcount::spec::engines::check(#engine, &__spec, &__layout, &mut __errors);
+        },
+    )
+}
+
+/// The memory check of one layout, for a declaration whose values the macro could not
+/// evaluate.
+fn memory_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredMemory) -> TokenStream {
+    let l = d.layout;
+    let (tp, pp, ep, padding) = (lit_u64(l.tp), lit_u64(l.pp), lit_u64(l.ep), lit_u64(l.vocab_padding));
+    let replication = l.kv_replication;
+    let (limit, context, elt, uneven) = (lit_u64(d.limit_gib), lit_u64(d.context), lit_u64(d.elt), d.uneven);
+    compiler_check(
+        input,
+        layout,
+        &d.tokens,
+        quote! {
+            let __layout = ::headcount::spec::memory::RankLayout {
+                tp: #tp, pp: #pp, ep: #ep, kv_replication: #replication, vocab_padding: #padding,
+            };
+            ::headcount::spec::memory::check_fits(&__spec, &__layout, #limit, #context, #elt, #uneven, &mut __errors);
+        },
+    )
+}
+
+/// `Some(BlockQuant { .. })` or `None`.
+fn quant_tokens(q: Option<headcount_spec::engines::BlockQuant>) -> TokenStream {
+    match q {
         Some(q) => {
             let (n, k) = (lit_u64(q.n), lit_u64(q.k));
             quote!(::core::option::Option::Some(::headcount::BlockQuant { n: #n, k: #k }))
         }
         None => quote!(::core::option::Option::None),
-    };
-    let args = Group::new(Delimiter::Parenthesis, quote_spanned!(last=> "{}", __errors.render().as_str()));
-    let mut args = TokenTree::Group(args);
-    args.set_span(last);
-    quote_spanned! {first=>
-        const _: () = {
-            let __spec = ::headcount::__private::ArchSpec {
-                head_dim: #head_dim,
-                ..<#ident as ::headcount::Architecture>::SPEC
-            };
-            let __layout = ::headcount::EngineLayout { tp: #tp, pp: #pp, ep: #ep, dp: #dp, nnodes: #nnodes, quant: #quant };
-            let mut __errors = ::headcount::__private::Errors::new();
-            ::headcount::spec::engines::check(#engine, &__spec, &__layout, &mut __errors);
-            if !__errors.is_empty() {
-                ::core::panic! #args;
-            }
-        };
-    }
-}
-
-/// A `const _` running the memory check of one layout in the compiler.
-fn memory_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredMemory) -> TokenStream {
-    let ident = input.ident;
-    let mut tokens = d.tokens.clone().into_iter();
-    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
-    let last = tokens.last().map_or(first, |t| t.span());
-    let head_dim = match layout.value(keys::HEAD_DIM) {
-        Some(Value::Absent) => quote!(::core::option::Option::None),
-        _ => quote!(::core::option::Option::Some(<#ident as ::headcount::Architecture>::HEAD_DIM as u64)),
-    };
-    let l = d.layout;
-    let (tp, pp, ep, padding) = (lit_u64(l.tp), lit_u64(l.pp), lit_u64(l.ep), lit_u64(l.vocab_padding));
-    let replication = l.kv_replication;
-    let (limit, context, elt, uneven) = (lit_u64(d.limit_gib), lit_u64(d.context), lit_u64(d.elt), d.uneven);
-    let args = Group::new(Delimiter::Parenthesis, quote_spanned!(last=> "{}", __errors.render().as_str()));
-    let mut args = TokenTree::Group(args);
-    args.set_span(last);
-    quote_spanned! {first=>
-        const _: () = {
-            let __spec = ::headcount::__private::ArchSpec {
-                head_dim: #head_dim,
-                ..<#ident as ::headcount::Architecture>::SPEC
-            };
-            let __layout = ::headcount::spec::memory::RankLayout {
-                tp: #tp, pp: #pp, ep: #ep, kv_replication: #replication, vocab_padding: #padding,
-            };
-            let mut __errors = ::headcount::__private::Errors::new();
-            ::headcount::spec::memory::check_fits(&__spec, &__layout, #limit, #context, #elt, #uneven, &mut __errors);
-            if !__errors.is_empty() {
-                ::core::panic! #args;
-            }
-        };
     }
 }
 
