@@ -101,7 +101,16 @@ impl Moe {
         let counts: Vec<i64> = Vec::<i64>::try_from(&counts.f_to_device(tch::Device::Cpu)?)?;
         let tokens = order.f_floor_divide_scalar(k)?;
         let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?;
-        let out = Tensor::f_zeros_like(&flat)?;
+        let n = flat.size()[0];
+        // In f32 each expert's weighted rows are written in place into one [tokens x k, H]
+        // buffer in expert order, then gathered back per token and summed over its k slots
+        // (libtorch's CPU index_add_ costs a millisecond a call at prefill sizes; the order of
+        // the k additions only moves f32 results by rounding). In half precision the rows are
+        // added per expert, in expert order, into the model-dtype output, rounding exactly as
+        // transformers' expert loop does.
+        let gather = flat.kind() == Kind::Float;
+        let slots = if gather { Some(Tensor::f_zeros([n * k, h], (Kind::Float, flat.device()))?) } else { None };
+        let out = if gather { None } else { Some(Tensor::f_zeros_like(&flat)?) };
         let mut start = 0;
         let local = self.first_expert..self.first_expert + self.experts.len();
         for (e, &count) in counts.iter().enumerate() {
@@ -115,10 +124,27 @@ impl Moe {
             let y = expert.forward(&flat.f_index_select(0, &rows)?, act)?;
             // As transformers: the product with the f32 weight, then back to the model dtype.
             let w = slot_weights.f_narrow(0, start, count)?.f_unsqueeze(-1)?;
-            let y = y.f_to_kind(Kind::Float)?.f_mul(&w)?.f_to_kind(flat.kind())?;
-            let _ = out.shallow_clone().f_index_add_(0, &rows, &y)?;
+            match (&slots, &out) {
+                (Some(buf), _) => {
+                    buf.f_narrow(0, start, count)?.f_copy_(&y.f_mul(&w)?)?;
+                }
+                (None, Some(out)) => {
+                    let y = y.f_to_kind(Kind::Float)?.f_mul(&w)?.f_to_kind(flat.kind())?;
+                    let _ = out.shallow_clone().f_index_add_(0, &rows, &y)?;
+                }
+                (None, None) => {}
+            }
             start += count;
         }
+        let out = match (slots, out) {
+            (Some(buf), _) => {
+                // Slot j of the sorted order came from (token, slot) order[j]: invert it.
+                let back = order.f_argsort(0, false)?;
+                buf.f_index_select(0, &back)?.f_view([n, k, h])?.f_sum_dim_intlist(1, false, Kind::Float)?
+            }
+            (None, Some(out)) => out,
+            (None, None) => Tensor::f_zeros_like(&flat)?,
+        };
         let out = match &self.shared {
             Some(s) => out.f_add(&s.forward(&flat, act)?)?,
             None => out,
