@@ -424,7 +424,8 @@ impl Glm {
                     } else {
                         None
                     };
-                    Ffn::Moe(Moe { router, correction_bias, first_expert: local.start, experts, shared })
+                    let stacked = stack_experts(&mut experts, kind, layout, dev)?;
+                    Ffn::Moe(Moe { router, correction_bias, first_expert: local.start, experts, shared, stacked })
                 }
                 _ => {
                     let (gate_up, down) = if dims.moe.is_some() {
@@ -801,6 +802,35 @@ pub fn rank_parameter_count(
     };
     let spec = d.config.spec(&[], &[]);
     headcount_spec::memory::rank_parameters_of(&spec, &r, layers.start as u64, layers.end as u64, first, last)
+}
+
+/// In f32 on CPU with each expert's weights in one `[in, out]` block: the experts' gate/up
+/// and down weights stacked (`[E, hidden, 2 x width]`, `[E, width, hidden]`), each expert's
+/// projection then a view of its slice (no second copy), for one grouped product over all
+/// experts in prefill ([`Moe::forward`]).
+fn stack_experts(
+    experts: &mut [ExpertMlp],
+    kind: Kind,
+    layout: WeightLayout,
+    dev: Device,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let single = experts.iter().all(|e| e.gate_up.parts.len() == 1 && e.down.parts.len() == 1);
+    // libtorch's grouped product wants rows of a multiple of 16 bytes.
+    let aligned = experts.first().is_some_and(|e| {
+        let (h, w2) = (e.gate_up.shape()[0], e.gate_up.shape()[1]);
+        h % 4 == 0 && w2 % 8 == 0
+    });
+    if kind != Kind::Float || layout != WeightLayout::InOut || dev != Device::Cpu || !single || !aligned {
+        return Ok(None);
+    }
+    let gu: Vec<&Tensor> = experts.iter().map(|e| &e.gate_up.parts[0]).collect();
+    let dn: Vec<&Tensor> = experts.iter().map(|e| &e.down.parts[0]).collect();
+    let (gu, dn) = (Tensor::f_stack(&gu, 0)?, Tensor::f_stack(&dn, 0)?);
+    for (i, e) in experts.iter_mut().enumerate() {
+        e.gate_up.parts = vec![gu.f_select(0, i as i64)?];
+        e.down.parts = vec![dn.f_select(0, i as i64)?];
+    }
+    Ok(Some((gu, dn)))
 }
 
 /// The head_dim channel order that turns glm4_moe's rotate-half rotary embedding into the
