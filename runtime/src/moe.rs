@@ -37,6 +37,57 @@ impl ExpertMlp {
     }
 }
 
+/// How the routed experts' weighted rows become the layer's output.
+enum Combine {
+    /// f32: the rows are written in place into one `[tokens x k, H]` buffer in expert order,
+    /// then gathered back per token and summed over its k slots (libtorch's CPU index_add_
+    /// costs a millisecond a call at prefill sizes; the order of the k additions only moves
+    /// f32 results by rounding).
+    Slots(Tensor),
+    /// Half precision: the rows are added per expert, in expert order, into the model-dtype
+    /// output, rounding exactly as transformers' expert loop does.
+    Add(Tensor),
+}
+
+impl Combine {
+    fn new(flat: &Tensor, slots: i64) -> Result<Combine> {
+        Ok(if flat.kind() == Kind::Float {
+            Combine::Slots(Tensor::f_zeros([slots, flat.size()[1]], (Kind::Float, flat.device()))?)
+        } else {
+            Combine::Add(Tensor::f_zeros_like(flat)?)
+        })
+    }
+
+    /// Expert outputs `y` of the token rows `rows`, the sorted slots from `start` on, each
+    /// weighted by its f32 router weight `w`.
+    fn put(&self, start: i64, rows: &Tensor, y: &Tensor, w: &Tensor) -> Result<()> {
+        let w = w.f_unsqueeze(-1)?;
+        match self {
+            Combine::Slots(buf) => {
+                buf.f_narrow(0, start, y.size()[0])?.f_copy_(&y.f_mul(&w)?)?;
+            }
+            Combine::Add(out) => {
+                // As transformers: the product with the f32 weight, then back to the model dtype.
+                let y = y.f_to_kind(Kind::Float)?.f_mul(&w)?.f_to_kind(out.kind())?;
+                let _ = out.shallow_clone().f_index_add_(0, rows, &y)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The `[tokens, H]` sum; `order` sorted the (token, slot) pairs by expert.
+    fn finish(self, order: &Tensor, n: i64, k: i64, h: i64) -> Result<Tensor> {
+        Ok(match self {
+            Combine::Slots(buf) => {
+                // Slot j of the sorted order came from (token, slot) order[j]: invert it.
+                let back = order.f_argsort(0, false)?;
+                buf.f_index_select(0, &back)?.f_view([n, k, h])?.f_sum_dim_intlist(1, false, Kind::Float)?
+            }
+            Combine::Add(out) => out,
+        })
+    }
+}
+
 /// The router and the experts of one layer.
 pub struct Moe {
     /// `[E, H]`, f32 whatever the model dtype (transformers keeps it in f32).
@@ -111,76 +162,49 @@ impl Moe {
         let tokens = order.f_floor_divide_scalar(k)?;
         let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?;
         let n = flat.size()[0];
-        // In f32 each expert's weighted rows are written in place into one [tokens x k, H]
-        // buffer in expert order, then gathered back per token and summed over its k slots
-        // (libtorch's CPU index_add_ costs a millisecond a call at prefill sizes; the order of
-        // the k additions only moves f32 results by rounding). In half precision the rows are
-        // added per expert, in expert order, into the model-dtype output, rounding exactly as
-        // transformers' expert loop does.
-        let gather = flat.kind() == Kind::Float;
-        let slots = if gather { Some(Tensor::f_zeros([n * k, h], (Kind::Float, flat.device()))?) } else { None };
-        let out = if gather { None } else { Some(Tensor::f_zeros_like(&flat)?) };
-        let mut start = 0;
+        let combine = Combine::new(&flat, n * k)?;
         let local = self.first_expert..self.first_expert + self.experts.len();
         let local_start: i64 = counts[..local.start].iter().sum();
         let local_counts = &counts[local.clone()];
         let routed: i64 = local_counts.iter().sum();
-        let grouped = matches!((&self.stacked, &slots), (Some(_), Some(_)))
-            && !local_counts.is_empty()
-            && GROUPED_ROWS_PER_EXPERT.contains(&(routed / local_counts.len() as i64));
-        if let (true, Some((gu, dn)), Some(buf)) = (grouped, &self.stacked, &slots) {
-            // One grouped product for all experts: their rows are contiguous in expert order.
-            let mut end = 0i32;
-            let offs: Vec<i32> = local_counts
-                .iter()
-                .map(|&c| {
-                    end += c as i32; // cannot wrap: at most tokens x k rows
-                    end
-                })
-                .collect();
-            let offs = Tensor::f_from_slice(&offs)?.f_to_device(flat.device())?;
-            let rows = tokens.f_narrow(0, local_start, routed)?;
-            let x = flat.f_index_select(0, &rows)?;
-            let width = self.experts.first().map_or(0, |e| e.width);
-            let g = x.f_internal_grouped_mm(gu, Some(&offs), None::<&Tensor>, None::<Kind>)?;
-            let mid = act.apply(&g.f_narrow(-1, 0, width)?)?.f_mul(&g.f_narrow(-1, width, width)?)?;
-            let y = mid.f_internal_grouped_mm(dn, Some(&offs), None::<&Tensor>, None::<Kind>)?;
-            let w = slot_weights.f_narrow(0, local_start, routed)?.f_unsqueeze(-1)?;
-            buf.f_narrow(0, local_start, routed)?.f_copy_(&y.f_mul(&w)?)?;
-        }
-        // Otherwise one expert at a time, on its own rows.
-        for (e, &count) in counts.iter().enumerate().filter(|_| !grouped) {
-            if count == 0 || !local.contains(&e) {
-                // Another rank's expert (expert parallelism): its tokens are skipped here.
-                start += count;
-                continue;
+        match (&self.stacked, &combine) {
+            (Some((gu, dn)), Combine::Slots(_))
+                if !local_counts.is_empty()
+                    && GROUPED_ROWS_PER_EXPERT.contains(&(routed / local_counts.len() as i64)) =>
+            {
+                // One grouped product for all experts: their rows are contiguous in expert order.
+                let mut end = 0i32;
+                let offs: Vec<i32> = local_counts
+                    .iter()
+                    .map(|&c| {
+                        end += c as i32; // cannot wrap: at most tokens x k rows
+                        end
+                    })
+                    .collect();
+                let offs = Tensor::f_from_slice(&offs)?.f_to_device(flat.device())?;
+                let rows = tokens.f_narrow(0, local_start, routed)?;
+                let x = flat.f_index_select(0, &rows)?;
+                let width = self.experts.first().map_or(0, |e| e.width);
+                let g = x.f_internal_grouped_mm(gu, Some(&offs), None::<&Tensor>, None::<Kind>)?;
+                let mid = act.apply(&g.f_narrow(-1, 0, width)?)?.f_mul(&g.f_narrow(-1, width, width)?)?;
+                let y = mid.f_internal_grouped_mm(dn, Some(&offs), None::<&Tensor>, None::<Kind>)?;
+                combine.put(local_start, &rows, &y, &slot_weights.f_narrow(0, local_start, routed)?)?;
             }
-            let expert = &self.experts[e - self.first_expert]; // cannot fire: `local` holds e
-            let rows = tokens.f_narrow(0, start, count)?;
-            let y = expert.forward(&flat.f_index_select(0, &rows)?, act)?;
-            // As transformers: the product with the f32 weight, then back to the model dtype.
-            let w = slot_weights.f_narrow(0, start, count)?.f_unsqueeze(-1)?;
-            match (&slots, &out) {
-                (Some(buf), _) => {
-                    buf.f_narrow(0, start, count)?.f_copy_(&y.f_mul(&w)?)?;
+            _ => {
+                // One expert at a time, on its own rows; another rank's experts (expert
+                // parallelism) are skipped.
+                let mut start = local_start;
+                for (expert, &count) in self.experts.iter().zip(local_counts) {
+                    if count > 0 {
+                        let rows = tokens.f_narrow(0, start, count)?;
+                        let y = expert.forward(&flat.f_index_select(0, &rows)?, act)?;
+                        combine.put(start, &rows, &y, &slot_weights.f_narrow(0, start, count)?)?;
+                    }
+                    start += count;
                 }
-                (None, Some(out)) => {
-                    let y = y.f_to_kind(Kind::Float)?.f_mul(&w)?.f_to_kind(flat.kind())?;
-                    let _ = out.shallow_clone().f_index_add_(0, &rows, &y)?;
-                }
-                (None, None) => {}
             }
-            start += count;
         }
-        let out = match (slots, out) {
-            (Some(buf), _) => {
-                // Slot j of the sorted order came from (token, slot) order[j]: invert it.
-                let back = order.f_argsort(0, false)?;
-                buf.f_index_select(0, &back)?.f_view([n, k, h])?.f_sum_dim_intlist(1, false, Kind::Float)?
-            }
-            (None, Some(out)) => out,
-            (None, None) => Tensor::f_zeros_like(&flat)?,
-        };
+        let out = combine.finish(&order, n, k, h)?;
         let out = match &self.shared {
             Some(s) => out.f_add(&s.forward(&flat, act)?)?,
             None => out,
