@@ -93,6 +93,21 @@ impl Layout {
         })
     }
 
+    /// Over every config field: `Some(true)` when the macro knows them all, `Some(false)`
+    /// when some are expressions the compiler must evaluate, `None` when one of the family's
+    /// is missing or malformed.
+    fn fields_known(&self) -> Option<bool> {
+        let mut all = true;
+        for f in headcount_spec::FIELDS {
+            match self.literal(f.key) {
+                None if f.in_family(self.family) => return None,
+                Some(false) => all = false,
+                _ => {}
+            }
+        }
+        Some(all)
+    }
+
     fn given(&self, key: &str) -> Option<&TokenStream> {
         match &self.values.get(key)?.origin {
             Origin::Given(tokens) => Some(tokens),
@@ -463,12 +478,8 @@ fn check_engines(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt)
         Some(Value::Quant(q)) => Some(*q),
         _ => None,
     };
-    let known =
-        headcount_spec::FIELDS.iter().all(|f| layout.literal(f.key) == Some(true) || layout.value(f.key).is_none());
-    let broken = headcount_spec::FIELDS.iter().any(|f| layout.literal(f.key).is_none() && f.in_family(layout.family));
-    if broken {
-        return; // a value is missing or malformed, and already reported
-    }
+    // A value missing or malformed is already reported.
+    let Some(known) = layout.fields_known() else { return };
     for key in [keys::TENSOR_PARALLEL, keys::PIPELINE_PARALLEL, keys::EXPERT_PARALLEL, keys::DATA_PARALLEL] {
         let items = match layout.value(key) {
             Some(Value::List(items)) => items.clone(),
@@ -538,10 +549,8 @@ fn check_memory(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt) 
         Some(Value::Int(Num::Lit(n))) => *n,
         _ => return,
     };
-    if headcount_spec::FIELDS.iter().any(|f| layout.literal(f.key).is_none() && f.in_family(layout.family)) {
-        return; // a value is missing or malformed, and already reported
-    }
-    let known = headcount_spec::FIELDS.iter().all(|f| layout.literal(f.key) != Some(false));
+    // A value missing or malformed is already reported.
+    let Some(known) = layout.fields_known() else { return };
     let context = match layout.value(keys::CONTEXT) {
         Some(Value::Int(Num::Lit(n))) => *n,
         _ => spec.max_position_embeddings,

@@ -157,14 +157,9 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     let d = &model.dims;
     let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
     let elt = model.dtype.kind().elt_size_in_bytes() as f64;
-    // glm4_moe reads only the experts its tokens chose: at most batch x experts a token of
-    // them each layer (the active weights), not all of them.
-    let unread = d.moe.as_ref().map_or(0.0, |m| {
-        let read = (opts.batch * m.per_token).min(m.experts);
-        let moe_layers = d.layers.saturating_sub(m.dense_layers);
-        ((m.experts - read) * 3 * m.width * d.hidden * moe_layers) as f64
-    });
-    let weight_bytes = (d.parameter_count() as f64 - embedding as f64 - unread) * elt;
+    // glm4_moe reads only the experts its tokens chose (the spec's memory plan counts them).
+    let read = headcount_spec::memory::read_parameter_count(&d.config.spec(&[], &[]), opts.batch as u64);
+    let weight_bytes = (read as f64 - embedding as f64) * elt;
     let bound = opts.batch as f64 * bandwidth / weight_bytes.max(1.0);
     let decode_median = median(&mut decode);
     Ok(Some(BenchReport {

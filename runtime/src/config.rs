@@ -216,25 +216,11 @@ impl Dims {
         out
     }
 
-    /// Total parameters of the unsharded model, counted per layer times the layer count,
-    /// so an absurd `num_hidden_layers` costs no list of its weights (saturating: a layer
-    /// count no checkpoint backs can make the sum exceed i64).
+    /// Total parameters of the unsharded model, by the spec's memory plan (saturating: a
+    /// layer count no checkpoint backs can make the sum exceed i64).
     pub fn parameter_count(&self) -> i64 {
-        let count = |shapes: Vec<(String, Vec<i64>)>| {
-            shapes.iter().map(|(_, s)| s.iter().product::<i64>()).fold(0, i64::saturating_add)
-        };
-        let embedding = (self.vocab as i64).saturating_mul(self.hidden as i64);
-        let n = |layers: usize| i64::try_from(layers).unwrap_or(i64::MAX);
-        // Dense layers first, then (glm4_moe) the layers with experts.
-        let dense = self.moe.as_ref().map_or(self.layers, |m| m.dense_layers.min(self.layers));
-        let mut total = embedding.saturating_add(count(self.head_shapes()));
-        if dense > 0 {
-            total = total.saturating_add(count(self.layer_shapes(0)).saturating_mul(n(dense)));
-        }
-        if dense < self.layers {
-            total = total.saturating_add(count(self.layer_shapes(dense)).saturating_mul(n(self.layers - dense)));
-        }
-        total
+        let n = headcount_spec::memory::parameter_count(&self.config.spec(&[], &[]));
+        i64::try_from(n).unwrap_or(i64::MAX)
     }
 
     /// Bytes the weights take in `kind`, unsharded (saturating like `parameter_count`).

@@ -458,17 +458,24 @@ pub const fn accepts(engine: Engine, s: &ArchSpec, l: &EngineLayout) -> bool {
     out.len == 0
 }
 
-/// The values of `dim` that `engine` accepts with the rest of `l` unchanged (up to 4096
-/// for tp, ep and dp, up to the layers for pp).
-pub const fn legal(engine: Engine, s: &ArchSpec, l: &EngineLayout, dim: Dimension) -> SizeList {
-    let mut list = SizeList::new();
+/// The largest value of `dim` worth trying: the query heads for tp (every engine needs tp
+/// to divide them), the layers for pp, the routed experts for ep, 4096 for dp.
+const fn search_limit(s: &ArchSpec, dim: Dimension) -> u64 {
     let limit = match dim {
+        Dimension::Tensor => s.num_attention_heads,
         Dimension::Pipeline => s.num_hidden_layers,
         Dimension::Expert if s.family.is_moe() => s.n_routed_experts,
         Dimension::Expert => 1,
-        _ => 4096,
+        Dimension::Data => 4096,
     };
-    let limit = if limit > 4096 { 4096 } else { limit };
+    if limit > 4096 { 4096 } else { limit }
+}
+
+/// The values of `dim` that `engine` accepts with the rest of `l` unchanged (the first
+/// [`crate::rules::SIZE_LIST_CAPACITY`], for messages; [`legal_values`] lists them all).
+pub const fn legal(engine: Engine, s: &ArchSpec, l: &EngineLayout, dim: Dimension) -> SizeList {
+    let mut list = SizeList::new();
+    let limit = search_limit(s, dim);
     let mut v = 1;
     while v <= limit {
         if accepts(engine, s, &dim.with(*l, v)) {
@@ -477,6 +484,11 @@ pub const fn legal(engine: Engine, s: &ArchSpec, l: &EngineLayout, dim: Dimensio
         v += 1;
     }
     list
+}
+
+/// Every value of `dim` that `engine` accepts with the rest of `l` unchanged.
+pub fn legal_values(engine: Engine, s: &ArchSpec, l: &EngineLayout, dim: Dimension) -> Vec<u64> {
+    (1..=search_limit(s, dim)).filter(|&v| accepts(engine, s, &dim.with(*l, v))).collect()
 }
 
 /// Runs `engine`'s rules on layout `l` of `s`, appending one [`LayoutError::Engine`] per

@@ -148,11 +148,18 @@ pub const fn parameter_count(s: &ArchSpec) -> u64 {
 
 /// Parameters one token reads: all but the routed experts it was not routed to.
 pub const fn active_parameter_count(s: &ArchSpec) -> u64 {
+    read_parameter_count(s, 1)
+}
+
+/// Parameters a step over `rows` tokens can read: every weight, but of the routed experts
+/// at most `rows x num_experts_per_tok` a layer (all of them once that reaches the experts).
+pub const fn read_parameter_count(s: &ArchSpec, rows: u64) -> u64 {
     let total = parameter_count(s);
     if !s.family.is_moe() {
         return total;
     }
-    let idle = s.n_routed_experts.saturating_sub(s.num_experts_per_tok);
+    let read = min(rows.saturating_mul(s.num_experts_per_tok), s.n_routed_experts);
+    let idle = s.n_routed_experts - read;
     let moe_layers = s.num_hidden_layers.saturating_sub(s.first_k_dense_replace);
     let per_expert = (3 * s.moe_intermediate_size).saturating_mul(s.hidden_size);
     total.saturating_sub(idle.saturating_mul(per_expert).saturating_mul(moe_layers))

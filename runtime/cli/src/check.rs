@@ -172,28 +172,7 @@ fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
 fn print_engine_table(engine: Engine, spec: &headcount_spec::ArchSpec, a: &CheckArgs) {
     let dp = a.data_parallel.first().copied().unwrap_or(1);
     let base = EngineLayout { tp: 1, pp: 1, ep: 1, dp, nnodes: a.nnodes, quant: a.quantization };
-    // Every legal value (SizeList keeps the first 24, enough for a message, not a table).
-    let legal = |l: &EngineLayout, dim: Dimension| -> Vec<u64> {
-        let limit = match dim {
-            Dimension::Tensor => spec.num_attention_heads,
-            Dimension::Pipeline => spec.num_hidden_layers,
-            Dimension::Expert => {
-                if spec.family.is_moe() {
-                    spec.n_routed_experts
-                } else {
-                    1
-                }
-            }
-            Dimension::Data => 1,
-        };
-        let with = |v: u64| match dim {
-            Dimension::Tensor => EngineLayout { tp: v, ..*l },
-            Dimension::Pipeline => EngineLayout { pp: v, ..*l },
-            Dimension::Expert => EngineLayout { ep: v, ..*l },
-            Dimension::Data => EngineLayout { dp: v, ..*l },
-        };
-        (1..=limit.min(4096)).filter(|&v| engines::accepts(engine, spec, &with(v))).collect()
-    };
+    let legal = |l: &EngineLayout, dim: Dimension| engines::legal_values(engine, spec, l, dim);
     let tps = legal(&base, Dimension::Tensor);
     let quant = a.quantization.map_or(String::new(), |q| format!(", fp8 blocks {}x{}", q.n, q.k));
     println!(
