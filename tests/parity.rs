@@ -111,6 +111,7 @@ fn cached_logits(model: &Glm, ids: &[i64]) -> Tensor {
             rot: if i % 2 == 0 { Some(rope.rotations(&idx, tch::Kind::Float).unwrap()) } else { None },
             mask: None,
             slot: None,
+            rows_at: None,
         };
         out.push(model.forward(&Tensor::from_slice(&[*id]).view([1, 1]), &step, &mut cache, true).unwrap());
     }
@@ -307,4 +308,59 @@ fn fused_rounding_stays_as_close_to_f32() {
         assert!(fewer <= 1.5 * exact + scale / 256.0, "{}: fused bf16 {fewer} against {exact}", name(&dir));
     }
     println!("{}", report.join("\n"));
+}
+
+/// A server's running batch (SlotCache): every fixture row written in chunks into its own
+/// row with a different prefix length, then decoded one token a step beside the others,
+/// each at its own position; a row that finishes early gives its place to the last one.
+/// Every position's logits equal transformers' for the whole sequence.
+#[test]
+fn ragged_running_batch_matches_transformers() {
+    use headcount_runtime::generate::SlotCache;
+    for dir in model_fixtures() {
+        let model = load(&dir);
+        let r = reference(&dir);
+        // Three sequences from the fixture's rows, prefilled to different lengths.
+        let seqs: Vec<Vec<i64>> = (0..3).map(|i| r.input_ids[i % r.input_ids.len()].clone()).collect();
+        let t = seqs[0].len();
+        assert!(t >= 6, "{}: fixture rows are long enough to split", name(&dir));
+        let prefix = [2usize, 5, 3];
+        let mut cache = SlotCache::new(&model, 4, t).unwrap();
+        let mut got: Vec<Vec<Tensor>> = (0..3).map(|_| Vec::new()).collect();
+        for (row, seq) in seqs.iter().enumerate() {
+            // In chunks of two, the last logits kept.
+            let mut last = None;
+            for chunk in seq[..prefix[row]].chunks(2) {
+                last = Some(cache.extend(&model, row, chunk).unwrap());
+            }
+            got[row].push(last.unwrap());
+        }
+        // Which sequence each cache row holds; rows 0..live.len() run.
+        let mut live: Vec<usize> = vec![0, 1, 2];
+        while !live.is_empty() {
+            let tokens: Vec<i64> = live.iter().enumerate().map(|(row, &s)| seqs[s][cache.len(row)]).collect();
+            let logits = cache.decode(&model, &tokens).unwrap();
+            for (row, &s) in live.iter().enumerate() {
+                got[s].push(logits.get(row as i64).unsqueeze(0));
+            }
+            // A sequence whose last token went in leaves; the last row takes its place.
+            let mut row = 0;
+            while row < live.len() {
+                if cache.len(row) == t {
+                    let end = live.len() - 1;
+                    cache.move_row(end, row).unwrap();
+                    live.swap_remove(row);
+                } else {
+                    row += 1;
+                }
+            }
+        }
+        for (s, logits) in got.iter().enumerate() {
+            let row = s % r.input_ids.len();
+            let ours = Tensor::cat(logits, 0);
+            let theirs = r.logits.get(row as i64).narrow(0, prefix[s] as i64 - 1, (t - prefix[s] + 1) as i64);
+            let diff = max_abs_diff(&ours, &theirs);
+            assert!(diff <= LOGIT_TOLERANCE, "{} sequence {s}: max abs diff {diff} > {LOGIT_TOLERANCE}", name(&dir));
+        }
+    }
 }

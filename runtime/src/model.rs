@@ -110,6 +110,11 @@ pub struct Step {
     /// the step can be captured in a CUDA graph and replayed at later slots. `start` is then
     /// only bookkeeping.
     pub slot: Option<Tensor>,
+    /// Ragged one-token steps (a server's running batch, each row at its own length): the
+    /// cache slot each row writes at, `[B]` int64 on the device. Keys are then the cache's
+    /// first `start + 1` slots, `start` being the largest of them, and `mask` hides each
+    /// row's slots past its own.
+    pub rows_at: Option<Tensor>,
 }
 
 /// The key/value cache of one generation on this rank: per layer of its stage, one tensor
@@ -744,12 +749,18 @@ impl Attention {
         }
         let [q, kv] = array(qkv.f_split_with_sizes([hl, 2 * kvl], 2)?)?;
         let kv = kv.f_transpose(1, 2)?; // [B, 2 * kv, T, D]
-        let written = match &step.slot {
-            Some(slot) => {
+        let written = match (&step.slot, &step.rows_at) {
+            (Some(slot), _) => {
                 let _ = kv_cache.shallow_clone().f_index_copy_(2, slot, &kv)?;
                 kv_cache.shallow_clone()
             }
-            None => {
+            (None, Some(at)) => {
+                // Row i's keys and values go to its own slot at[i].
+                let index = at.f_view([b, 1, 1, 1])?.f_expand(kv.size(), false)?;
+                let _ = kv_cache.shallow_clone().f_scatter_(2, &index, &kv)?;
+                kv_cache.f_narrow(2, 0, step.start + 1)?
+            }
+            (None, None) => {
                 kv_cache.f_narrow(2, step.start, t)?.f_copy_(&kv)?;
                 kv_cache.f_narrow(2, 0, step.start + t)?
             }

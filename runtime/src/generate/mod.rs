@@ -6,12 +6,14 @@ mod batch;
 mod generator;
 mod options;
 mod sampling;
+mod slots;
 mod static_decoder;
 
 pub use batch::check_prompts;
 pub use generator::Generator;
 pub use options::{DecodeMode, GenerateOptions, Generation, Sampling};
 pub use sampling::{SampleRng, select};
+pub use slots::SlotCache;
 pub use static_decoder::break_next_capture;
 
 use tch::Tensor;

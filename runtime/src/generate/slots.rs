@@ -1,0 +1,184 @@
+//! A KV cache of fixed rows for a running batch whose sequences come and go (a server's
+//! continuous batching): each row holds one sequence at its own length. A sequence is
+//! written into a free row by [`SlotCache::extend`] (its prompt, whole or in chunks), and
+//! rows `0..n` then advance together by one token a step with [`SlotCache::decode`], each
+//! at its own position, with no padding. A finished row's place is taken by the last one
+//! ([`SlotCache::move_row`]), so the running rows stay `0..n` and a step's cache is a view.
+
+use tch::{Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::model::{Glm, KvCache, Rope, Step};
+
+/// The rows of a running batch's cache and how many positions each holds.
+pub struct SlotCache {
+    cache: KvCache,
+    rope: Rope,
+    lens: Vec<usize>,
+    /// Query heads per kv head of this rank: a prefill's query rows are laid out group-major.
+    group: i64,
+}
+
+impl SlotCache {
+    /// A cache of `rows` sequences of up to `capacity` positions each (at most the model's
+    /// max_position_embeddings), its memory checked first.
+    pub fn new(model: &Glm, rows: usize, capacity: usize) -> Result<SlotCache> {
+        if rows == 0 || capacity == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a cache needs at least one row and one position, not {rows} rows of {capacity}"
+            )));
+        }
+        if capacity > model.dims.max_positions {
+            return Err(Error::TooLong { what: "the cache's positions", len: capacity, max: model.dims.max_positions });
+        }
+        let cache = model.new_cache(rows, capacity)?;
+        let rope = Rope::new(&model.dims, capacity, model.device())?;
+        let group = (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64;
+        Ok(SlotCache { cache, rope, lens: vec![0; rows], group })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Positions a row can hold.
+    pub fn capacity(&self) -> usize {
+        self.cache.capacity as usize // cannot wrap: built from a usize
+    }
+
+    /// Positions row `row` holds.
+    pub fn len(&self, row: usize) -> usize {
+        self.lens.get(row).copied().unwrap_or(0)
+    }
+
+    /// Empties row `row` (its slots are overwritten by the next sequence written there).
+    pub fn clear(&mut self, row: usize) {
+        if let Some(l) = self.lens.get_mut(row) {
+            *l = 0;
+        }
+    }
+
+    fn row_exists(&self, row: usize) -> Result<()> {
+        if row >= self.rows() {
+            return Err(Error::InvalidArgument(format!("cache row {row} does not exist: it has {}", self.rows())));
+        }
+        Ok(())
+    }
+
+    /// Appends `ids` after what row `row` holds (a prompt, or the next chunk of one) and
+    /// returns the f32 logits of the last of them, `[1, vocab]`.
+    pub fn extend(&mut self, model: &Glm, row: usize, ids: &[i64]) -> Result<Tensor> {
+        self.row_exists(row)?;
+        let (start, t) = (self.lens[row], ids.len());
+        if t == 0 {
+            return Err(Error::InvalidArgument("no ids to append".to_owned()));
+        }
+        check_ids(model, ids)?;
+        if start + t > self.capacity() {
+            return Err(Error::TooLong { what: "the sequence", len: start + t, max: self.capacity() });
+        }
+        let _guard = tch::no_grad_guard();
+        let (dev, kind) = (model.device(), model.dtype.kind());
+        // cannot wrap: positions are below the capacity, a usize that fits i64.
+        let (s, end) = (start as i64, (start + t) as i64);
+        let slots = Tensor::f_arange_start(s, end, (Kind::Int64, dev))?;
+        let (cos, sin) = self.rope.tables(&slots.f_unsqueeze(0)?, kind)?;
+        // One new token attends to every key up to it (no mask); several, causally.
+        let mask = if t == 1 { None } else { Some(self.causal_mask(&slots, end, kind)?) };
+        let step = Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None };
+        let ids = Tensor::f_from_slice(ids)?.f_view([1, end - s])?.f_to_device(dev)?;
+        let mut view = self.view(row, 1)?;
+        let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;
+        self.lens[row] = start + t;
+        Ok(logits)
+    }
+
+    /// One step of rows `0..tokens.len()`: row i takes `tokens[i]` at its own next position.
+    /// Returns the f32 logits `[n, vocab]`.
+    pub fn decode(&mut self, model: &Glm, tokens: &[i64]) -> Result<Tensor> {
+        let n = tokens.len();
+        if n == 0 || n > self.rows() {
+            return Err(Error::InvalidArgument(format!("a step of {n} rows in a cache of {}", self.rows())));
+        }
+        check_ids(model, tokens)?;
+        if let Some(row) = (0..n).find(|&r| self.lens[r] >= self.capacity()) {
+            return Err(Error::TooLong {
+                what: "a row of the running batch",
+                len: self.lens[row] + 1,
+                max: self.capacity(),
+            });
+        }
+        let _guard = tch::no_grad_guard();
+        let (dev, kind) = (model.device(), model.dtype.kind());
+        // cannot wrap: lengths are below the capacity.
+        let at: Vec<i64> = self.lens[..n].iter().map(|&l| l as i64).collect();
+        let last = at.iter().copied().max().unwrap_or(0);
+        let at_dev = Tensor::f_from_slice(&at)?.f_to_device(dev)?;
+        let (cos, sin, rot) = self.rope.step_tables(&at_dev, kind, model.rounding)?;
+        // Rows of equal length attend to every key up to the step: no mask.
+        let mask = if at.iter().all(|&a| a == last) {
+            None
+        } else {
+            let k = Tensor::f_arange(last + 1, (Kind::Int64, dev))?.f_unsqueeze(0)?; // [1, keys]
+            let hidden = k.f_gt_tensor(&at_dev.f_unsqueeze(1)?)?; // [n, keys]
+            let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
+            Some(m.f_view([n as i64, 1, 1, last + 1])?)
+        };
+        let step = Step { start: last, len: 1, cos, sin, rot, mask, slot: None, rows_at: Some(at_dev) };
+        let ids = Tensor::f_from_slice(tokens)?.f_view([n as i64, 1])?.f_to_device(dev)?;
+        let mut view = self.view(0, n)?;
+        let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;
+        for l in &mut self.lens[..n] {
+            *l += 1;
+        }
+        Ok(logits)
+    }
+
+    /// Moves row `from`'s sequence to row `to` (whose own is dropped); `from` is then empty.
+    pub fn move_row(&mut self, from: usize, to: usize) -> Result<()> {
+        self.row_exists(from)?;
+        self.row_exists(to)?;
+        if from == to {
+            return Ok(());
+        }
+        let len = self.lens[from] as i64; // cannot wrap: below the capacity
+        if len > 0 {
+            let _guard = tch::no_grad_guard();
+            for kv in &self.cache.kv {
+                // cannot wrap: rows are a usize count that fits i64.
+                let src = kv.f_narrow(0, from as i64, 1)?.f_narrow(2, 0, len)?;
+                kv.f_narrow(0, to as i64, 1)?.f_narrow(2, 0, len)?.f_copy_(&src)?;
+            }
+        }
+        self.lens[to] = self.lens[from];
+        self.lens[from] = 0;
+        Ok(())
+    }
+
+    /// The cache of rows `first..first + n` as one generation's cache (views, not copies).
+    fn view(&self, first: usize, n: usize) -> Result<KvCache> {
+        // cannot wrap: rows are a usize count that fits i64.
+        let kv = self.cache.kv.iter().map(|t| t.f_narrow(0, first as i64, n as i64)).collect::<Result<Vec<_>, _>>()?;
+        Ok(KvCache { kv, capacity: self.cache.capacity, len: 0 })
+    }
+
+    /// The additive causal mask of query slots `slots` over the first `keys` slots:
+    /// [1, 1, L (x group), keys].
+    fn causal_mask(&self, slots: &Tensor, keys: i64, kind: Kind) -> Result<Tensor> {
+        let dev = slots.device();
+        let k = Tensor::f_arange(keys, (Kind::Int64, dev))?.f_unsqueeze(0)?; // [1, keys]
+        let hidden = k.f_gt_tensor(&slots.f_unsqueeze(1)?)?; // [L, keys]
+        let hidden = if self.group > 1 { hidden.f_repeat([self.group, 1])? } else { hidden };
+        let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
+        Ok(m.f_unsqueeze(0)?.f_unsqueeze(0)?)
+    }
+}
+
+/// Every id inside the vocabulary.
+fn check_ids(model: &Glm, ids: &[i64]) -> Result<()> {
+    let vocab = model.dims.vocab as i64; // cannot wrap: the rules keep vocab_size within i64
+    match ids.iter().position(|&id| id < 0 || id >= vocab) {
+        Some(pos) => Err(Error::TokenOutOfRange { id: ids[pos], row: 0, pos, vocab }),
+        None => Ok(()),
+    }
+}
