@@ -35,6 +35,31 @@ def build_tokenizer() -> Tokenizer:
     return tok
 
 
+# The demo's chat template: a user message is a sum, the assistant's turn its answer.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "{% if m.role == 'user' %}{{ m.content | trim }}{% if not loop.last or add_generation_prompt %}={% endif %}"
+    "{% elif m.role == 'assistant' %}{{ m.content | trim }}{{ eos_token }}"
+    "{% elif m.role != 'system' %}{{ raise_exception('the addition demo reads user and assistant turns, not ' ~ m.role) }}"
+    "{% endif %}"
+    "{% endfor %}"
+)
+
+
+def tokenizer_config() -> dict:
+    """tokenizer_config.json of the demo: its special tokens and chat template."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": UNK,
+        "model_max_length": 64,
+        "chat_template": CHAT_TEMPLATE,
+    }
+
+
 def check_tokenizer(tok: Tokenizer) -> None:
     text = "12+34="
     ids = tok.encode(text).ids

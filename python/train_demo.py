@@ -33,6 +33,7 @@ from demo_common import (  # noqa: E402
     accuracy,
     build_tokenizer,
     check_tokenizer,
+    tokenizer_config,
     greedy_answers,
     problem_text,
     reserved_problems,
@@ -166,6 +167,7 @@ def main() -> None:
     model.config.use_cache = True
     model.save_pretrained(MODEL_DIR)
     tok.save(str(MODEL_DIR / "tokenizer.json"))
+    (MODEL_DIR / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")
     problems = [
         {"prompt": problem_text(a, b)[0], "expected": problem_text(a, b)[1], "transformers": ans}
         for (a, b), ans in zip(heldout, held_answers)

@@ -65,6 +65,22 @@ impl TextCodec {
             .map_err(|e| Error::InvalidArgument(format!("cannot decode tokens: {e}")))
     }
 
+    /// Token ids of `text` with no special tokens added: the ids of a rendered chat
+    /// template, which writes its own (as transformers' `apply_chat_template` tokenizes).
+    /// Special tokens written in the text are still recognized as themselves.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<i64>> {
+        let enc = guarded(|| self.inner.encode(text, false))
+            .map_err(|panic| Error::InvalidArgument(format!("cannot tokenize the text: {panic}")))?
+            .map_err(|e| Error::InvalidArgument(format!("cannot tokenize the text: {e}")))?;
+        Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+    }
+
+    /// The vocabulary's string for an id (e.g. "<eos>", or a byte-level piece).
+    pub fn token(&self, id: i64) -> Option<String> {
+        let id = u32::try_from(id).ok()?;
+        guarded(|| self.inner.id_to_token(id)).ok().flatten()
+    }
+
     /// The id of a token string (e.g. "<bos>"), if the vocabulary has it.
     pub fn token_id(&self, token: &str) -> Option<i64> {
         guarded(|| self.inner.token_to_id(token)).ok().flatten().map(i64::from)

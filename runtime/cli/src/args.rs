@@ -48,6 +48,44 @@ pub enum Command {
     Logits(LogitsArgs),
     /// Measure prefill and decode tokens/s; prints one JSON line.
     Bench(BenchArgs),
+    /// Serve the model over the OpenAI HTTP API (completions, chat completions, streaming),
+    /// batching requests as they arrive, until SIGTERM or Ctrl-C.
+    Serve(ServeArgs),
+}
+
+/// `headcount serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Checkpoint folder, or a Hugging Face repo id (org/name[@revision]) in the local cache.
+    #[arg(long, value_name = "DIR|REPO")]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Requests decoded together: rows of the KV cache, allocated at start.
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
+    pub max_batch: usize,
+    /// Requests waiting for a row at most; more are answered 429 with Retry-After.
+    #[arg(long, default_value_t = 256, value_parser = at_least_one)]
+    pub max_queue: usize,
+    /// Prompt plus new tokens of one request [default: max_position_embeddings, at most 4096].
+    #[arg(long, value_parser = at_least_one)]
+    pub max_model_len: Option<usize>,
+    /// Prompt tokens prefilled at most between two decode steps: long prompts are prefilled
+    /// in chunks, so running streams keep going.
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
+    pub prefill_chunk: usize,
+    /// The model's name in the API [default: --model as given].
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// --model as given (before a repo id is resolved to its folder).
+    #[arg(skip)]
+    pub model_name: String,
 }
 
 /// The devices, precision and arithmetic a model runs with.
@@ -110,8 +148,9 @@ impl ParallelArgs {
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "ids"])))]
 pub struct RunArgs {
-    /// Checkpoint folder: config.json plus model.safetensors (or a sharded index).
-    #[arg(long, value_name = "DIR")]
+    /// Checkpoint folder (config.json plus model.safetensors or a sharded index), or a
+    /// Hugging Face repo id (org/name[@revision]) in the local cache.
+    #[arg(long, value_name = "DIR|REPO")]
     pub model: PathBuf,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
@@ -144,8 +183,9 @@ pub struct RunArgs {
 
 #[derive(Args)]
 pub struct LogitsArgs {
-    /// Checkpoint folder: config.json plus model.safetensors (or a sharded index).
-    #[arg(long, value_name = "DIR")]
+    /// Checkpoint folder (config.json plus model.safetensors or a sharded index), or a
+    /// Hugging Face repo id (org/name[@revision]) in the local cache.
+    #[arg(long, value_name = "DIR|REPO")]
     pub model: PathBuf,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
@@ -159,8 +199,8 @@ pub struct LogitsArgs {
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Checkpoint folder (or give --config for random weights).
-    #[arg(long, value_name = "DIR", conflicts_with = "config", required_unless_present = "config")]
+    /// Checkpoint folder or Hugging Face repo id (or give --config for random weights).
+    #[arg(long, value_name = "DIR|REPO", conflicts_with = "config", required_unless_present = "config")]
     pub model: Option<PathBuf>,
     /// A config.json: random weights of that shape.
     #[arg(long, value_name = "FILE")]

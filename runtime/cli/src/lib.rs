@@ -6,6 +6,7 @@ pub mod bench;
 pub mod check;
 pub mod generate;
 pub mod ranks;
+pub mod serve;
 
 use std::process::ExitCode;
 
@@ -25,6 +26,27 @@ pub fn set_up_process() {
     {
         tch::set_num_threads(t);
     }
+}
+
+/// Resolves each `--model` that names a Hugging Face repo id to its folder in the local cache
+/// (a folder stays as it is).
+pub fn resolve_models(command: &mut args::Command) -> Result<()> {
+    use args::Command;
+    let model = match command {
+        Command::Run(a) => &mut a.model,
+        Command::Logits(a) => &mut a.model,
+        Command::Serve(a) => {
+            a.model_name = a.model.display().to_string();
+            &mut a.model
+        }
+        Command::Bench(b) => match &mut b.model {
+            Some(m) => m,
+            None => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    *model = headcount_runtime::resolve_model(model)?;
+    Ok(())
 }
 
 /// A command's outcome as the process's exit code: 1 with one `error:` line for an error.

@@ -6,12 +6,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use headcount_cli::args::{Cli, Command};
-use headcount_cli::{bench, check, exit, generate, ranks, set_up_process};
+use headcount_cli::{bench, check, exit, generate, ranks, resolve_models, serve, set_up_process};
 
 fn main() -> ExitCode {
     set_up_process();
-    let cli = Cli::parse();
-    exit(dispatch(&cli))
+    let mut cli = Cli::parse();
+    exit(resolve_models(&mut cli.command).and_then(|()| dispatch(&cli)))
 }
 
 fn dispatch(cli: &Cli) -> headcount_runtime::Result<ExitCode> {
@@ -25,5 +25,6 @@ fn dispatch(cli: &Cli) -> headcount_runtime::Result<ExitCode> {
         Command::Run(a) => generate::run(a, cli.quiet),
         Command::Logits(a) => generate::write_logits(a, cli.quiet),
         Command::Bench(b) => bench::run(b, cli.quiet),
+        Command::Serve(a) => serve::run(a, cli.quiet),
     }
 }

@@ -1,0 +1,32 @@
+//! `headcount serve`.
+
+use std::process::ExitCode;
+
+use headcount_runtime::{Error, Result};
+use headcount_serve::{ServeError, ServeOptions};
+
+use crate::args::ServeArgs;
+
+pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
+    if a.runtime.parallel.world() > 1 {
+        return Err(Error::InvalidArgument(
+            "serve runs the model in one process: --tp and --pp above 1 are not supported by serve yet".to_owned(),
+        ));
+    }
+    let model = crate::generate::load(&a.model, &a.runtime, quiet)?;
+    let opts = ServeOptions {
+        host: a.host.clone(),
+        port: a.port,
+        max_batch: a.max_batch,
+        max_queue: a.max_queue,
+        max_model_len: a.max_model_len,
+        prefill_chunk: a.prefill_chunk,
+        model_name: a.served_model_name.clone().unwrap_or_else(|| a.model_name.clone()),
+        quiet,
+    };
+    match headcount_serve::serve(model, &a.model, &opts) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(ServeError::Runtime(e)) => Err(e),
+        Err(ServeError::Setup(msg)) => Err(Error::InvalidArgument(msg)),
+    }
+}

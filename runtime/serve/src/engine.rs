@@ -1,0 +1,340 @@
+//! The engine loop: one thread owns the model and a [`SlotCache`] of `max_batch` rows, and
+//! runs continuous batching. Between two decode steps it drops requests whose client has
+//! gone, admits waiting requests into free rows (their prompts prefilled in chunks, at most
+//! `prefill_chunk` prompt tokens a step, so running streams are never stalled for long),
+//! then advances every running request by one token and retires the finished ones at once.
+//!
+//! Requests come in over a channel; each carries its own channel for what it produces, so
+//! the engine never waits for a client: a slow reader's tokens queue up on its side.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
+
+use headcount_runtime::generate::{SampleRng, SlotCache, select};
+use headcount_runtime::{Glm, Sampling};
+use tch::{Kind, Tensor};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::metrics::Metrics;
+
+/// One sequence to generate.
+pub struct Job {
+    pub prompt: Vec<i64>,
+    /// New tokens at most; the prompt plus these fit in a cache row (checked on admission
+    /// to the queue).
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Ids that end the sequence (the model's eos ids and the request's stop ids); the id
+    /// is sent, with [`Finish::Stop`].
+    pub stop_ids: Vec<i64>,
+    /// Log probabilities of each chosen token and of this many most likely ones.
+    pub logprobs: Option<usize>,
+    /// Which choice of its request this is: events go out tagged with it.
+    pub choice: usize,
+    pub events: UnboundedSender<(usize, Event)>,
+    /// Set when the request no longer wants this choice (a stop string ended its text).
+    pub cancel: Arc<AtomicBool>,
+    pub arrived: Instant,
+}
+
+impl Job {
+    fn send(&self, e: Event) {
+        let _ = self.events.send((self.choice, e));
+    }
+    fn gone(&self) -> bool {
+        self.events.is_closed() || self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+/// What a job produces, in order: tokens, then one `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    Token { id: i64, logprobs: Option<TokenLogprobs> },
+    Done(Finish),
+    Failed(String),
+}
+
+/// The log probability of a chosen token and the most likely alternatives.
+#[derive(Debug, Clone)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(i64, f32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An eos or stop id was produced.
+    Stop,
+    /// `max_tokens` were produced.
+    Length,
+}
+
+/// The engine's settings.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Rows of the cache: requests decoded together.
+    pub max_batch: usize,
+    /// Positions a row holds: prompt plus new tokens of one request.
+    pub max_model_len: usize,
+    /// Prompt tokens prefilled at most between two decode steps.
+    pub prefill_chunk: usize,
+}
+
+/// A request with a cache row.
+struct Running {
+    job: Job,
+    rng: SampleRng,
+    /// Prompt tokens written so far.
+    prefilled: usize,
+    /// Tokens produced so far, and the last one (the next step's input).
+    produced: usize,
+    last: i64,
+}
+
+impl Running {
+    fn gone(&self) -> bool {
+        self.job.gone()
+    }
+}
+
+/// Runs until `jobs` is closed and every request taken from it has ended.
+pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOptions, metrics: Arc<Metrics>) {
+    let _guard = tch::no_grad_guard();
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    // Rows 0..running.len() decode; a request being prefilled sits in the next row.
+    let mut running: Vec<Running> = Vec::new();
+    let mut filling: Option<Running> = None;
+    let mut open = true;
+    loop {
+        // Take new requests; wait for one only when there is nothing else to do.
+        loop {
+            let idle = running.is_empty() && filling.is_none() && waiting.is_empty();
+            let got = if idle && open {
+                match jobs.recv_timeout(Duration::from_millis(200)) {
+                    Ok(j) => Some(j),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        open = false;
+                        None
+                    }
+                }
+            } else {
+                match jobs.try_recv() {
+                    Ok(j) => Some(j),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        None
+                    }
+                }
+            };
+            match got {
+                Some(j) => waiting.push_back(j),
+                None => break,
+            }
+        }
+        if !open && running.is_empty() && filling.is_none() && waiting.is_empty() {
+            return;
+        }
+        // Clients that went away: their rows are freed now.
+        let before = waiting.len();
+        waiting.retain(|j| !j.gone());
+        metrics.cancelled((before - waiting.len()) as u64);
+        metrics.dequeued((before - waiting.len()) as u64);
+        if filling.as_ref().is_some_and(Running::gone) {
+            filling = None;
+            cache.clear(running.len());
+            metrics.cancelled(1);
+        }
+        retire(&mut running, &mut filling, &mut cache, &metrics, |r| r.gone().then_some(Outcome::Cancelled));
+
+        prefill(&model, &mut cache, &opts, &mut waiting, &mut running, &mut filling, &metrics);
+        metrics.set_running(running.len());
+        if running.is_empty() {
+            continue;
+        }
+        let tokens: Vec<i64> = running.iter().map(|r| r.last).collect();
+        let step = cache.decode(&model, &tokens).and_then(|logits| choose(&logits, &mut running));
+        match step {
+            Ok(chosen) => {
+                for (r, (id, lp)) in running.iter_mut().zip(chosen) {
+                    emit(r, id, lp, &metrics);
+                }
+                metrics.decoded();
+                retire(&mut running, &mut filling, &mut cache, &metrics, finished);
+            }
+            Err(e) => {
+                // The step failed for every running request: they end with the error, the
+                // server goes on with the next ones.
+                let msg = format!("the decode step failed: {e}");
+                retire(&mut running, &mut filling, &mut cache, &metrics, |_| Some(Outcome::Failed(msg.clone())));
+            }
+        }
+    }
+}
+
+/// Why a running request leaves its row.
+enum Outcome {
+    Finished(Finish),
+    Cancelled,
+    Failed(String),
+}
+
+/// Whether a request that just produced a token is done.
+fn finished(r: &Running) -> Option<Outcome> {
+    if r.job.stop_ids.contains(&r.last) {
+        Some(Outcome::Finished(Finish::Stop))
+    } else if r.produced >= r.job.max_tokens {
+        Some(Outcome::Finished(Finish::Length))
+    } else {
+        None
+    }
+}
+
+/// Removes the running requests `why` picks, last rows first: each freed row takes the last
+/// running row, and the row being prefilled moves down behind them.
+fn retire(
+    running: &mut Vec<Running>,
+    filling: &mut Option<Running>,
+    cache: &mut SlotCache,
+    metrics: &Metrics,
+    why: impl Fn(&Running) -> Option<Outcome>,
+) {
+    let n = running.len();
+    for row in (0..n).rev() {
+        let Some(outcome) = why(&running[row]) else { continue };
+        let r = running.swap_remove(row);
+        let last = running.len();
+        // The moves copy cache rows on the device; one can only fail with the device
+        // itself, and then the next step fails and reports it.
+        let _ = cache.move_row(last, row);
+        match outcome {
+            Outcome::Finished(f) => {
+                r.job.send(Event::Done(f));
+                metrics.finished();
+            }
+            Outcome::Cancelled => metrics.cancelled(1),
+            Outcome::Failed(msg) => {
+                r.job.send(Event::Failed(msg));
+                metrics.failed();
+            }
+        }
+    }
+    if filling.is_some() && running.len() < n {
+        let _ = cache.move_row(n, running.len());
+    }
+}
+
+/// Prefills waiting requests into free rows, `opts.prefill_chunk` prompt tokens at most; a
+/// request whose prompt is all in joins the running rows with its first token.
+fn prefill(
+    model: &Glm,
+    cache: &mut SlotCache,
+    opts: &EngineOptions,
+    waiting: &mut VecDeque<Job>,
+    running: &mut Vec<Running>,
+    filling: &mut Option<Running>,
+    metrics: &Metrics,
+) {
+    let mut budget = opts.prefill_chunk.max(1);
+    while budget > 0 && running.len() < cache.rows() {
+        let mut r = match filling.take() {
+            Some(r) => r,
+            None => match waiting.pop_front() {
+                Some(job) => {
+                    metrics.dequeued(1);
+                    let rng = SampleRng::new(job.sampling.seed);
+                    cache.clear(running.len());
+                    Running { job, rng, prefilled: 0, produced: 0, last: 0 }
+                }
+                None => return,
+            },
+        };
+        let row = running.len();
+        let take = (r.job.prompt.len() - r.prefilled).min(budget);
+        let chunk = &r.job.prompt[r.prefilled..r.prefilled + take];
+        let logits = cache.extend(model, row, chunk);
+        budget -= take;
+        r.prefilled += take;
+        metrics.prefilled(take as u64);
+        let logits = match logits {
+            Ok(l) => l,
+            Err(e) => {
+                r.job.send(Event::Failed(format!("the prefill failed: {e}")));
+                metrics.failed();
+                cache.clear(row);
+                continue;
+            }
+        };
+        if r.prefilled < r.job.prompt.len() {
+            *filling = Some(r);
+            return;
+        }
+        match choose(&logits, std::slice::from_mut(&mut r)) {
+            Ok(mut chosen) => {
+                let (id, lp) = chosen.remove(0);
+                metrics.first_token(r.job.arrived.elapsed());
+                emit(&mut r, id, lp, metrics);
+                match finished(&r) {
+                    Some(Outcome::Finished(f)) => {
+                        r.job.send(Event::Done(f));
+                        metrics.finished();
+                        cache.clear(row);
+                    }
+                    _ => running.push(r),
+                }
+            }
+            Err(e) => {
+                r.job.send(Event::Failed(format!("choosing the first token failed: {e}")));
+                metrics.failed();
+                cache.clear(row);
+            }
+        }
+    }
+}
+
+/// Sends a produced token.
+fn emit(r: &mut Running, id: i64, logprobs: Option<TokenLogprobs>, metrics: &Metrics) {
+    r.last = id;
+    r.produced += 1;
+    metrics.generated(1);
+    r.job.send(Event::Token { id, logprobs });
+}
+
+/// The next token of each row of `logits` ([n, vocab] f32), chosen with that row's
+/// request's sampling and random stream, and its log probabilities where asked for.
+fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Vec<(i64, Option<TokenLogprobs>)>> {
+    // Greedy rows from one argmax of the whole batch (one read back for them all).
+    let argmax = Vec::<i64>::try_from(&logits.f_argmax(-1, false)?.f_to_device(tch::Device::Cpu)?)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, r) in rows.iter_mut().enumerate() {
+        let row = logits.f_narrow(0, i as i64, 1)?;
+        let id = if r.job.sampling.temperature == 0.0 {
+            argmax[i]
+        } else {
+            select(&row, &r.job.sampling, &mut r.rng)?.f_int64_value(&[0])?
+        };
+        let lp = match r.job.logprobs {
+            None => None,
+            Some(k) => {
+                let logp = row.f_log_softmax(-1, Kind::Float)?.f_squeeze_dim(0)?;
+                let logprob = logp.f_double_value(&[id])? as f32;
+                let top = if k == 0 {
+                    Vec::new()
+                } else {
+                    let k = (k as i64).min(logp.size().first().copied().unwrap_or(1));
+                    let (vals, idx) = logp.f_topk(k, -1, true, true)?;
+                    let vals = Vec::<f32>::try_from(&vals.f_to_device(tch::Device::Cpu)?)?;
+                    let idx = Vec::<i64>::try_from(&idx.f_to_device(tch::Device::Cpu)?)?;
+                    idx.into_iter().zip(vals).collect()
+                };
+                Some(TokenLogprobs { logprob, top })
+            }
+        };
+        out.push((id, lp));
+    }
+    Ok(out)
+}

@@ -1,0 +1,239 @@
+//! `headcount serve`: an OpenAI-compatible HTTP server for a GLM checkpoint.
+//!
+//! The model runs on one engine thread with continuous batching over a [`SlotCache`]
+//! (see [`engine`]); HTTP runs on tokio and axum (see [`http`]); chat prompts come from the
+//! checkpoint's Jinja chat template (see [`template`]). [`serve`] is the entry point of the
+//! `headcount` program and of model binaries that serve their own typed model
+//! ([`serve_typed`]).
+//!
+//! [`SlotCache`]: headcount_runtime::generate::SlotCache
+
+pub mod api;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod template;
+pub mod text;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use headcount_runtime::generate::SlotCache;
+use headcount_runtime::{Glm, Model, Sampling, TextCodec};
+use headcount_spec::Architecture;
+
+use crate::engine::EngineOptions;
+use crate::http::AppState;
+use crate::metrics::Metrics;
+use crate::template::ChatTemplate;
+
+/// Positions a request may use when `--max-model-len` is not given: the model's
+/// max_position_embeddings, up to this many (a cache row of every batch slot is allocated).
+pub const DEFAULT_MAX_MODEL_LEN: usize = 4096;
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub host: String,
+    pub port: u16,
+    /// Requests decoded together (rows of the KV cache).
+    pub max_batch: usize,
+    /// Requests waiting for a row at most; more are answered `429`.
+    pub max_queue: usize,
+    /// Prompt plus new tokens of one request [default: max_position_embeddings, at most
+    /// [`DEFAULT_MAX_MODEL_LEN`]].
+    pub max_model_len: Option<usize>,
+    /// Prompt tokens prefilled at most between two decode steps.
+    pub prefill_chunk: usize,
+    /// The name `/v1/models` lists and requests give as `model`.
+    pub model_name: String,
+    /// Print nothing but errors.
+    pub quiet: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            max_batch: 32,
+            max_queue: 256,
+            max_model_len: None,
+            prefill_chunk: 512,
+            model_name: "model".into(),
+            quiet: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Runtime(#[from] headcount_runtime::Error),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Serves a declared model (`Model<A>`) loaded from `dir` until SIGTERM or Ctrl-C.
+pub fn serve_typed<A: Architecture>(model: Model<A>, dir: &Path, opts: &ServeOptions) -> Result<(), ServeError> {
+    serve(model.into_inner(), dir, opts)
+}
+
+/// Serves `model` (loaded from the checkpoint in `dir`, whose tokenizer, chat template and
+/// generation_config.json are read) until SIGTERM or Ctrl-C: then it stops admitting
+/// requests, finishes the running ones, and returns.
+pub fn serve(model: Glm, dir: &Path, opts: &ServeOptions) -> Result<(), ServeError> {
+    if model.parallel.size() > 1 {
+        return Err(ServeError::Setup(
+            "serve runs the model in one process: --tp and --pp above 1 are not supported by serve yet".into(),
+        ));
+    }
+    if opts.max_batch == 0 || opts.max_queue == 0 || opts.prefill_chunk == 0 {
+        return Err(ServeError::Setup("--max-batch, --max-queue and --prefill-chunk must be at least 1".into()));
+    }
+    let max_positions = model.dims.max_positions;
+    let max_model_len = match opts.max_model_len {
+        Some(n) if n > max_positions => {
+            return Err(ServeError::Setup(format!(
+                "--max-model-len {n} is more than the model's max_position_embeddings ({max_positions})"
+            )));
+        }
+        Some(0) => return Err(ServeError::Setup("--max-model-len must be at least 2".into())),
+        Some(n) => n,
+        None => max_positions.min(DEFAULT_MAX_MODEL_LEN),
+    };
+    let codec = TextCodec::from_dir(dir)?.map(Arc::new);
+    let template = ChatTemplate::from_dir(dir).map_err(ServeError::Setup)?;
+    let generation = read_generation_config(dir)?;
+    let config = &model.dims.config;
+    // cannot wrap: a valid config's ids are below vocab_size, which fits i64.
+    let mut eos: Vec<i64> = config.eos_token_id.iter().map(|&i| i as i64).collect();
+    for id in generation.eos {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    let bos = config.bos_token_id.map(|b| b as i64);
+    let vocab = model.dims.vocab as i64;
+    let cache = SlotCache::new(&model, opts.max_batch, max_model_len)?;
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let engine_opts = EngineOptions { max_batch: opts.max_batch, max_model_len, prefill_chunk: opts.prefill_chunk };
+    let engine_metrics = metrics.clone();
+    let engine = std::thread::Builder::new()
+        .name("headcount-engine".into())
+        .spawn(move || engine::run(model, cache, rx, engine_opts, engine_metrics))
+        .map_err(|e| ServeError::Setup(format!("cannot start the engine thread: {e}")))?;
+    let state = Arc::new(AppState {
+        jobs: std::sync::Mutex::new(Some(tx)),
+        codec,
+        template,
+        model_name: opts.model_name.clone(),
+        max_model_len,
+        max_queue: opts.max_queue as u64,
+        vocab,
+        bos,
+        eos,
+        defaults: generation.sampling,
+        metrics,
+        accepting: AtomicBool::new(true),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        next_id: AtomicU64::new(1),
+    });
+    // A client that closes its connection must not end the server on a write to it.
+    // SAFETY: setting a signal's disposition to ignore, before the HTTP threads start.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Setup(format!("cannot start the HTTP runtime: {e}")))?;
+    let served = rt.block_on(async {
+        let addr = format!("{}:{}", opts.host, opts.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|e| ServeError::Setup(format!("cannot listen on {addr}: {e}")))?;
+        let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
+        if !opts.quiet {
+            eprintln!(
+                "serving {} on http://{local} (batch {}, context {max_model_len}, queue {}{})",
+                opts.model_name,
+                opts.max_batch,
+                opts.max_queue,
+                if state.template.is_some() { ", chat template" } else { "" }
+            );
+        }
+        let shutdown = {
+            let state = state.clone();
+            let quiet = opts.quiet;
+            async move {
+                wait_for_signal().await;
+                state.accepting.store(false, Ordering::Relaxed);
+                if !quiet {
+                    eprintln!("shutting down: no new requests; finishing the running ones");
+                }
+            }
+        };
+        axum::serve(listener, http::router(state.clone()))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| ServeError::Setup(format!("the HTTP server failed: {e}")))
+    });
+    // Closing the channel lets the engine finish what it holds and return.
+    if let Ok(mut jobs) = state.jobs.lock() {
+        jobs.take();
+    }
+    let joined = engine.join();
+    served?;
+    joined.map_err(|_| ServeError::Setup("the engine thread panicked".into()))
+}
+
+/// SIGTERM or Ctrl-C.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// What generation_config.json sets: sampling defaults (vLLM's rule: its temperature,
+/// top_p and top_k, else OpenAI's 1, 1 and all) and more eos ids.
+struct Generation {
+    sampling: Sampling,
+    eos: Vec<i64>,
+}
+
+fn read_generation_config(dir: &Path) -> Result<Generation, ServeError> {
+    let mut g = Generation { sampling: Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 }, eos: Vec::new() };
+    let path = dir.join("generation_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(g) };
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ServeError::Setup(format!("{}: not valid JSON: {e}", path.display())))?;
+    if let Some(t) = v.get("temperature").and_then(serde_json::Value::as_f64) {
+        g.sampling.temperature = t;
+    }
+    if let Some(p) = v.get("top_p").and_then(serde_json::Value::as_f64) {
+        g.sampling.top_p = p;
+    }
+    if let Some(k) = v.get("top_k").and_then(serde_json::Value::as_u64) {
+        g.sampling.top_k = k as usize;
+    }
+    g.sampling.validate().map_err(|e| ServeError::Setup(format!("{}: its sampling defaults: {e}", path.display())))?;
+    match v.get("eos_token_id") {
+        Some(serde_json::Value::Number(n)) => g.eos.extend(n.as_i64()),
+        Some(serde_json::Value::Array(a)) => g.eos.extend(a.iter().filter_map(serde_json::Value::as_i64)),
+        _ => {}
+    }
+    Ok(g)
+}

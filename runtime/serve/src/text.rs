@@ -1,0 +1,87 @@
+//! A request's generated text as its tokens arrive: decoded whole each time (so characters
+//! that span tokens come out complete), cut at the first stop string, and holding back any
+//! tail that could still become one, so a stream never sends text it must take back.
+
+use headcount_runtime::{Result, TextCodec};
+
+pub struct TextStream {
+    ids: Vec<i64>,
+    text: String,
+    /// Bytes of `text` handed out.
+    sent: usize,
+    stops: Vec<String>,
+    stopped: bool,
+}
+
+impl TextStream {
+    pub fn new(stops: Vec<String>) -> TextStream {
+        TextStream { ids: Vec::new(), text: String::new(), sent: 0, stops, stopped: false }
+    }
+
+    /// Adds a token; returns the text that became final and whether a stop string ended
+    /// the text (it is then not included, and later tokens add nothing).
+    pub fn push(&mut self, codec: &TextCodec, id: i64) -> Result<(String, bool)> {
+        if self.stopped {
+            return Ok((String::new(), true));
+        }
+        self.ids.push(id);
+        let text = codec.decode(&self.ids)?;
+        // An unfinished character, or a decoding that rewrote text already handed out: wait
+        // for the next token.
+        if text.ends_with('\u{FFFD}') || text.len() < self.sent || !text.is_char_boundary(self.sent) {
+            return Ok((String::new(), false));
+        }
+        self.text = text;
+        if let Some(at) = self.first_stop() {
+            let out = self.text[self.sent..at].to_owned();
+            self.text.truncate(at);
+            self.sent = at;
+            self.stopped = true;
+            return Ok((out, true));
+        }
+        let keep = self.held_back();
+        let end = self.text.len() - keep;
+        let out = self.text[self.sent..end].to_owned();
+        self.sent = end;
+        Ok((out, false))
+    }
+
+    /// The text held back at the end (no stop string completed it).
+    pub fn finish(&mut self) -> String {
+        let out = self.text[self.sent..].to_owned();
+        self.sent = self.text.len();
+        out
+    }
+
+    /// Where the earliest stop string starts in the text not yet handed out (searching
+    /// from where one could still begin).
+    fn first_stop(&self) -> Option<usize> {
+        self.stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| {
+                let mut from = self.sent.saturating_sub(s.len());
+                while !self.text.is_char_boundary(from) {
+                    from -= 1;
+                }
+                self.text[from..].find(s.as_str()).map(|i| from + i)
+            })
+            .filter(|&at| at >= self.sent)
+            .min()
+    }
+
+    /// Bytes at the end of the text that begin some stop string.
+    fn held_back(&self) -> usize {
+        let tail = &self.text[self.sent..];
+        self.stops
+            .iter()
+            .map(|s| {
+                (1..s.len().min(tail.len() + 1))
+                    .rev()
+                    .find(|&k| s.is_char_boundary(k) && tail.ends_with(&s[..k]))
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
