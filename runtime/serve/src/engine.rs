@@ -109,6 +109,7 @@ pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOp
     let mut filling: Option<Running> = None;
     let mut open = true;
     loop {
+        metrics.set_running(running.len());
         // Take new requests; wait for one only when there is nothing else to do.
         loop {
             let idle = running.is_empty() && filling.is_none() && waiting.is_empty();

@@ -1,0 +1,187 @@
+//! `headcount serve` on the addition demo, driven by the official openai client
+//! (python/serve_test.py): completions equal to what the library generates alone, streaming,
+//! 64 concurrent requests, chat through the demo's template, every bad input of the API,
+//! continuous batching, a client leaving mid-stream, a full queue, and SIGTERM draining the
+//! running stream. The served model is named by a Hugging Face repo id, resolved in a cache
+//! laid out as huggingface_hub lays it out. Loopback only; every server is killed on the way
+//! out, pass or fail.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, TextCodec, generate};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+fn demo() -> PathBuf {
+    root().join("examples/addition/model")
+}
+
+/// A server process, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `headcount serve` with `args` on a free port; returns once it listens.
+fn start(args: &[&str], env: &[(&str, &Path)]) -> Server {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_headcount"));
+    cmd.args(["serve", "--port", "0"]).args(args).stderr(Stdio::piped()).stdout(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("start headcount serve");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[serve] {line}");
+            if let Some(url) = line.split(" on ").nth(1).and_then(|r| r.split_whitespace().next()) {
+                let _ = tx.send(url.to_owned());
+            }
+        }
+    });
+    let url = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(u) => u,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("headcount serve did not start listening within 60 s");
+        }
+    };
+    Server { child, url }
+}
+
+/// What the library generates for each prompt alone: the answers the server must give.
+fn expected_answers(prompts: &[String]) -> serde_json::Value {
+    let model = Glm::load(&demo(), &LoadOptions::default()).unwrap();
+    let codec = TextCodec::from_dir(&demo()).unwrap().unwrap();
+    let eos: Vec<i64> = model.dims.config.eos_token_id.iter().map(|&i| i as i64).collect();
+    let mut out = serde_json::Map::new();
+    for p in prompts {
+        let ids = codec.encode_prompt(p, &model.dims.config).unwrap();
+        let opts = GenerateOptions {
+            max_new_tokens: 8,
+            sampling: Sampling::greedy(),
+            eos_token_ids: eos.clone(),
+            ..Default::default()
+        };
+        let g = generate(&model, &[ids], &opts, |_, _| {}).unwrap();
+        out.insert(p.clone(), codec.decode(&g.tokens[0]).unwrap().into());
+    }
+    out.into()
+}
+
+/// A Hugging Face cache holding the demo as `headcount-test/addition` at a commit `main`
+/// points to, laid out as huggingface_hub writes it (snapshot files link into blobs/).
+fn hub_cache(dir: &Path) -> PathBuf {
+    let repo = dir.join("models--headcount-test--addition");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    for entry in std::fs::read_dir(demo()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap();
+        let blob = repo.join("blobs").join(name);
+        std::fs::copy(&path, &blob).unwrap();
+        std::os::unix::fs::symlink(Path::new("../../blobs").join(name), snapshot.join(name)).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+#[test]
+fn the_openai_client_gets_what_headcount_generates() {
+    let python = root().join(".venv/bin/python");
+    let has_openai = Command::new(&python).args(["-c", "import openai"]).status().map(|s| s.success()).unwrap_or(false);
+    assert!(has_openai, "the openai client is missing from .venv: run scripts/setup --test");
+    let tmp = tempfile::tempdir().unwrap();
+    // 64 sums of up to three digits, from a fixed sequence.
+    let mut x: u64 = 20261201;
+    let mut prompts = Vec::new();
+    while prompts.len() < 64 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let (a, b) = ((x >> 33) % 1000, (x >> 13) % 1000);
+        let p = format!("{a}+{b}=");
+        if !prompts.contains(&p) {
+            prompts.push(p);
+        }
+    }
+    let expected = tmp.path().join("expected.json");
+    std::fs::write(&expected, expected_answers(&prompts).to_string()).unwrap();
+    let cache = hub_cache(&tmp.path().join("hub"));
+    let main = start(&["--model", "headcount-test/addition"], &[("HF_HUB_CACHE", &cache)]);
+    let demo_dir = demo().display().to_string();
+    let small = start(&["--model", &demo_dir, "--max-batch", "1", "--max-queue", "1"], &[]);
+    let pid = main.child.id().to_string();
+    let mut client = Command::new(&python)
+        .arg(root().join("python/serve_test.py"))
+        .args(["--url", &main.url, "--model", "headcount-test/addition", "--small-url", &small.url, "--pid", &pid])
+        .arg("--expected")
+        .arg(&expected)
+        .spawn()
+        .expect("run python/serve_test.py");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = client.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(240) {
+            let _ = client.kill();
+            let _ = client.wait();
+            panic!("python/serve_test.py did not finish within 240 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "python/serve_test.py failed (its output is above)");
+    // The script sent SIGTERM to the main server: it drained and exits by itself, with 0.
+    let mut main = main;
+    let started = Instant::now();
+    let code = loop {
+        if let Some(s) = main.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the server did not exit within 30 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(code.success(), "the server exited with {code} after SIGTERM");
+}
+
+#[test]
+fn a_repo_id_not_in_the_cache_says_where_it_looked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_headcount"))
+        .args(["run", "--model", "nobody/missing@v2", "--prompt", "1+1="])
+        .env("HF_HUB_CACHE", tmp.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("not in the Hugging Face cache") && err.contains("models--nobody--missing"), "{err}");
+    let cache = hub_cache(&tmp.path().join("hub"));
+    let o = Command::new(env!("CARGO_BIN_EXE_headcount"))
+        .args(["run", "-q", "--model", "headcount-test/addition@nope", "--prompt", "1+1="])
+        .env("HF_HUB_CACHE", &cache)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("revision \"nope\""), "{err}");
+    let o = Command::new(env!("CARGO_BIN_EXE_headcount"))
+        .args(["run", "-q", "--model", "headcount-test/addition", "--prompt", "1+1="])
+        .env("HF_HUB_CACHE", &cache)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "2", "{}", String::from_utf8_lossy(&o.stderr));
+}
