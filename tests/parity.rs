@@ -112,6 +112,7 @@ fn cached_logits(model: &Glm, ids: &[i64]) -> Tensor {
             mask: None,
             slot: None,
             rows_at: None,
+            keep_at: None,
         };
         out.push(model.forward(&Tensor::from_slice(&[*id]).view([1, 1]), &step, &mut cache, true).unwrap());
     }
@@ -310,8 +311,8 @@ fn fused_rounding_stays_as_close_to_f32() {
     println!("{}", report.join("\n"));
 }
 
-/// A server's running batch (SlotCache): every fixture row written in chunks into its own
-/// row with a different prefix length, then decoded one token a step beside the others,
+/// A server's running batch (SlotCache): fixture rows written into their own rows with
+/// different prefix lengths (one in chunks, two in one right-padded forward), then decoded one token a step beside the others,
 /// each at its own position; a row that finishes early gives its place to the last one.
 /// Every position's logits equal transformers' for the whole sequence.
 #[test]
@@ -327,14 +328,15 @@ fn ragged_running_batch_matches_transformers() {
         let prefix = [2usize, 5, 3];
         let mut cache = SlotCache::new(&model, 4, t).unwrap();
         let mut got: Vec<Vec<Tensor>> = (0..3).map(|_| Vec::new()).collect();
-        for (row, seq) in seqs.iter().enumerate() {
-            // In chunks of two, the last logits kept.
-            let mut last = None;
-            for chunk in seq[..prefix[row]].chunks(2) {
-                last = Some(cache.extend(&model, row, chunk).unwrap());
-            }
-            got[row].push(last.unwrap());
+        // Sequence 0 alone in chunks of two; sequences 1 and 2 in one padded forward.
+        let mut last = None;
+        for chunk in seqs[0][..prefix[0]].chunks(2) {
+            last = Some(cache.extend(&model, 0, chunk).unwrap());
         }
+        got[0].push(last.unwrap());
+        let both = cache.extend_rows(&model, 1, &[&seqs[1][..prefix[1]], &seqs[2][..prefix[2]]]).unwrap();
+        got[1].push(both.get(0).unsqueeze(0));
+        got[2].push(both.get(1).unsqueeze(0));
         // Which sequence each cache row holds; rows 0..live.len() run.
         let mut live: Vec<usize> = vec![0, 1, 2];
         while !live.is_empty() {

@@ -12,13 +12,15 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 /// The folder a `--model` argument names: the folder itself when it is one, else the cached
-/// snapshot of the repo id it spells.
+/// snapshot of the repo id it spells. A path that is neither is returned as it is, for the
+/// loader to say what is missing there.
 pub fn resolve_model(arg: &Path) -> Result<PathBuf> {
     if arg.is_dir() {
         return Ok(arg.to_path_buf());
     }
-    let Some(text) = arg.to_str() else { return Err(not_found(arg)) };
-    let Some((repo, revision)) = parse_repo_id(text) else { return Err(not_found(arg)) };
+    let Some((text, (repo, revision))) = arg.to_str().and_then(|t| Some((t, parse_repo_id(t)?))) else {
+        return Ok(arg.to_path_buf());
+    };
     let cache = hub_cache();
     let Some(cache) = cache else {
         return Err(Error::InvalidArgument(format!(
@@ -80,13 +82,6 @@ pub fn hub_cache() -> Option<PathBuf> {
         .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
         .or_else(|| var("XDG_CACHE_HOME").map(|x| x.join("huggingface").join("hub")))
         .or_else(|| var("HOME").map(|h| h.join(".cache").join("huggingface").join("hub")))
-}
-
-fn not_found(arg: &Path) -> Error {
-    Error::InvalidArgument(format!(
-        "{} is not a folder, nor a Hugging Face repo id (org/name or org/name@revision)",
-        arg.display()
-    ))
 }
 
 #[cfg(test)]

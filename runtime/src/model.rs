@@ -115,6 +115,9 @@ pub struct Step {
     /// first `start + 1` slots, `start` being the largest of them, and `mask` hides each
     /// row's slots past its own.
     pub rows_at: Option<Tensor>,
+    /// With `last_only`: the position whose logits each row keeps (`[B]` int64 on the
+    /// device), for a batch of prompts padded on the right; `None` keeps the last.
+    pub keep_at: Option<Tensor>,
 }
 
 /// The key/value cache of one generation on this rank: per layer of its stage, one tensor
@@ -648,7 +651,13 @@ impl Glm {
         let rows = if last_only { 1 } else { t };
         let logits = match (&self.norm, &self.lm_head) {
             (Some(norm), Some(head)) => {
-                let h = if last_only && t > 1 { h.f_narrow(1, t - 1, 1)? } else { h };
+                let h = match &step.keep_at {
+                    Some(at) if last_only => {
+                        h.f_gather(1, &at.f_view([b, 1, 1])?.f_expand([b, 1, hidden], false)?, false)?
+                    }
+                    _ if last_only && t > 1 => h.f_narrow(1, t - 1, 1)?,
+                    _ => h,
+                };
                 let h = rms_norm(&h, norm, eps, rounding)?;
                 let logits = head.forward(&h, &p.tp_group)?;
                 let logits = if self.plan.padded_vocab != self.dims.vocab {

@@ -14,10 +14,12 @@ use headcount_runtime::{DType, DecodeMode, Rounding, WeightLayout};
     long_about = "Check, declare and run GLM checkpoints.\n\n\
         `check` validates a Hugging Face config.json with the same rules as #[derive(Architecture)]; \
         `declare` prints the Rust declaration of a config; `run` generates text or ids; \
-        `logits` writes every position's logits; `bench` measures prefill and decode speed.",
+        `logits` writes every position's logits; `bench` measures prefill and decode speed; \
+        `serve` serves the model over the OpenAI HTTP API with continuous batching.",
     after_help = "Examples:\n  headcount check config.json --tp 2\n  headcount declare config.json --name MyGlm\n  \
         headcount run --model examples/addition/model --prompt 12+34=\n  headcount bench --config config.json --new-tokens 32\n  \
-        headcount logits --model DIR --ids 1,2,3 --out logits.safetensors --tp 2 --pp 2"
+        headcount logits --model DIR --ids 1,2,3 --out logits.safetensors --tp 2 --pp 2\n  \
+        headcount serve --model zai-org/GLM-4-9B-0414 --dtype bf16 --port 8000"
 )]
 pub struct Cli {
     /// Print only results: no progress, no speed report.

@@ -229,8 +229,10 @@ fn retire(
     }
 }
 
-/// Prefills waiting requests into free rows, `opts.prefill_chunk` prompt tokens at most; a
-/// request whose prompt is all in joins the running rows with its first token.
+/// Prefills waiting requests into free rows, `opts.prefill_chunk` prompt tokens at most
+/// (padding included): whole prompts that fit go in together, in one forward; a longer one
+/// goes in alone, in chunks over several steps. A request whose prompt is all in joins the
+/// running rows with its first token.
 fn prefill(
     model: &Glm,
     cache: &mut SlotCache,
@@ -242,14 +244,33 @@ fn prefill(
 ) {
     let mut budget = opts.prefill_chunk.max(1);
     while budget > 0 && running.len() < cache.rows() {
+        if filling.is_none() {
+            // As many waiting prompts as fit the budget padded to the longest, and the rows.
+            let free = cache.rows() - running.len();
+            let (mut k, mut longest) = (0, 0);
+            while k < free.min(waiting.len()) {
+                let l = waiting[k].prompt.len().max(longest);
+                if (k + 1) * l > budget {
+                    break;
+                }
+                (k, longest) = (k + 1, l);
+            }
+            if k > 0 {
+                let jobs: Vec<Job> = waiting.drain(..k).collect();
+                metrics.dequeued(k as u64);
+                budget -= k * longest;
+                prefill_together(model, cache, jobs, running, filling, metrics);
+                continue;
+            }
+        }
+        // One prompt in chunks: the one under way, or the next, longer than the budget.
         let mut r = match filling.take() {
             Some(r) => r,
             None => match waiting.pop_front() {
                 Some(job) => {
                     metrics.dequeued(1);
-                    let rng = SampleRng::new(job.sampling.seed);
                     cache.clear(running.len());
-                    Running { job, rng, prefilled: 0, produced: 0, last: 0 }
+                    start(job)
                 }
                 None => return,
             },
@@ -274,25 +295,73 @@ fn prefill(
             *filling = Some(r);
             return;
         }
-        match choose(&logits, std::slice::from_mut(&mut r)) {
-            Ok(mut chosen) => {
-                let (id, lp) = chosen.remove(0);
-                metrics.first_token(r.job.arrived.elapsed());
-                emit(&mut r, id, lp, metrics);
-                match finished(&r) {
-                    Some(Outcome::Finished(f)) => {
-                        r.job.send(Event::Done(f));
-                        metrics.finished();
-                        cache.clear(row);
-                    }
-                    _ => running.push(r),
-                }
-            }
-            Err(e) => {
-                r.job.send(Event::Failed(format!("choosing the first token failed: {e}")));
+        running.push(r);
+        first_tokens(&logits, running, row, cache, filling, metrics);
+    }
+}
+
+fn start(job: Job) -> Running {
+    let rng = SampleRng::new(job.sampling.seed);
+    Running { job, rng, prefilled: 0, produced: 0, last: 0 }
+}
+
+/// Prefills whole prompts into the rows after the running ones, in one forward.
+fn prefill_together(
+    model: &Glm,
+    cache: &mut SlotCache,
+    jobs: Vec<Job>,
+    running: &mut Vec<Running>,
+    filling: &mut Option<Running>,
+    metrics: &Metrics,
+) {
+    let first = running.len();
+    for row in first..first + jobs.len() {
+        cache.clear(row);
+    }
+    let prompts: Vec<&[i64]> = jobs.iter().map(|j| j.prompt.as_slice()).collect();
+    let logits = cache.extend_rows(model, first, &prompts);
+    metrics.prefilled(prompts.iter().map(|p| p.len() as u64).sum());
+    match logits {
+        Ok(l) => {
+            running.extend(jobs.into_iter().map(|job| {
+                let mut r = start(job);
+                r.prefilled = r.job.prompt.len();
+                r
+            }));
+            first_tokens(&l, running, first, cache, filling, metrics);
+        }
+        Err(e) => {
+            for (i, job) in jobs.iter().enumerate() {
+                job.send(Event::Failed(format!("the prefill failed: {e}")));
                 metrics.failed();
-                cache.clear(row);
+                cache.clear(first + i);
             }
+        }
+    }
+}
+
+/// The first token of the requests in rows `first..` (just prefilled; `logits` their last
+/// positions' logits, one row each); those it finishes leave at once.
+fn first_tokens(
+    logits: &Tensor,
+    running: &mut Vec<Running>,
+    first: usize,
+    cache: &mut SlotCache,
+    filling: &mut Option<Running>,
+    metrics: &Metrics,
+) {
+    match choose(logits, &mut running[first..]) {
+        Ok(chosen) => {
+            for (r, (id, lp)) in running[first..].iter_mut().zip(chosen) {
+                metrics.first_token(r.job.arrived.elapsed());
+                emit(r, id, lp, metrics);
+            }
+            retire(running, filling, cache, metrics, |r| if r.produced == 1 { finished(r) } else { None });
+        }
+        Err(e) => {
+            let msg = format!("choosing the first token failed: {e}");
+            let fresh = |r: &Running| (r.produced == 0).then(|| Outcome::Failed(msg.clone()));
+            retire(running, filling, cache, metrics, fresh);
         }
     }
 }

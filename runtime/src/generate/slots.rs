@@ -85,11 +85,55 @@ impl SlotCache {
         let (cos, sin) = self.rope.tables(&slots.f_unsqueeze(0)?, kind)?;
         // One new token attends to every key up to it (no mask); several, causally.
         let mask = if t == 1 { None } else { Some(self.causal_mask(&slots, end, kind)?) };
-        let step = Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None };
+        let step = Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None };
         let ids = Tensor::f_from_slice(ids)?.f_view([1, end - s])?.f_to_device(dev)?;
         let mut view = self.view(row, 1)?;
         let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;
         self.lens[row] = start + t;
+        Ok(logits)
+    }
+
+    /// Writes `prompts` into the empty rows `first..first + prompts.len()` in one forward,
+    /// padded on the right to the longest (the padding's slots lie past each row's length,
+    /// where decode steps never look, and are overwritten as the row grows). Returns the
+    /// f32 logits of each prompt's last token, `[k, vocab]`.
+    pub fn extend_rows(&mut self, model: &Glm, first: usize, prompts: &[&[i64]]) -> Result<Tensor> {
+        let k = prompts.len();
+        if k == 0 || first + k > self.rows() {
+            return Err(Error::InvalidArgument(format!("{k} prompts from row {first} in a cache of {}", self.rows())));
+        }
+        if let Some(r) = (first..first + k).find(|&r| self.lens[r] != 0) {
+            return Err(Error::InvalidArgument(format!("cache row {r} is not empty")));
+        }
+        let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+        if prompts.iter().any(|p| p.is_empty()) {
+            return Err(Error::InvalidArgument("an empty prompt".to_owned()));
+        }
+        if longest > self.capacity() {
+            return Err(Error::TooLong { what: "a prompt", len: longest, max: self.capacity() });
+        }
+        let mut flat = Vec::with_capacity(k * longest);
+        for p in prompts {
+            check_ids(model, p)?;
+            flat.extend_from_slice(p);
+            flat.extend(std::iter::repeat_n(0i64, longest - p.len()));
+        }
+        let _guard = tch::no_grad_guard();
+        let (dev, kind) = (model.device(), model.dtype.kind());
+        // cannot wrap: lengths are at most the capacity, a usize that fits i64.
+        let (b, len) = (k as i64, longest as i64);
+        let slots = Tensor::f_arange(len, (Kind::Int64, dev))?;
+        let (cos, sin) = self.rope.tables(&slots.f_unsqueeze(0)?, kind)?;
+        let mask = if len == 1 { None } else { Some(self.causal_mask(&slots, len, kind)?) };
+        let last: Vec<i64> = prompts.iter().map(|p| p.len() as i64 - 1).collect();
+        let keep_at = Some(Tensor::f_from_slice(&last)?.f_to_device(dev)?);
+        let step = Step { start: 0, len, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at };
+        let ids = Tensor::f_from_slice(&flat)?.f_view([b, len])?.f_to_device(dev)?;
+        let mut view = self.view(first, k)?;
+        let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;
+        for (i, p) in prompts.iter().enumerate() {
+            self.lens[first + i] = p.len();
+        }
         Ok(logits)
     }
 
@@ -124,7 +168,7 @@ impl SlotCache {
             let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
             Some(m.f_view([n as i64, 1, 1, last + 1])?)
         };
-        let step = Step { start: last, len: 1, cos, sin, rot, mask, slot: None, rows_at: Some(at_dev) };
+        let step = Step { start: last, len: 1, cos, sin, rot, mask, slot: None, rows_at: Some(at_dev), keep_at: None };
         let ids = Tensor::f_from_slice(tokens)?.f_view([n as i64, 1])?.f_to_device(dev)?;
         let mut view = self.view(0, n)?;
         let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;

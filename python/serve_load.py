@@ -1,0 +1,183 @@
+"""Load on an OpenAI-compatible server: requests/s, output tokens/s, time to first token and
+inter-token latency (p50, p99) at several concurrencies, for `headcount serve` and
+`transformers serve --continuous-batching` on the same weights and threads, loopback only.
+
+  python/serve_load.py [--shape demo|4-layer] [--engines headcount,transformers]
+                       [--concurrency 1,8,32,128] [--requests 128] [--max-tokens 32]
+
+Each level sends --requests streaming completions (greedy), --concurrency at a time, after
+a warm-up; a token is a streamed chunk that carries text. The 4-layer shape is a random
+Glm of python/bench/glm-4layer.json saved with a word-level tokenizer ("t17" is id 17), so
+both servers read the same text prompts as the same ids. Prints one markdown table.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADCOUNT = ROOT / "target" / "release" / "headcount"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def four_layer_checkpoint(dir: Path) -> None:
+    """The 4-layer bench shape with random weights and a tokenizer of one word an id."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GlmConfig, GlmForCausalLM
+
+    cfg = json.loads((ROOT / "python/bench/glm-4layer.json").read_text())
+    torch.manual_seed(0)
+    model = GlmForCausalLM(GlmConfig(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    model.save_pretrained(dir)
+    vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(dir / "tokenizer.json"))
+    (dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+def prompts(shape: str, n: int, prompt_len: int) -> list[str]:
+    out = []
+    x = 12345
+    for _ in range(n):
+        if shape == "demo":
+            x = (x * 1103515245 + 12345) % 2**31
+            out.append(f"<bos>{x % 1000}+{(x >> 10) % 1000}=")
+        else:
+            ids = []
+            for _ in range(prompt_len):
+                x = (x * 1103515245 + 12345) % 2**31
+                ids.append(f"t{2 + x % 31000}")
+            out.append(" ".join(ids))
+    return out
+
+
+def start(engine: str, model: Path, port: int, threads: int, max_batch: int) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if engine == "headcount":
+        cmd = [str(HEADCOUNT), "serve", "--model", str(model), "--port", str(port), "--max-batch", str(max_batch),
+               "--max-queue", "4096", "-q"]
+    else:
+        cmd = [str(ROOT / ".venv/bin/transformers"), "serve", str(model), "--port", str(port), "--host", "127.0.0.1",
+               "--device", "cpu", "--continuous-batching", "--log-level", "warning"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/v1/models")
+            if c.getresponse().status == 200:
+                return p
+        except OSError:
+            pass
+        if p.poll() is not None:
+            sys.exit(f"{engine} serve exited with {p.returncode}")
+        time.sleep(0.3)
+    p.kill()
+    sys.exit(f"{engine} serve did not start")
+
+
+def one(port: int, model: str, prompt: str, max_tokens: int) -> dict:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"status {r.status}: {r.read()[:200]}")
+    times = []
+    while True:
+        line = r.fp.readline()
+        if not line:
+            break
+        line = line.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            break
+        v = json.loads(line[6:])
+        if v.get("choices") and v["choices"][0].get("text"):
+            times.append(time.perf_counter())
+        # transformers serve ends its stream with the finishing chunk, not [DONE].
+        if v.get("choices") and v["choices"][0].get("finish_reason"):
+            break
+    c.close()
+    end = time.perf_counter()
+    return {"ttft": (times[0] - t0) if times else end - t0, "tokens": len(times),
+            "itl": [b - a for a, b in zip(times, times[1:])], "end": end}
+
+
+def level(port: int, model: str, ps: list[str], conc: int, max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(conc) as pool:
+        res = list(pool.map(lambda p: one(port, model, p, max_tokens), ps))
+    wall = time.perf_counter() - t0
+    ttft = sorted(r["ttft"] for r in res)
+    itl = sorted(x for r in res for x in r["itl"]) or [0.0]
+    q = lambda xs, f: xs[min(len(xs) - 1, int(f * len(xs)))]  # noqa: E731
+    return {"req_s": len(res) / wall, "tok_s": sum(r["tokens"] for r in res) / wall,
+            "ttft50": q(ttft, 0.5), "ttft99": q(ttft, 0.99), "itl50": q(itl, 0.5), "itl99": q(itl, 0.99)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="demo", choices=["demo", "4-layer"])
+    ap.add_argument("--engines", default="headcount,transformers")
+    ap.add_argument("--concurrency", default="1,8,32,128")
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    levels = [int(c) for c in a.concurrency.split(",")]
+    tmp = tempfile.TemporaryDirectory()
+    if a.shape == "demo":
+        model = ROOT / "examples/addition/model"
+    else:
+        model = Path(tmp.name) / "4-layer"
+        four_layer_checkpoint(model)
+    name = str(model)
+    rows = []
+    for engine in a.engines.split(","):
+        port = free_port()
+        p = start(engine, model, port, a.threads, max(levels))
+        try:
+            warm = prompts(a.shape, 8, a.prompt_len)
+            level(port, name, warm, 4, a.max_tokens)
+            for conc in levels:
+                n = max(a.requests, conc)
+                r = level(port, name, prompts(a.shape, n, a.prompt_len), conc, a.max_tokens)
+                rows.append((engine, conc, n, r))
+                print(f"{engine} c={conc}: {r['req_s']:.1f} req/s {r['tok_s']:.0f} tok/s", file=sys.stderr)
+        finally:
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    print(f"\nshape {a.shape}, {a.threads} threads, max_tokens {a.max_tokens}, greedy, streaming\n")
+    print("| engine | concurrency | requests | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for engine, conc, n, r in rows:
+        print(f"| {engine} | {conc} | {n} | {r['req_s']:.1f} | {r['tok_s']:.0f} | {r['ttft50']*1e3:.1f} | "
+              f"{r['ttft99']*1e3:.1f} | {r['itl50']*1e3:.2f} | {r['itl99']*1e3:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
