@@ -350,7 +350,7 @@ fn ragged_running_batch_matches_transformers() {
             while row < live.len() {
                 if cache.len(row) == t {
                     let end = live.len() - 1;
-                    cache.move_row(end, row).unwrap();
+                    cache.move_row(&model, end, row).unwrap();
                     live.swap_remove(row);
                 } else {
                     row += 1;

@@ -42,6 +42,7 @@ fn precheck(command: &Command, p: &ParallelArgs) -> Result<()> {
     let config = match command {
         Command::Run(a) => Config::from_file(a.model.join("config.json"))?,
         Command::Logits(l) => Config::from_file(l.model.join("config.json"))?,
+        Command::Serve(a) => Config::from_file(a.model.join("config.json"))?,
         Command::Bench(b) => match (&b.model, &b.config) {
             (Some(dir), _) => Config::from_file(dir.join("config.json"))?,
             (None, Some(path)) => crate::bench::config_of(path, b.layers)?,
@@ -63,6 +64,7 @@ pub fn launch_if_parallel(command: &Command) -> Result<Option<ExitCode>> {
         Command::Run(a) => &a.runtime,
         Command::Logits(a) => &a.runtime,
         Command::Bench(b) => &b.runtime,
+        Command::Serve(a) => &a.runtime,
         _ => return Ok(None),
     };
     let p = runtime.parallel;

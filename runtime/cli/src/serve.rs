@@ -8,11 +8,6 @@ use headcount_serve::{ServeError, ServeOptions};
 use crate::args::ServeArgs;
 
 pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
-    if a.runtime.parallel.world() > 1 {
-        return Err(Error::InvalidArgument(
-            "serve runs the model in one process: --tp and --pp above 1 are not supported by serve yet".to_owned(),
-        ));
-    }
     let model = crate::generate::load(&a.model, &a.runtime, quiet)?;
     let opts = ServeOptions {
         host: a.host.clone(),

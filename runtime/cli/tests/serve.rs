@@ -185,3 +185,76 @@ fn a_repo_id_not_in_the_cache_says_where_it_looked() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "2", "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// One HTTP request on a fresh connection: the status and the body.
+fn post(url: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_owned())
+}
+
+#[test]
+fn two_tensor_parallel_ranks_serve_what_one_process_generates() {
+    let dir = root().join("tests/fixtures/glm-gqa2");
+    let model = Glm::load(&dir, &LoadOptions::default()).unwrap();
+    let prompts: Vec<Vec<i64>> = vec![vec![5, 6, 7], vec![9, 1, 4, 4, 2, 8, 30], vec![3], vec![100, 7, 12, 60]];
+    let expected: Vec<Vec<i64>> = prompts
+        .iter()
+        .map(|p| {
+            let opts = GenerateOptions { max_new_tokens: 6, sampling: Sampling::greedy(), ..Default::default() };
+            generate(&model, std::slice::from_ref(p), &opts, |_, _| {}).unwrap().tokens.remove(0)
+        })
+        .collect();
+    let dir_arg = dir.display().to_string();
+    let mut server = start(&["--model", &dir_arg, "--tp", "2"], &[]);
+    // All at once, so that they share decode steps across the two ranks.
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let body = serde_json::json!({"prompt": p, "max_tokens": 6, "temperature": 0,
+                                              "ignore_eos": true, "logprobs": 0})
+                .to_string();
+                let url = server.url.clone();
+                s.spawn(move || post(&url, "/v1/completions", &body))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((status, body), want) in answers.iter().zip(&expected) {
+        assert_eq!(*status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        let got: Vec<String> = v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_owned())
+            .collect();
+        let want: Vec<String> = want.iter().map(|t| format!("<{t}>")).collect();
+        assert_eq!(got, want, "{body}");
+    }
+    // SIGTERM to the launcher: rank 0 drains, stops rank 1, and the run exits 0.
+    // SAFETY: signalling a child process this test started.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let started = Instant::now();
+    let code = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the ranks did not stop within 30 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(code.success(), "the served run exited with {code} after SIGTERM");
+}

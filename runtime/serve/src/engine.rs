@@ -103,6 +103,7 @@ impl Running {
 /// Runs until `jobs` is closed and every request taken from it has ended.
 pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOptions, metrics: Arc<Metrics>) {
     let _guard = tch::no_grad_guard();
+    let _stopped = Stopped(metrics.clone());
     let mut waiting: VecDeque<Job> = VecDeque::new();
     // Rows 0..running.len() decode; a request being prefilled sits in the next row.
     let mut running: Vec<Running> = Vec::new();
@@ -116,7 +117,14 @@ pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOp
             let got = if idle && open {
                 match jobs.recv_timeout(Duration::from_millis(200)) {
                     Ok(j) => Some(j),
-                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Timeout) => {
+                        // The other ranks of a run wait for the next step within a timeout.
+                        if let Err(e) = cache.idle(&model) {
+                            eprintln!("error: {e}");
+                            return;
+                        }
+                        None
+                    }
                     Err(RecvTimeoutError::Disconnected) => {
                         open = false;
                         None
@@ -133,11 +141,21 @@ pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOp
                 }
             };
             match got {
-                Some(j) => waiting.push_back(j),
+                // A sequence the cache cannot take fails alone, before it can share a
+                // forward with others.
+                Some(j) => match admissible(&model, &j, opts.max_model_len) {
+                    Ok(()) => waiting.push_back(j),
+                    Err(msg) => {
+                        metrics.dequeued(1);
+                        metrics.failed();
+                        j.send(Event::Failed(msg));
+                    }
+                },
                 None => break,
             }
         }
         if !open && running.is_empty() && filling.is_none() && waiting.is_empty() {
+            let _ = cache.stop(&model);
             return;
         }
         // Clients that went away: their rows are freed now.
@@ -147,10 +165,10 @@ pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOp
         metrics.dequeued((before - waiting.len()) as u64);
         if filling.as_ref().is_some_and(Running::gone) {
             filling = None;
-            cache.clear(running.len());
+            let _ = cache.clear(&model, running.len());
             metrics.cancelled(1);
         }
-        retire(&mut running, &mut filling, &mut cache, &metrics, |r| r.gone().then_some(Outcome::Cancelled));
+        retire(&model, &mut running, &mut filling, &mut cache, &metrics, |r| r.gone().then_some(Outcome::Cancelled));
 
         prefill(&model, &mut cache, &opts, &mut waiting, &mut running, &mut filling, &metrics);
         metrics.set_running(running.len());
@@ -165,15 +183,57 @@ pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOp
                     emit(r, id, lp, &metrics);
                 }
                 metrics.decoded();
-                retire(&mut running, &mut filling, &mut cache, &metrics, finished);
+                retire(&model, &mut running, &mut filling, &mut cache, &metrics, finished);
             }
             Err(e) => {
                 // The step failed for every running request: they end with the error, the
-                // server goes on with the next ones.
+                // server goes on with the next ones, unless the ranks of a run lost each
+                // other, after which no step can run.
                 let msg = format!("the decode step failed: {e}");
-                retire(&mut running, &mut filling, &mut cache, &metrics, |_| Some(Outcome::Failed(msg.clone())));
+                retire(&model, &mut running, &mut filling, &mut cache, &metrics, |_| {
+                    Some(Outcome::Failed(msg.clone()))
+                });
+                if matches!(e, headcount_runtime::Error::Parallel(_)) {
+                    eprintln!("error: {e}; the server cannot run steps any more");
+                    for j in waiting.drain(..).chain(filling.take().map(|r| r.job)) {
+                        j.send(Event::Failed(msg.clone()));
+                    }
+                    return;
+                }
             }
         }
+    }
+}
+
+/// Why a sequence cannot be run: an empty prompt, an id outside the vocabulary, or more
+/// positions than a cache row holds.
+fn admissible(model: &Glm, j: &Job, max_model_len: usize) -> Result<(), String> {
+    let vocab = model.dims.vocab as i64; // cannot wrap: the rules keep vocab_size within i64
+    if j.prompt.is_empty() {
+        return Err("the prompt is empty".to_owned());
+    }
+    if let Some(pos) = j.prompt.iter().position(|&t| t < 0 || t >= vocab) {
+        return Err(format!(
+            "token id {} at position {pos} of the prompt is outside the vocabulary: ids must be below {vocab}",
+            j.prompt[pos]
+        ));
+    }
+    if j.max_tokens == 0 || j.prompt.len() + j.max_tokens > max_model_len {
+        return Err(format!(
+            "the prompt ({} tokens) plus max_tokens ({}) do not fit a cache row of {max_model_len} positions",
+            j.prompt.len(),
+            j.max_tokens
+        ));
+    }
+    Ok(())
+}
+
+/// Marks the engine stopped however `run` ends.
+struct Stopped(Arc<Metrics>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.engine_stopped.store(true, Ordering::Relaxed);
     }
 }
 
@@ -198,6 +258,7 @@ fn finished(r: &Running) -> Option<Outcome> {
 /// Removes the running requests `why` picks, last rows first: each freed row takes the last
 /// running row, and the row being prefilled moves down behind them.
 fn retire(
+    model: &Glm,
     running: &mut Vec<Running>,
     filling: &mut Option<Running>,
     cache: &mut SlotCache,
@@ -211,7 +272,7 @@ fn retire(
         let last = running.len();
         // The moves copy cache rows on the device; one can only fail with the device
         // itself, and then the next step fails and reports it.
-        let _ = cache.move_row(last, row);
+        let _ = cache.move_row(model, last, row);
         match outcome {
             Outcome::Finished(f) => {
                 r.job.send(Event::Done(f));
@@ -225,7 +286,7 @@ fn retire(
         }
     }
     if filling.is_some() && running.len() < n {
-        let _ = cache.move_row(n, running.len());
+        let _ = cache.move_row(model, n, running.len());
     }
 }
 
@@ -269,7 +330,7 @@ fn prefill(
             None => match waiting.pop_front() {
                 Some(job) => {
                     metrics.dequeued(1);
-                    cache.clear(running.len());
+                    let _ = cache.clear(model, running.len());
                     start(job)
                 }
                 None => return,
@@ -287,7 +348,7 @@ fn prefill(
             Err(e) => {
                 r.job.send(Event::Failed(format!("the prefill failed: {e}")));
                 metrics.failed();
-                cache.clear(row);
+                let _ = cache.clear(model, row);
                 continue;
             }
         };
@@ -296,7 +357,7 @@ fn prefill(
             return;
         }
         running.push(r);
-        first_tokens(&logits, running, row, cache, filling, metrics);
+        first_tokens(model, &logits, running, row, cache, filling, metrics);
     }
 }
 
@@ -316,7 +377,7 @@ fn prefill_together(
 ) {
     let first = running.len();
     for row in first..first + jobs.len() {
-        cache.clear(row);
+        let _ = cache.clear(model, row);
     }
     let prompts: Vec<&[i64]> = jobs.iter().map(|j| j.prompt.as_slice()).collect();
     let logits = cache.extend_rows(model, first, &prompts);
@@ -328,13 +389,13 @@ fn prefill_together(
                 r.prefilled = r.job.prompt.len();
                 r
             }));
-            first_tokens(&l, running, first, cache, filling, metrics);
+            first_tokens(model, &l, running, first, cache, filling, metrics);
         }
         Err(e) => {
             for (i, job) in jobs.iter().enumerate() {
                 job.send(Event::Failed(format!("the prefill failed: {e}")));
                 metrics.failed();
-                cache.clear(first + i);
+                let _ = cache.clear(model, first + i);
             }
         }
     }
@@ -343,6 +404,7 @@ fn prefill_together(
 /// The first token of the requests in rows `first..` (just prefilled; `logits` their last
 /// positions' logits, one row each); those it finishes leave at once.
 fn first_tokens(
+    model: &Glm,
     logits: &Tensor,
     running: &mut Vec<Running>,
     first: usize,
@@ -356,12 +418,12 @@ fn first_tokens(
                 metrics.first_token(r.job.arrived.elapsed());
                 emit(r, id, lp, metrics);
             }
-            retire(running, filling, cache, metrics, |r| if r.produced == 1 { finished(r) } else { None });
+            retire(model, running, filling, cache, metrics, |r| if r.produced == 1 { finished(r) } else { None });
         }
         Err(e) => {
             let msg = format!("choosing the first token failed: {e}");
             let fresh = |r: &Running| (r.produced == 0).then(|| Outcome::Failed(msg.clone()));
-            retire(running, filling, cache, metrics, fresh);
+            retire(model, running, filling, cache, metrics, fresh);
         }
     }
 }

@@ -77,7 +77,9 @@ fn error_response(e: &ApiError, metrics: &Metrics) -> Response {
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {
-    if s.accepting.load(Ordering::Relaxed) {
+    if s.metrics.engine_stopped.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "the engine stopped"}))).into_response()
+    } else if s.accepting.load(Ordering::Relaxed) {
         (StatusCode::OK, axum::Json(json!({"status": "ok"}))).into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "shutting down"}))).into_response()

@@ -85,25 +85,10 @@ pub fn serve_typed<A: Architecture>(model: Model<A>, dir: &Path, opts: &ServeOpt
 /// generation_config.json are read) until SIGTERM or Ctrl-C: then it stops admitting
 /// requests, finishes the running ones, and returns.
 pub fn serve(model: Glm, dir: &Path, opts: &ServeOptions) -> Result<(), ServeError> {
-    if model.parallel.size() > 1 {
-        return Err(ServeError::Setup(
-            "serve runs the model in one process: --tp and --pp above 1 are not supported by serve yet".into(),
-        ));
+    if model.parallel.rank != 0 {
+        return follow(model, opts);
     }
-    if opts.max_batch == 0 || opts.max_queue == 0 || opts.prefill_chunk == 0 {
-        return Err(ServeError::Setup("--max-batch, --max-queue and --prefill-chunk must be at least 1".into()));
-    }
-    let max_positions = model.dims.max_positions;
-    let max_model_len = match opts.max_model_len {
-        Some(n) if n > max_positions => {
-            return Err(ServeError::Setup(format!(
-                "--max-model-len {n} is more than the model's max_position_embeddings ({max_positions})"
-            )));
-        }
-        Some(0) => return Err(ServeError::Setup("--max-model-len must be at least 2".into())),
-        Some(n) => n,
-        None => max_positions.min(DEFAULT_MAX_MODEL_LEN),
-    };
+    let max_model_len = context(&model, opts)?;
     let codec = TextCodec::from_dir(dir)?.map(Arc::new);
     let template = ChatTemplate::from_dir(dir).map_err(ServeError::Setup)?;
     let generation = read_generation_config(dir)?;
@@ -188,6 +173,38 @@ pub fn serve(model: Glm, dir: &Path, opts: &ServeOptions) -> Result<(), ServeErr
     let joined = engine.join();
     served?;
     joined.map_err(|_| ServeError::Setup("the engine thread panicked".into()))
+}
+
+/// The positions a request may use: `--max-model-len`, or the model's, at most
+/// [`DEFAULT_MAX_MODEL_LEN`].
+fn context(model: &Glm, opts: &ServeOptions) -> Result<usize, ServeError> {
+    if opts.max_batch == 0 || opts.max_queue == 0 || opts.prefill_chunk == 0 {
+        return Err(ServeError::Setup("--max-batch, --max-queue and --prefill-chunk must be at least 1".into()));
+    }
+    let max_positions = model.dims.max_positions;
+    match opts.max_model_len {
+        Some(n) if n > max_positions => Err(ServeError::Setup(format!(
+            "--max-model-len {n} is more than the model's max_position_embeddings ({max_positions})"
+        ))),
+        Some(n) if n < 2 => Err(ServeError::Setup("--max-model-len must be at least 2".into())),
+        Some(n) => Ok(n),
+        None => Ok(max_positions.min(DEFAULT_MAX_MODEL_LEN)),
+    }
+}
+
+/// A rank other than 0 of a served run: runs the forwards rank 0's engine runs, on its own
+/// part of the model, until rank 0 stops. SIGTERM and Ctrl-C are left to rank 0, which
+/// finishes the running requests first and then stops the others.
+pub fn follow(model: Glm, opts: &ServeOptions) -> Result<(), ServeError> {
+    let max_model_len = context(&model, opts)?;
+    let mut cache = SlotCache::new(&model, opts.max_batch, max_model_len)?;
+    // SAFETY: setting signal dispositions to ignore; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+    cache.follow(&model)?;
+    Ok(())
 }
 
 /// SIGTERM or Ctrl-C.

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub rejected: AtomicU64,
     pub invalid: AtomicU64,
     pub errors: AtomicU64,
+    /// Set when the engine thread has ended (the server can answer no more requests).
+    pub engine_stopped: std::sync::atomic::AtomicBool,
     queued: AtomicU64,
     running: AtomicU64,
     finished: AtomicU64,

@@ -4,11 +4,29 @@
 //! rows `0..n` then advance together by one token a step with [`SlotCache::decode`], each
 //! at its own position, with no padding. A finished row's place is taken by the last one
 //! ([`SlotCache::move_row`]), so the running rows stay `0..n` and a step's cache is a view.
+//!
+//! In a run of several ranks, rank 0 decides what happens (a server's engine runs there):
+//! before each operation on its cache it broadcasts the operation to the other ranks, which
+//! run [`SlotCache::follow`] and do the same on theirs, so every rank runs the same forwards.
+//! An idle rank 0 sends [`SlotCache::idle`] now and then, so the others' wait for the next
+//! operation stays within the ranks' timeout, and [`SlotCache::stop`] at the end.
 
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result};
 use crate::model::{Glm, KvCache, Rope, Step};
+
+/// The operations rank 0 broadcasts (the first of a header's four numbers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Extend = 1,
+    ExtendRows = 2,
+    Decode = 3,
+    Move = 4,
+    Clear = 5,
+    Idle = 6,
+    Stop = 7,
+}
 
 /// The rows of a running batch's cache and how many positions each holds.
 pub struct SlotCache {
@@ -52,10 +70,11 @@ impl SlotCache {
     }
 
     /// Empties row `row` (its slots are overwritten by the next sequence written there).
-    pub fn clear(&mut self, row: usize) {
-        if let Some(l) = self.lens.get_mut(row) {
-            *l = 0;
-        }
+    pub fn clear(&mut self, model: &Glm, row: usize) -> Result<()> {
+        self.row_exists(row)?;
+        tell(model, Op::Clear, row, 0, &[])?;
+        self.lens[row] = 0;
+        Ok(())
     }
 
     fn row_exists(&self, row: usize) -> Result<()> {
@@ -77,6 +96,7 @@ impl SlotCache {
         if start + t > self.capacity() {
             return Err(Error::TooLong { what: "the sequence", len: start + t, max: self.capacity() });
         }
+        tell(model, Op::Extend, row, 0, ids)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype.kind());
         // cannot wrap: positions are below the capacity, a usize that fits i64.
@@ -118,6 +138,12 @@ impl SlotCache {
             flat.extend_from_slice(p);
             flat.extend(std::iter::repeat_n(0i64, longest - p.len()));
         }
+        if tells(model) {
+            // The lengths, then the prompts one after the other.
+            let mut payload: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+            payload.extend(prompts.iter().flat_map(|p| p.iter().copied()));
+            tell(model, Op::ExtendRows, first, k, &payload)?;
+        }
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype.kind());
         // cannot wrap: lengths are at most the capacity, a usize that fits i64.
@@ -152,6 +178,7 @@ impl SlotCache {
                 max: self.capacity(),
             });
         }
+        tell(model, Op::Decode, 0, 0, tokens)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype.kind());
         // cannot wrap: lengths are below the capacity.
@@ -179,12 +206,13 @@ impl SlotCache {
     }
 
     /// Moves row `from`'s sequence to row `to` (whose own is dropped); `from` is then empty.
-    pub fn move_row(&mut self, from: usize, to: usize) -> Result<()> {
+    pub fn move_row(&mut self, model: &Glm, from: usize, to: usize) -> Result<()> {
         self.row_exists(from)?;
         self.row_exists(to)?;
         if from == to {
             return Ok(());
         }
+        tell(model, Op::Move, from, to, &[])?;
         let len = self.lens[from] as i64; // cannot wrap: below the capacity
         if len > 0 {
             let _guard = tch::no_grad_guard();
@@ -197,6 +225,57 @@ impl SlotCache {
         self.lens[to] = self.lens[from];
         self.lens[from] = 0;
         Ok(())
+    }
+
+    /// Rank 0 of a run with nothing to do: the other ranks hear from it, so their wait for
+    /// the next operation stays within the ranks' timeout. Call it well within that timeout.
+    pub fn idle(&self, model: &Glm) -> Result<()> {
+        tell(model, Op::Idle, 0, 0, &[])
+    }
+
+    /// Rank 0 is done: [`SlotCache::follow`] returns on the other ranks.
+    pub fn stop(&self, model: &Glm) -> Result<()> {
+        tell(model, Op::Stop, 0, 0, &[])
+    }
+
+    /// On a rank other than 0: does what rank 0 does to its cache, until it stops.
+    pub fn follow(&mut self, model: &Glm) -> Result<()> {
+        let p = &model.parallel;
+        if p.rank == 0 {
+            return Err(Error::InvalidArgument("rank 0 leads; the other ranks follow".to_owned()));
+        }
+        loop {
+            let header = Tensor::f_zeros([4], (Kind::Int64, tch::Device::Cpu))?;
+            p.world.broadcast(&header, 0)?;
+            let h = Vec::<i64>::try_from(&header)?;
+            let (a, b) = (usize::try_from(h[1]).unwrap_or(usize::MAX), usize::try_from(h[2]).unwrap_or(usize::MAX));
+            let payload = if h[3] > 0 {
+                let t = Tensor::f_zeros([h[3]], (Kind::Int64, tch::Device::Cpu))?;
+                p.world.broadcast(&t, 0)?;
+                Vec::<i64>::try_from(&t)?
+            } else {
+                Vec::new()
+            };
+            match h[0] {
+                x if x == Op::Extend as i64 => drop(self.extend(model, a, &payload)?),
+                x if x == Op::ExtendRows as i64 => {
+                    let (lens, mut ids) = payload.split_at(b.min(payload.len()));
+                    let mut prompts = Vec::with_capacity(b);
+                    for &l in lens {
+                        let (p, rest) = ids.split_at((l.max(0) as usize).min(ids.len()));
+                        prompts.push(p);
+                        ids = rest;
+                    }
+                    drop(self.extend_rows(model, a, &prompts)?);
+                }
+                x if x == Op::Decode as i64 => drop(self.decode(model, &payload)?),
+                x if x == Op::Move as i64 => self.move_row(model, a, b)?,
+                x if x == Op::Clear as i64 => self.clear(model, a)?,
+                x if x == Op::Idle as i64 => {}
+                x if x == Op::Stop as i64 => return Ok(()),
+                other => return Err(Error::Parallel(format!("rank 0 sent an unknown cache operation {other}"))),
+            }
+        }
     }
 
     /// The cache of rows `first..first + n` as one generation's cache (views, not copies).
@@ -216,6 +295,26 @@ impl SlotCache {
         let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
         Ok(m.f_unsqueeze(0)?.f_unsqueeze(0)?)
     }
+}
+
+/// Whether this rank tells the others what it does: rank 0 of a run of several.
+fn tells(model: &Glm) -> bool {
+    model.parallel.size() > 1 && model.parallel.rank == 0
+}
+
+/// Rank 0 broadcasts an operation (header, then its numbers) to the other ranks.
+fn tell(model: &Glm, op: Op, a: usize, b: usize, payload: &[i64]) -> Result<()> {
+    if !tells(model) {
+        return Ok(());
+    }
+    let world = &model.parallel.world;
+    // cannot wrap: rows and lengths are usize counts that fit i64.
+    let header = Tensor::f_from_slice(&[op as i64, a as i64, b as i64, payload.len() as i64])?;
+    world.broadcast(&header, 0)?;
+    if !payload.is_empty() {
+        world.broadcast(&Tensor::f_from_slice(payload)?, 0)?;
+    }
+    Ok(())
 }
 
 /// Every id inside the vocabulary.

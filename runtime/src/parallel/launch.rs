@@ -5,7 +5,8 @@
 //! free `MASTER_PORT`). Rank 0's output is this process's; the other ranks' standard error
 //! is passed on with a `rank N:` prefix. When one rank fails, the others get a bounded time
 //! to stop on their own (their collectives fail as soon as the peer is gone), then are
-//! killed; Ctrl-C and SIGTERM are passed to every rank; a rank whose launcher dies is killed
+//! killed; Ctrl-C and SIGTERM are passed to every rank (a run whose ranks all finish cleanly
+//! after it, as a server draining its requests does, succeeds); a rank whose launcher dies is killed
 //! by the kernel (`PR_SET_PDEATHSIG`), so no rank outlives the run.
 
 use std::ffi::OsString;
@@ -137,6 +138,9 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
     }
     let mut failure: Option<(usize, ExitStatus)> = None;
     let mut signalled = 0;
+    // Whether every rank that ended exited with 0 (a rank that handles a signal by finishing
+    // its work, as a server drains its requests, ends the run as a success).
+    let mut clean = true;
     let mut deadline: Option<Instant> = None;
     loop {
         let sig = STOP.swap(0, Ordering::SeqCst);
@@ -149,6 +153,7 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
             let Some(child) = slot else { continue };
             if let Ok(Some(status)) = child.try_wait() {
                 *slot = None;
+                clean &= status.success();
                 if status.success() || signalled != 0 {
                     continue;
                 }
@@ -178,6 +183,7 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
             for child in children.iter_mut().flatten() {
                 let _ = child.wait();
             }
+            clean = false;
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -186,6 +192,9 @@ pub fn run_local(program: &Path, args: &[OsString], opts: &LaunchOptions) -> Res
         let _ = f.join();
     }
     restore_signals();
+    if signalled != 0 && clean {
+        return Ok(0);
+    }
     if signalled != 0 {
         eprintln!("error: stopped by {}; every rank was stopped", signal_name(signalled));
         return Ok(128u8.saturating_add(u8::try_from(signalled).unwrap_or(0)));
