@@ -39,3 +39,37 @@ fn tensor_parallel_example_matches_unsharded() {
         assert!(diff <= 1e-5, "{line}");
     }
 }
+
+#[test]
+fn the_demo_binary_serves_its_typed_model() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_addition"))
+        .args(["--serve", "0"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    let Some(addr) = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).map(str::to_owned) else {
+        let _ = child.kill();
+        panic!("the server did not say where it listens: {line:?}");
+    };
+    let body = r#"{"model": "addition", "messages": [{"role": "user", "content": "404+303"}], "temperature": 0}"#;
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    let read = s.read_to_string(&mut text);
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    read.unwrap();
+    let v: serde_json::Value = serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "707", "{text}");
+    assert!(status.success(), "{status}");
+}

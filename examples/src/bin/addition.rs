@@ -5,6 +5,7 @@
 //! addition 123+456 70+8          answer these sums
 //! addition                       a few sums, then the held-out accuracy and tokens/s
 //! addition --heldout [--json]    only the held-out evaluation
+//! addition --serve [PORT]         serve the typed model over the OpenAI API (default 8000)
 //! ```
 
 use std::process::ExitCode;
@@ -114,12 +115,32 @@ fn read_heldout() -> Result<Heldout> {
     Ok(h)
 }
 
+/// Serves the declared model (`Model<AdditionGlm>`) with headcount-serve.
+fn serve(port: Option<&String>) -> Result<()> {
+    let port = match port {
+        None => 8000,
+        Some(p) => p.parse().map_err(|_| Error::InvalidArgument(format!("--serve takes a port number, not {p:?}")))?,
+    };
+    let dir = addition_model_dir();
+    let model = Model::<AdditionGlm>::load(&dir, &LoadOptions::default())?;
+    let opts = headcount_serve::ServeOptions { port, model_name: "addition".into(), ..Default::default() };
+    headcount_serve::serve_typed(model, &dir, &opts).map_err(|e| match e {
+        headcount_serve::ServeError::Runtime(e) => e,
+        headcount_serve::ServeError::Setup(msg) => Error::InvalidArgument(msg),
+    })
+}
+
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--serve") {
+        return serve(args.get(1));
+    }
     let json = args.iter().any(|a| a == "--json");
     let heldout_only = args.iter().any(|a| a == "--heldout");
     if let Some(flag) = args.iter().find(|a| a.starts_with("--") && *a != "--json" && *a != "--heldout") {
-        return Err(Error::InvalidArgument(format!("unknown flag {flag}: use sums like 123+456, --heldout or --json")));
+        return Err(Error::InvalidArgument(format!(
+            "unknown flag {flag}: use sums like 123+456, --heldout, --json or --serve [PORT]"
+        )));
     }
     let sums: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     let prompts = sums.iter().map(|s| parse_sum(s)).collect::<Result<Vec<_>>>()?;
