@@ -73,3 +73,13 @@ fn the_demo_binary_serves_its_typed_model() {
     assert_eq!(v["choices"][0]["message"]["content"], "707", "{text}");
     assert!(status.success(), "{status}");
 }
+
+/// int8 weights: the held-out accuracy stays at 99% or more.
+#[test]
+fn heldout_accuracy_holds_with_int8_weights() {
+    let out = Command::new(env!("CARGO_BIN_EXE_addition")).args(["--heldout", "--json", "--int8"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let accuracy = v["accuracy"].as_f64().unwrap();
+    assert!(accuracy >= 0.99, "int8 accuracy {accuracy}");
+}

@@ -55,6 +55,7 @@ pub struct BenchReport {
     pub decode_path: &'static str,
     pub decode_note: Option<String>,
     pub weight_layout: &'static str,
+    pub quantize: &'static str,
     pub rounding: &'static str,
     pub peak_rss_bytes: Option<u64>,
     pub peak_device_bytes: Option<u64>,
@@ -156,7 +157,11 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     }
     let d = &model.dims;
     let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
-    let elt = model.dtype.kind().elt_size_in_bytes() as f64;
+    // int8 projections read a byte a weight (their scales are a row's worth).
+    let elt = match model.quantize {
+        crate::Quantize::Int8 => 1.0,
+        crate::Quantize::None => model.dtype.kind().elt_size_in_bytes() as f64,
+    };
     // glm4_moe reads only the experts its tokens chose (the spec's memory plan counts them).
     let read = headcount_spec::memory::read_parameter_count(&d.config.spec(&[], &[]), opts.batch as u64);
     let weight_bytes = (read as f64 - embedding as f64) * elt;
@@ -183,6 +188,7 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
         decode_path: path.0,
         decode_note: path.1,
         weight_layout: model.weight_layout.name(),
+        quantize: model.quantize.name(),
         rounding: model.rounding.name(),
         peak_rss_bytes: peak_rss,
         peak_device_bytes,

@@ -19,6 +19,7 @@ pub mod op_count;
 pub mod parallel;
 pub mod process;
 pub mod profile;
+pub mod qkernel;
 pub mod text;
 pub mod typed;
 
@@ -26,7 +27,7 @@ pub use device::{DType, parse_device};
 pub use error::{Error, Result};
 pub use generate::{DecodeMode, GenerateOptions, Generation, Generator, Sampling, generate, logits};
 pub use hub::resolve_model;
-pub use model::{Dims, Glm, KvCache, LoadOptions, Rounding, Step, WeightLayout, rank_parameter_count};
+pub use model::{Dims, Glm, KvCache, LoadOptions, Quantize, Rounding, Step, WeightLayout, rank_parameter_count};
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
 pub use text::{StreamDecoder, TextCodec};
 pub use typed::Model;

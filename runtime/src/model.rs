@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::load::{Progress, RandomSource, WeightSource};
 use crate::memory::check_ranks_memory;
 use crate::moe::{ExpertMlp, Moe};
-pub use crate::nn::{Linear, Rope, Rounding, WeightLayout};
+pub use crate::nn::{Linear, Quantize, Rope, Rounding, WeightLayout};
 use crate::nn::{rms_norm, rope_in_place};
 use crate::parallel::group::ProcessGroup;
 use crate::parallel::layers::{ColumnParallel, ParallelLmHead, RowParallel, VocabParallelEmbedding};
@@ -142,6 +142,8 @@ pub struct Glm {
     /// The layout the projection weights got (`LoadOptions::weight_layout` resolved for
     /// the device: never `Auto`).
     pub weight_layout: WeightLayout,
+    /// How the projections' weights are stored (see [`Quantize`]).
+    pub quantize: Quantize,
     pub device: Device,
     /// First stage only.
     pub embed_tokens: Option<VocabParallelEmbedding>,
@@ -178,6 +180,8 @@ pub struct LoadOptions {
     /// holds every expert, a part of its width). Divides the tensor-parallel size and the
     /// experts.
     pub expert_parallel: usize,
+    /// Weight-only quantization of the projections (see [`Quantize`]).
+    pub quantize: Quantize,
 }
 
 impl Default for LoadOptions {
@@ -193,6 +197,7 @@ impl Default for LoadOptions {
             weight_layout: WeightLayout::Auto,
             rounding: Rounding::Transformers,
             expert_parallel: 1,
+            quantize: Quantize::None,
         }
     }
 }
@@ -321,7 +326,13 @@ impl Glm {
         let d = dims.head_dim;
         let s = parallel.tp_rank;
         let (qh, kvh, inter) = (plan.q_heads(s), plan.kv_heads(s), plan.intermediate(s));
-        let linear = |w: &Tensor, b: Option<Tensor>| Linear::new(w, b, opts.cpu_threads, layout);
+        if opts.quantize != Quantize::None && dev != Device::Cpu {
+            return Err(Error::InvalidArgument(format!(
+                "--quantize {} runs on the CPU (libtorch's int8 product); this model is placed on {dev:?}",
+                opts.quantize.name()
+            )));
+        }
+        let linear = |w: &Tensor, b: Option<Tensor>| Linear::new(w, b, opts.cpu_threads, layout, opts.quantize);
 
         // Grown as tensors are made, not reserved for the layer count up front: on a CUDA
         // device (no memory check) an absurd layer count then ends in the device's
@@ -494,8 +505,9 @@ impl Glm {
                 None
             },
             if first {
-                // Tied and on the same rank as lm_head: read lm_head's columns, no second copy.
-                let rows = if dims.tie_embeddings && last {
+                // Tied and on the same rank as lm_head: read lm_head's columns, no second copy
+                // (a quantized lm_head keeps the embedding's rows in the model's dtype).
+                let rows = if dims.tie_embeddings && last && opts.quantize == Quantize::None {
                     None
                 } else {
                     Some(vocab_rows(src, "model.embed_tokens.weight")?)
@@ -508,6 +520,7 @@ impl Glm {
         parallel.loaded()?;
         Ok(Glm {
             weight_layout: layout,
+            quantize: opts.quantize,
             dims,
             plan,
             stage_layers,
@@ -529,7 +542,9 @@ impl Glm {
 
     /// Whether some weight is stored in column blocks for worker threads (CPU only).
     pub fn splits_weights(&self) -> bool {
-        self.lm_head.as_ref().is_some_and(|h| h.linear.parts.len() > 1)
+        // int8 projections run on the project's own threads too (crate::qkernel).
+        self.quantize != Quantize::None
+            || self.lm_head.as_ref().is_some_and(|h| h.linear.parts.len() > 1)
             || self.layers.iter().any(|l| l.mlp.dense().is_some_and(|m| m.gate_up.linear.parts.len() > 1))
     }
 

@@ -4,7 +4,7 @@
 //! ```text
 //! addition 123+456 70+8          answer these sums
 //! addition                       a few sums, then the held-out accuracy and tokens/s
-//! addition --heldout [--json]    only the held-out evaluation
+//! addition --heldout [--json]    only the held-out evaluation (--int8: int8 weights)
 //! addition --serve [PORT]         serve the typed model over the OpenAI API (default 8000)
 //! ```
 
@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use headcount::Architecture;
 use headcount_examples::{AdditionGlm, addition_model_dir};
-use headcount_runtime::{Error, GenerateOptions, LoadOptions, Model, Result, Sampling, TextCodec, generate};
+use headcount_runtime::{Error, GenerateOptions, LoadOptions, Model, Quantize, Result, Sampling, TextCodec, generate};
 
 const MAX_NEW_TOKENS: usize = 5;
 
@@ -37,9 +37,9 @@ struct Demo {
 }
 
 impl Demo {
-    fn load() -> Result<Demo> {
+    fn load(quantize: Quantize) -> Result<Demo> {
         let dir = addition_model_dir();
-        let model = Model::<AdditionGlm>::load(&dir, &LoadOptions::default())?;
+        let model = Model::<AdditionGlm>::load(&dir, &LoadOptions { quantize, ..Default::default() })?;
         let codec = TextCodec::from_dir(&dir)?
             .ok_or_else(|| Error::InvalidArgument(format!("{} has no tokenizer.json", dir.display())))?;
         let bos = AdditionGlm::BOS_TOKEN_ID.unwrap_or(1) as i64;
@@ -137,14 +137,16 @@ fn run() -> Result<()> {
     }
     let json = args.iter().any(|a| a == "--json");
     let heldout_only = args.iter().any(|a| a == "--heldout");
-    if let Some(flag) = args.iter().find(|a| a.starts_with("--") && *a != "--json" && *a != "--heldout") {
+    let quantize = if args.iter().any(|a| a == "--int8") { Quantize::Int8 } else { Quantize::None };
+    let known = ["--json", "--heldout", "--int8"];
+    if let Some(flag) = args.iter().find(|a| a.starts_with("--") && !known.contains(&a.as_str())) {
         return Err(Error::InvalidArgument(format!(
             "unknown flag {flag}: use sums like 123+456, --heldout, --json or --serve [PORT]"
         )));
     }
     let sums: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     let prompts = sums.iter().map(|s| parse_sum(s)).collect::<Result<Vec<_>>>()?;
-    let demo = Demo::load()?;
+    let demo = Demo::load(quantize)?;
     if !prompts.is_empty() {
         let (answers, _) = demo.answer(&prompts)?;
         for (p, a) in prompts.iter().zip(answers) {

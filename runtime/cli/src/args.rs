@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use headcount_runtime::{DType, DecodeMode, Rounding, WeightLayout};
+use headcount_runtime::{DType, DecodeMode, Quantize, Rounding, WeightLayout};
 
 #[derive(Parser)]
 #[command(
@@ -105,6 +105,9 @@ pub struct RuntimeArgs {
     /// Memory layout of the projection weights (the two BLAS variants of a product).
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     pub weight_layout: LayoutArg,
+    /// Weight-only quantization of the projections, computed at load (CPU).
+    #[arg(long, value_enum, default_value_t = QuantizeArg::None)]
+    pub quantize: QuantizeArg,
     #[command(flatten)]
     pub parallel: ParallelArgs,
 }
@@ -397,6 +400,24 @@ pub enum LayoutArg {
     OutIn,
 }
 
+/// Weight-only quantization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QuantizeArg {
+    /// Weights in the model's dtype.
+    None,
+    /// int8 weights with a scale per output channel; activations in the model's dtype.
+    Int8,
+}
+
+impl From<QuantizeArg> for Quantize {
+    fn from(a: QuantizeArg) -> Quantize {
+        match a {
+            QuantizeArg::None => Quantize::None,
+            QuantizeArg::Int8 => Quantize::Int8,
+        }
+    }
+}
+
 impl From<DTypeArg> for DType {
     fn from(a: DTypeArg) -> DType {
         match a {
@@ -454,6 +475,7 @@ mod tests {
         check::<DecodeArg, DecodeMode>(DecodeMode::name);
         check::<RoundingArg, Rounding>(Rounding::name);
         check::<LayoutArg, WeightLayout>(WeightLayout::name);
+        check::<QuantizeArg, Quantize>(Quantize::name);
     }
 
     #[test]

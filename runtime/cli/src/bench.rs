@@ -50,6 +50,7 @@ pub fn load(b: &BenchArgs, quiet: bool) -> Result<Glm> {
         weight_layout: r.weight_layout.into(),
         expert_parallel: r.parallel.expert_parallel,
         rounding: r.rounding.into(),
+        quantize: r.quantize.into(),
         ..Default::default()
     };
     match (&b.model, &b.config) {

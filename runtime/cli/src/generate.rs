@@ -22,6 +22,7 @@ pub fn load(dir: &Path, r: &RuntimeArgs, quiet: bool) -> Result<Glm> {
         rounding: r.rounding.into(),
         weight_layout: r.weight_layout.into(),
         expert_parallel: r.parallel.expert_parallel,
+        quantize: r.quantize.into(),
         ..Default::default()
     };
     Glm::load_rank(dir, &opts, parallel)
