@@ -100,6 +100,9 @@ mod x86 {
 
     use super::Operands;
 
+    /// Bytes ahead of the codes being read that a block prefetches.
+    const PREFETCH_AHEAD: usize = 4096;
+
     /// # Safety
     /// AVX-512 F and BW are available; as [`super::channels`].
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -137,6 +140,9 @@ mod x86 {
         let mut acc = [[_mm512_setzero_ps(); 4]; G];
         let mut kk = 0;
         while kk < full {
+            // The codes a few rows on, ahead of the hardware prefetcher (a hint: any
+            // address is allowed).
+            _mm_prefetch::<_MM_HINT_T0>(qr.wrapping_add(kk + PREFETCH_AHEAD).cast());
             for u in 0..4 {
                 // SAFETY: kk + 16u + 16 <= full <= k, inside row c of q.
                 let w = unsafe { _mm_loadu_si128(qr.add(kk + 16 * u).cast()) };
