@@ -388,19 +388,24 @@ fn parallel_flags_run_ranks_and_reject_illegal_sizes() {
     );
 }
 
-/// `headcount-dev products`: every weight kind of the shape in every variant, the same
-/// product each time, with a time and a bandwidth; bad values refused.
+/// `headcount-dev products`: every weight kind of the shape in every variant (int8 among
+/// them), the same product each time (int8 within its rounding), with a time and a bandwidth; bad values refused.
 #[test]
 fn products_times_every_weight_in_every_variant() {
     let tiny = fixture("configs/tiny-glm-gqa2.json");
-    for (dtype, rows, variants) in [("f32", "1", 4), ("bf16", "3", 3)] {
+    for (dtype, rows, variants) in [("f32", "1", 5), ("bf16", "3", 4)] {
         let o = headcount_dev(&["products", "--config", &tiny, "--dtype", dtype, "--rows", rows, "--repeat", "3"]);
         expect(&o, 0, "weight_gb_s");
         let lines: Vec<serde_json::Value> = text(&o).0.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines.len(), 5 * variants, "{}", text(&o).0);
         for v in &lines {
             assert!(v["ms"].as_f64().unwrap() > 0.0 && v["weight_gb_s"].as_f64().unwrap() > 0.0, "{v}");
-            let tolerance = if dtype == "f32" { 1e-5 } else { 0.02 };
+            // int8 codes round each weight by up to half a step of max|w|/127 of its row.
+            let tolerance = match (v["variant"].as_str(), dtype) {
+                (Some("int8"), _) => 0.03,
+                (_, "f32") => 1e-5,
+                _ => 0.02,
+            };
             assert!(v["max_rel_diff"].as_f64().unwrap() <= tolerance, "{v}");
         }
         let weights: std::collections::BTreeSet<&str> = lines.iter().map(|v| v["weight"].as_str().unwrap()).collect();
