@@ -23,7 +23,8 @@ pub const SPLIT_MIN_BYTES: usize = 4 << 20;
 /// own threads.
 const PARALLEL_MAX_ROWS: i64 = 16;
 
-type Job = Box<dyn FnOnce() + Send>;
+/// Work handed to a persistent CPU worker thread (this module's and [`crate::qkernel`]'s).
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 fn workers() -> &'static Mutex<Vec<mpsc::Sender<Job>>> {
     static WORKERS: OnceLock<Mutex<Vec<mpsc::Sender<Job>>>> = OnceLock::new();
@@ -31,7 +32,7 @@ fn workers() -> &'static Mutex<Vec<mpsc::Sender<Job>>> {
 }
 
 /// The channel of worker `i`, started on first use.
-fn worker(i: usize) -> Option<mpsc::Sender<Job>> {
+pub(crate) fn worker(i: usize) -> Option<mpsc::Sender<Job>> {
     let mut w = workers().lock().ok()?;
     while w.len() <= i {
         let (tx, rx) = mpsc::channel::<Job>();

@@ -6,11 +6,12 @@
 //! below f32 BLAS on the same weight in f32 (21-24 GB/s of f32 bytes); this kernel reads
 //! the codes at the memory's rate. AVX-512 (F and BW) where the CPU has it (checked at run
 //! time), AVX2 and FMA next, plain Rust otherwise; the output rows are split over threads
-//! by output channels, the first block on the calling thread and the others on persistent
-//! workers.
+//! by output channels, the first block on the calling thread and the others on the
+//! persistent workers of [`crate::columns`].
 
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+
+use crate::columns::{Job, worker};
 
 /// Output channels below which a product stays on one thread (a hand-off costs more).
 const SPLIT_MIN_CHANNELS: usize = 256;
@@ -226,30 +227,6 @@ mod x86 {
             unsafe { *y.add((r + j) * n + c) = dot * s[c] };
         }
     }
-}
-
-type Job = Box<dyn FnOnce() + Send>;
-
-fn workers() -> &'static Mutex<Vec<mpsc::Sender<Job>>> {
-    static WORKERS: OnceLock<Mutex<Vec<mpsc::Sender<Job>>>> = OnceLock::new();
-    WORKERS.get_or_init(|| Mutex::new(Vec::new()))
-}
-
-fn worker(i: usize) -> Option<mpsc::Sender<Job>> {
-    let mut w = workers().lock().ok()?;
-    while w.len() <= i {
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name(format!("headcount-int8-{}", w.len()))
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            })
-            .ok()?;
-        w.push(tx);
-    }
-    w.get(i).cloned()
 }
 
 /// Runs `f(0)` here and `f(1..blocks)` on workers, and returns when all have.

@@ -34,6 +34,18 @@ impl Drop for Server {
     }
 }
 
+/// Waits for `child` to exit, at most `secs` seconds (`what` names it in the failure).
+fn exits_within(child: &mut Child, secs: u64, what: &str) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(started.elapsed() < Duration::from_secs(secs), "{what} did not exit within {secs} s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Starts `headcount serve` with `args` on a free port; returns once it listens.
 fn start(args: &[&str], env: &[(&str, &Path)]) -> Server {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_headcount"));
@@ -148,14 +160,7 @@ fn the_openai_client_gets_what_headcount_generates() {
     assert!(status.success(), "python/serve_test.py failed (its output is above)");
     // The script sent SIGTERM to the main server: it drained and exits by itself, with 0.
     let mut main = main;
-    let started = Instant::now();
-    let code = loop {
-        if let Some(s) = main.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "the server did not exit within 30 s of SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let code = exits_within(&mut main.child, 30, "the server, after SIGTERM,");
     assert!(code.success(), "the server exited with {code} after SIGTERM");
 }
 
@@ -248,13 +253,6 @@ fn two_tensor_parallel_ranks_serve_what_one_process_generates() {
     // SIGTERM to the launcher: rank 0 drains, stops rank 1, and the run exits 0.
     // SAFETY: signalling a child process this test started.
     unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
-    let started = Instant::now();
-    let code = loop {
-        if let Some(s) = server.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "the ranks did not stop within 30 s of SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let code = exits_within(&mut server.child, 30, "the ranks, after SIGTERM,");
     assert!(code.success(), "the served run exited with {code} after SIGTERM");
 }
