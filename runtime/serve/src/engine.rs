@@ -443,16 +443,17 @@ fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Ve
     let argmax = Vec::<i64>::try_from(&logits.f_argmax(-1, false)?.f_to_device(tch::Device::Cpu)?)?;
     let mut out = Vec::with_capacity(rows.len());
     for (i, r) in rows.iter_mut().enumerate() {
-        let row = logits.f_narrow(0, i as i64, 1)?;
+        // A greedy row without logprobs needs nothing but the argmax above.
+        let row = || logits.f_narrow(0, i as i64, 1);
         let id = if r.job.sampling.temperature == 0.0 {
             argmax[i]
         } else {
-            select(&row, &r.job.sampling, &mut r.rng)?.f_int64_value(&[0])?
+            select(&row()?, &r.job.sampling, &mut r.rng)?.f_int64_value(&[0])?
         };
         let lp = match r.job.logprobs {
             None => None,
             Some(k) => {
-                let logp = row.f_log_softmax(-1, Kind::Float)?.f_squeeze_dim(0)?;
+                let logp = row()?.f_log_softmax(-1, Kind::Float)?.f_squeeze_dim(0)?;
                 let logprob = logp.f_double_value(&[id])? as f32;
                 let top = if k == 0 {
                     Vec::new()

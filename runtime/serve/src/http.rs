@@ -62,9 +62,8 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 fn error_response(e: &ApiError, metrics: &Metrics) -> Response {
     let counter = match e.status {
-        400..=499 if e.status == 429 || e.status == 503 => &metrics.rejected,
+        429 | 503 => &metrics.rejected,
         400..=499 => &metrics.invalid,
-        503 => &metrics.rejected,
         _ => &metrics.errors,
     };
     counter.fetch_add(1, Ordering::Relaxed);
@@ -140,7 +139,7 @@ fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
         return Reply::Now(error_response(&e, &s.metrics));
     }
     let (tx, rx) = unbounded_channel();
-    let mut cancels = Vec::with_capacity(choices);
+    let mut cancels: Vec<Arc<AtomicBool>> = Vec::with_capacity(choices);
     {
         let Ok(jobs) = s.jobs.lock() else {
             return Reply::Now(error_response(&ApiError::server("the engine is gone"), &s.metrics));
@@ -158,7 +157,6 @@ fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
             if !s.metrics.try_enqueue(s.max_queue) {
                 // Choices already queued are cancelled with the request.
                 for flag in &cancels {
-                    let flag: &Arc<AtomicBool> = flag;
                     flag.store(true, Ordering::Relaxed);
                 }
                 let e = ApiError {
@@ -263,9 +261,8 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
                             return Err(ApiError::invalid("prompt", "the prompt is empty"));
                         }
                         let c = codec.ok_or_else(|| no_tokenizer("prompt"))?;
-                        let cfg_bos = s.bos;
                         let mut v = c.encode(&t).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-                        if let Some(bos) = cfg_bos
+                        if let Some(bos) = s.bos
                             && v.first() != Some(&bos)
                         {
                             v.insert(0, bos);
@@ -586,7 +583,7 @@ impl Reader {
     }
 
     fn logprobs_value(&self, c: &Choice, entries: &[Value]) -> Value {
-        if self.choices_want_logprobs(c) {
+        if !c.logprobs.is_empty() {
             match self.ep {
                 Endpoint::Chat => json!({"content": entries}),
                 Endpoint::Completions => {
@@ -598,10 +595,6 @@ impl Reader {
         } else {
             Value::Null
         }
-    }
-
-    fn choices_want_logprobs(&self, c: &Choice) -> bool {
-        !c.logprobs.is_empty()
     }
 
     /// The whole answer (non-streaming).
