@@ -155,10 +155,11 @@ fn f16_on_cpu_stays_close() {
 /// Half precision against transformers' own half-precision forward and greedy generation
 /// (tests/fixtures/*/reference-half.safetensors, python/make_half_references.py): the same
 /// weights rounded the same way, so what is left is how each engine rounds its arithmetic.
-/// Measured here: bf16 logits bit-equal on every fixture, prefill and decode; f16 within one
-/// f16 step (7.8e-3 at |logit| 8-16), 0.08% of the largest logit at most. On a CPU without
-/// AVX-512 BF16 one bf16 decode step of glm-legacy-config differs by one bf16 step (0.03125
-/// at |logit| 5.3, 0.59%). The tolerances leave room for another CPU's kernels: 0.5% of the
+/// Measured here: bf16 logits bit-equal on 8 of the 10 fixtures, prefill and decode (few-row
+/// bf16 products run in the project's kernel, which sums in another order than oneDNN):
+/// glm4-gqa4-full's prefill is one bf16 step away (0.03125 at |logit| 14.75, 0.21%),
+/// glm4moe-grouped's 9.8e-4; f16 within one f16 step (9.7e-3 at |logit| 8-16), 0.07% of the
+/// largest logit at most. The tolerances leave room for another CPU's kernels: 0.5% of the
 /// largest logit, or one half-precision step at its magnitude where that is more; the
 /// double rounding this test caught (a bias added after the product instead of in it) was
 /// 1.7-2.2%.
@@ -367,36 +368,64 @@ fn ragged_running_batch_matches_transformers() {
     }
 }
 
-/// int8 weights (`--quantize int8`): every dense fixture's logits within a stated distance
-/// of transformers' f32 logits, in f32 and bf16 activations, and the same greedy tokens in
-/// f32. The distance is the codes' rounding (half a step of max|w|/127 per weight) carried
-/// through two random layers. glm4_moe's fixtures are left out of the bound: their random
-/// routers sit near ties, and int8 flips which experts a token gets (measured: 0.33 and 0.58
-/// of the largest logit on one row each).
+/// Quantized weights (`--quantize int8|int4`): every dense fixture's logits within a stated
+/// distance of transformers' f32 logits, in f32 and bf16 activations, and in f32 the same
+/// greedy tokens (int8) or a stated share of them (int4). The distance is the codes'
+/// rounding (int8: half a step of max|w|/127 a weight; int4: half a step of 1/8 of its
+/// group's largest |w|) carried through two random layers. glm4_moe's fixtures are left out
+/// of the bound: their random routers sit near ties, and int8 flips which experts a token
+/// gets (measured: 0.33 and 0.58 of the largest logit on one row each).
 #[test]
-fn int8_weights_stay_close_to_f32() {
+fn quantized_weights_stay_close_to_f32() {
     use headcount_runtime::Quantize;
-    // Measured on the dense fixtures: at most 4.4% (f32) and 9.7% (bf16) of the largest logit.
-    const INT8_RELATIVE_TOLERANCE: f64 = 0.05;
-    const BF16_INT8_RELATIVE_TOLERANCE: f64 = 0.12;
+    // Measured on the dense fixtures, of the largest logit: int8 at most 4.3% (f32) and
+    // 8.7% (bf16); int4 at most 64% in either (glm-tied-partial's inputs, 48 and 96, are
+    // not in groups of 32, so most of its weights stay int8: 11-12%).
+    let bounds = [(Quantize::Int8, 0.05, 0.12), (Quantize::Int4, 0.75, 0.75)];
     let dense: Vec<_> = model_fixtures().into_iter().filter(|d| !name(d).starts_with("glm4moe")).collect();
     assert!(dense.len() >= 8);
-    for dir in dense {
-        let r = reference(&dir);
-        for (dtype, tol) in [(DType::F32, INT8_RELATIVE_TOLERANCE), (DType::Bf16, BF16_INT8_RELATIVE_TOLERANCE)] {
-            let opts = LoadOptions { quantize: Quantize::Int8, dtype, ..Default::default() };
-            let model = Glm::load(&dir, &opts).unwrap();
-            for (row, ids) in r.input_ids.iter().enumerate() {
-                let ours = logits(&model, ids).unwrap().squeeze_dim(0).to_kind(tch::Kind::Float);
-                let theirs = r.logits.get(row as i64);
-                let rel = max_abs_diff(&ours, &theirs) / theirs.abs().max().double_value(&[]);
-                assert!(rel <= tol, "{} {dtype:?} row {row}: int8 logits {rel} of the largest away", name(&dir));
-            }
-            if dtype == DType::F32 {
-                let ids = &r.input_ids[0];
-                let g = generate(&model, std::slice::from_ref(ids), &greedy(4), |_, _| {}).unwrap();
-                assert_eq!(g.tokens[0], r.greedy[0][ids.len()..ids.len() + 4], "{}: int8 greedy tokens", name(&dir));
+    let mut report = Vec::new();
+    for (quantize, f32_tol, bf16_tol) in bounds {
+        let (mut same, mut tokens) = (0, 0);
+        for dir in &dense {
+            let r = reference(dir);
+            for (dtype, tol) in [(DType::F32, f32_tol), (DType::Bf16, bf16_tol)] {
+                let opts = LoadOptions { quantize, dtype, ..Default::default() };
+                let model = Glm::load(dir, &opts).unwrap();
+                let mut worst = 0f64;
+                for (row, ids) in r.input_ids.iter().enumerate() {
+                    let ours = logits(&model, ids).unwrap().squeeze_dim(0).to_kind(tch::Kind::Float);
+                    let theirs = r.logits.get(row as i64);
+                    let rel = max_abs_diff(&ours, &theirs) / theirs.abs().max().double_value(&[]);
+                    worst = worst.max(rel);
+                    assert!(
+                        rel <= tol,
+                        "{} {quantize:?} {dtype:?} row {row}: logits {rel} of the largest away",
+                        name(dir)
+                    );
+                }
+                report.push(format!(
+                    "{} {quantize:?} {dtype:?}: {:.1}% of the largest logit",
+                    name(dir),
+                    100.0 * worst
+                ));
+                if dtype == DType::F32 {
+                    let ids = &r.input_ids[0];
+                    let g = generate(&model, std::slice::from_ref(ids), &greedy(4), |_, _| {}).unwrap();
+                    let want = &r.greedy[0][ids.len()..ids.len() + 4];
+                    if quantize == Quantize::Int8 {
+                        assert_eq!(g.tokens[0], want, "{}: int8 greedy tokens", name(dir));
+                    }
+                    same += g.tokens[0].iter().zip(want).take_while(|(a, b)| a == b).count();
+                    tokens += want.len();
+                }
             }
         }
+        report
+            .push(format!("{quantize:?}: {same} of {tokens} greedy tokens as transformers' (up to the first change)"));
+        // Measured: int8 32 of 32, int4 22 of 32 (int4's rounding is ten times int8's, and
+        // these random two-layer models amplify it: 36-64% of the largest logit).
+        assert!(same * 8 >= tokens * 5, "{quantize:?}: only {same} of {tokens} greedy tokens agree");
     }
+    println!("{}", report.join("\n"));
 }

@@ -74,12 +74,15 @@ fn the_demo_binary_serves_its_typed_model() {
     assert!(status.success(), "{status}");
 }
 
-/// int8 weights: the held-out accuracy stays at 99% or more.
+/// int8 and int4 weights: the held-out accuracy stays at 99% or more (measured: 498 of
+/// 500 in both, as in f32).
 #[test]
-fn heldout_accuracy_holds_with_int8_weights() {
-    let out = Command::new(env!("CARGO_BIN_EXE_addition")).args(["--heldout", "--json", "--int8"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let accuracy = v["accuracy"].as_f64().unwrap();
-    assert!(accuracy >= 0.99, "int8 accuracy {accuracy}");
+fn heldout_accuracy_holds_with_quantized_weights() {
+    for flag in ["--int8", "--int4"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_addition")).args(["--heldout", "--json", flag]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let accuracy = v["accuracy"].as_f64().unwrap();
+        assert!(accuracy >= 0.99, "{flag} accuracy {accuracy}");
+    }
 }

@@ -157,11 +157,9 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     }
     let d = &model.dims;
     let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
-    // int8 projections read a byte a weight (their scales are a row's worth).
-    let elt = match model.quantize {
-        crate::Quantize::Int8 => 1.0,
-        crate::Quantize::None => model.dtype.kind().elt_size_in_bytes() as f64,
-    };
+    // Quantized projections read their codes and scales (int8: a byte a weight and a
+    // row's scale; int4: half a byte and an f16 scale per 32).
+    let elt = model.quantize.bytes_per_weight().unwrap_or(model.dtype.kind().elt_size_in_bytes() as f64);
     // glm4_moe reads only the experts its tokens chose (the spec's memory plan counts them).
     let read = headcount_spec::memory::read_parameter_count(&d.config.spec(&[], &[]), opts.batch as u64);
     let weight_bytes = (read as f64 - embedding as f64) * elt;

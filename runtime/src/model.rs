@@ -540,12 +540,13 @@ impl Glm {
         self.parallel
     }
 
-    /// Whether some weight is stored in column blocks for worker threads (CPU only).
+    /// Whether some projection's few-row products run on the project's own CPU threads:
+    /// weights in column blocks, or through the kernel of [`crate::qkernel`] (quantized,
+    /// or f32/bf16 in the stored layout).
     pub fn splits_weights(&self) -> bool {
-        // int8 projections run on the project's own threads too (crate::qkernel).
         self.quantize != Quantize::None
-            || self.lm_head.as_ref().is_some_and(|h| h.linear.parts.len() > 1)
-            || self.layers.iter().any(|l| l.mlp.dense().is_some_and(|m| m.gate_up.linear.parts.len() > 1))
+            || self.lm_head.as_ref().is_some_and(|h| h.linear.own_threads())
+            || self.layers.iter().any(|l| l.mlp.dense().is_some_and(|m| m.gate_up.linear.own_threads()))
     }
 
     /// The device this rank's weights and activations are on.

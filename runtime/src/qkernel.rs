@@ -1,53 +1,169 @@
-//! Few-row products with int8 weights: `y[r, n] = scale[n] * Σ_k q[n, k] * x[r, k]`, f32
-//! activations, the codes widened to f32 in registers as they are read.
+//! Few-row products against weights stored as output rows (`[n, k]`, row-major):
+//! `y[r, c] = scale[c] * Σ_t w[c, t] * x[r, t] + bias[c]`, f32 activations and arithmetic,
+//! the weights widened to f32 in registers as they are read. Weights in f32, bf16, int8
+//! (one scale an output channel) or int4 (one f16 scale per 32 inputs of a channel).
 //!
-//! libtorch's `_weight_int8pack_mm` reads one-row int8 products at 7-10 GB/s with bf16
-//! activations and 1-2 GB/s with f32 ones on the 2-core machine of docs/PERFORMANCE.md,
-//! below f32 BLAS on the same weight in f32 (21-24 GB/s of f32 bytes); this kernel reads
-//! the codes at the memory's rate. AVX-512 (F and BW) where the CPU has it (checked at run
-//! time), AVX2 and FMA next, plain Rust otherwise; the output rows are split over threads
-//! by output channels, the first block on the calling thread and the others on the
-//! persistent workers of [`crate::columns`].
+//! One decode step reads every projection weight once for one or a few rows, so these
+//! products are bound by how fast the weights come from memory. On the 2-core machine of
+//! docs/PERFORMANCE.md libtorch's one-row products read bf16 weights at 11-20 GB/s and its
+//! `_weight_int8pack_mm` int8 ones at 1-10 GB/s; this kernel reads each format at the
+//! memory's pace. AVX-512 (F and BW) where the CPU has it (checked at run time), plain Rust
+//! otherwise; the output channels are split over threads, the first block on the calling
+//! thread and the others on the persistent workers of [`crate::columns::parallel`].
 
-use std::sync::mpsc;
-
-use crate::columns::{Job, worker};
+use crate::error::Result;
 
 /// Output channels below which a product stays on one thread (a hand-off costs more).
 const SPLIT_MIN_CHANNELS: usize = 256;
 
-/// `y = (x @ q^T) * scales`: `x` `[rows, k]`, `q` `[n, k]` row-major int8, `scales` `[n]`,
-/// `y` `[rows, n]`, all row-major; `threads` blocks of output channels at most.
-pub fn int8_product(x: &[f32], rows: usize, k: usize, q: &[i8], scales: &[f32], y: &mut [f32], threads: usize) {
-    let n = scales.len();
-    assert!(x.len() >= rows * k && q.len() >= n * k && y.len() >= rows * n, "int8_product: slices too short");
-    let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { threads.clamp(1, 8) };
-    let o = Operands { x, rows, k, q, s: scales, y: SendPtr(y.as_mut_ptr()), n };
-    let run = move |b: usize| {
-        let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
-        // SAFETY: the blocks' channel ranges are disjoint, so no two write the same y
-        // element, and `y` outlives every block (the caller waits for them all).
-        unsafe { channels(&o, lo, hi) };
-    };
-    parallel(blocks, &run);
+/// Inputs a channel's int4 scale covers.
+pub const INT4_GROUP: usize = 32;
+
+/// A weight `[n, k]`, row-major, in one of the kernel's formats.
+#[derive(Clone, Copy)]
+pub enum Weights<'a> {
+    F32(&'a [f32]),
+    /// bf16 bit patterns.
+    Bf16(&'a [u16]),
+    /// Codes and one scale an output channel: `w[c, t] = q[c, t] * scales[c]`.
+    Int8 {
+        q: &'a [i8],
+        scales: &'a [f32],
+    },
+    /// Two codes a byte and one f16 scale (bit pattern) per [`INT4_GROUP`] inputs: in group
+    /// `g` of channel `c`, byte `j` holds input `32g + j` in its low nibble and `32g + 16 + j`
+    /// in its high one, each as `code + 8`; `w = code * scales[c * k / 32 + g]`. `k` is a
+    /// multiple of 32.
+    Int4 {
+        codes: &'a [u8],
+        scales: &'a [u16],
+    },
 }
 
-/// One product's operands (see [`int8_product`]); `y` is written at `[r * n + c]`.
+impl Weights<'_> {
+    /// Whether the slices hold an `[n, k]` weight.
+    fn holds(&self, n: usize, k: usize) -> bool {
+        match *self {
+            Weights::F32(w) => w.len() >= n * k,
+            Weights::Bf16(w) => w.len() >= n * k,
+            Weights::Int8 { q, scales } => q.len() >= n * k && scales.len() >= n,
+            Weights::Int4 { codes, scales } => {
+                k.is_multiple_of(INT4_GROUP) && codes.len() >= n * k / 2 && scales.len() >= n * k / INT4_GROUP
+            }
+        }
+    }
+
+    /// `w[c, t]` as f32.
+    fn at(&self, k: usize, c: usize, t: usize) -> f32 {
+        match *self {
+            Weights::F32(w) => w[c * k + t],
+            Weights::Bf16(w) => f32::from_bits(u32::from(w[c * k + t]) << 16),
+            Weights::Int8 { q, .. } => f32::from(q[c * k + t]),
+            Weights::Int4 { codes, scales } => {
+                let (g, j) = (t / INT4_GROUP, t % INT4_GROUP);
+                let byte = codes[(c * k + g * INT4_GROUP) / 2 + j % 16];
+                let code = if j < 16 { byte & 15 } else { byte >> 4 };
+                (f32::from(code) - 8.0) * f16_to_f32(scales[c * (k / INT4_GROUP) + g])
+            }
+        }
+    }
+
+    /// The factor channel `c`'s dot product is multiplied by.
+    fn channel_scale(&self, c: usize) -> f32 {
+        match *self {
+            Weights::Int8 { scales, .. } => scales[c],
+            _ => 1.0,
+        }
+    }
+}
+
+/// An f16 bit pattern as f32 (every f16, subnormals included, is exactly an f32).
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((h >> 10) & 0x1f);
+    let man = f32::from(h & 0x3ff);
+    match exp {
+        0 => sign * man * 2f32.powi(-24),
+        31 if man == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        e => sign * (1.0 + man / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+/// `y = x @ w^T * scale + bias`: `x` `[rows, k]`, `w` `[n, k]`, `bias` `[n]` when given,
+/// `y` `[rows, n]`, all row-major; `threads` blocks of output channels at most. An error if
+/// a worker thread failed.
+#[allow(clippy::too_many_arguments)]
+pub fn product(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+    w: Weights,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    threads: usize,
+) -> Result<()> {
+    assert!(
+        x.len() >= rows * k && w.holds(n, k) && y.len() >= rows * n && bias.is_none_or(|b| b.len() >= n),
+        "qkernel::product: slices too short for {rows} x {k} x {n}"
+    );
+    let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { threads.clamp(1, 8) };
+    let o = Operands { x, rows, k, w, bias, y: SendPtr(y.as_mut_ptr()), n };
+    crate::columns::parallel(blocks, &move |b: usize| {
+        let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
+        // SAFETY: the blocks' channel ranges are disjoint, so no two write the same y
+        // element, and `y` outlives every block (`parallel` waits for them all).
+        unsafe { channels(&o, lo, hi) };
+    })
+}
+
+/// Whether this CPU runs the kernel's vector path (else plain Rust, far slower: callers
+/// prefer libtorch's products for f32 and bf16 weights there).
+pub fn vectorized() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One product's operands (see [`product`]); `y` is written at `[r * n + c]`.
 #[derive(Clone, Copy)]
 struct Operands<'a> {
     x: &'a [f32],
     rows: usize,
     k: usize,
-    q: &'a [i8],
-    s: &'a [f32],
+    w: Weights<'a>,
+    bias: Option<&'a [f32]>,
     y: SendPtr,
     n: usize,
+}
+
+impl Operands<'_> {
+    /// Writes `dot` finished (scale, bias) as `y[r, c]`.
+    ///
+    /// # Safety
+    /// `r < rows`, `c < n`, and `y` points to `rows * n` writable floats.
+    unsafe fn put(&self, r: usize, c: usize, dot: f32) {
+        let v = dot * self.w.channel_scale(c) + self.bias.map_or(0.0, |b| b[c]);
+        // SAFETY: as this function's contract.
+        unsafe { *self.y.get().add(r * self.n + c) = v };
+    }
+
+    /// `Σ_t w[c, t] x[r, t]` over `t` in `from..k`, plainly.
+    fn tail(&self, r: usize, c: usize, from: usize) -> f32 {
+        (from..self.k).map(|t| self.w.at(self.k, c, t) * self.x[r * self.k + t]).sum()
+    }
 }
 
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 // SAFETY: the pointer is only written through at disjoint elements by blocks that all end
-// before the slice it points into is used again (see `parallel`).
+// before the slice it points into is used again (see `product`).
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
@@ -60,18 +176,12 @@ impl SendPtr {
 /// Output channels `lo..hi` of every row, with the widest instructions this CPU has.
 ///
 /// # Safety
-/// `y` points to `rows * n` writable floats; the slices hold what `int8_product` checked.
+/// `y` points to `rows * n` writable floats; the slices hold what `product` checked.
 unsafe fn channels(o: &Operands, lo: usize, hi: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the features were detected.
-            return unsafe { x86::avx512(o, lo, hi) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the features were detected.
-            return unsafe { x86::avx2(o, lo, hi) };
-        }
+    if vectorized() {
+        // SAFETY: the features were detected.
+        return unsafe { x86::avx512(o, lo, hi) };
     }
     // SAFETY: as this function's own contract.
     unsafe { plain(o, lo, hi) }
@@ -82,15 +192,10 @@ unsafe fn channels(o: &Operands, lo: usize, hi: usize) {
 /// # Safety
 /// As [`channels`].
 unsafe fn plain(o: &Operands, lo: usize, hi: usize) {
-    let Operands { x, rows, k, q, s, y, n } = *o;
-    let y = y.get();
     for c in lo..hi {
-        let qr = &q[c * k..(c + 1) * k];
-        for r in 0..rows {
-            let xr = &x[r * k..(r + 1) * k];
-            let dot: f32 = qr.iter().zip(xr).map(|(&a, &b)| f32::from(a) * b).sum();
+        for r in 0..o.rows {
             // SAFETY: r < rows and c < n.
-            unsafe { *y.add(r * n + c) = dot * s[c] };
+            unsafe { o.put(r, c, o.tail(r, c, 0)) };
         }
     }
 }
@@ -99,164 +204,242 @@ unsafe fn plain(o: &Operands, lo: usize, hi: usize) {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::Operands;
+    use super::{Operands, Weights};
 
-    /// Bytes ahead of the codes being read that a block prefetches.
+    /// Bytes ahead of the weight being read that a block prefetches.
     const PREFETCH_AHEAD: usize = 4096;
+
+    const F32: u8 = 0;
+    const BF16: u8 = 1;
+    const INT8: u8 = 2;
+    const INT4: u8 = 3;
 
     /// # Safety
     /// AVX-512 F and BW are available; as [`super::channels`].
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn avx512(o: &Operands, lo: usize, hi: usize) {
-        for c in lo..hi {
-            let mut r = 0;
-            while r < o.rows {
-                // Up to four rows share each widened block of codes; the group size is a
-                // constant in each arm, so its accumulators stay in registers.
-                // SAFETY: as this function's contract, for rows r.. of the group.
-                unsafe {
-                    match o.rows - r {
-                        1 => group512::<1>(o, c, r),
-                        2 => group512::<2>(o, c, r),
-                        3 => group512::<3>(o, c, r),
-                        _ => group512::<4>(o, c, r),
-                    }
-                }
-                r += (o.rows - r).min(4);
+        // SAFETY: as this function's contract.
+        unsafe {
+            match o.w {
+                Weights::F32(_) => rows::<F32>(o, lo, hi),
+                Weights::Bf16(_) => rows::<BF16>(o, lo, hi),
+                Weights::Int8 { .. } => rows::<INT8>(o, lo, hi),
+                Weights::Int4 { .. } => rows::<INT4>(o, lo, hi),
             }
         }
     }
 
-    /// Channel `c` of rows `r..r + G`.
+    /// # Safety
+    /// As [`avx512`], with `F` the format of `o.w`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn rows<const F: u8>(o: &Operands, lo: usize, hi: usize) {
+        for c in lo..hi {
+            let mut r = 0;
+            while r < o.rows {
+                // Up to eight rows share each widened block of weights; the group size is
+                // a constant in each arm, so its accumulators stay in registers (four a row
+                // up to four rows, two above).
+                let g = (o.rows - r).min(8);
+                if F == INT4 {
+                    // SAFETY: as this function's contract, for rows r..r + g.
+                    unsafe {
+                        match g {
+                            1 => int4::<1>(o, c, r),
+                            2 => int4::<2>(o, c, r),
+                            3 => int4::<3>(o, c, r),
+                            4 => int4::<4>(o, c, r),
+                            5 => int4::<5>(o, c, r),
+                            6 => int4::<6>(o, c, r),
+                            7 => int4::<7>(o, c, r),
+                            _ => int4::<8>(o, c, r),
+                        }
+                    }
+                    r += g;
+                    continue;
+                }
+                // SAFETY: as this function's contract, for rows r..r + g.
+                unsafe {
+                    match g {
+                        1 => group::<F, 1, 4>(o, c, r),
+                        2 => group::<F, 2, 4>(o, c, r),
+                        3 => group::<F, 3, 4>(o, c, r),
+                        4 => group::<F, 4, 4>(o, c, r),
+                        5 => group::<F, 5, 2>(o, c, r),
+                        6 => group::<F, 6, 2>(o, c, r),
+                        7 => group::<F, 7, 2>(o, c, r),
+                        _ => group::<F, 8, 2>(o, c, r),
+                    }
+                }
+                r += g;
+            }
+        }
+    }
+
+    /// Sixteen weights of channel `c` from input `t` on, as f32.
     ///
     /// # Safety
-    /// AVX-512 F and BW; `r + G <= rows`, `c < n`, the slices as [`super::channels`].
+    /// AVX-512 F and BW; `F` is `o.w`'s format, `c < n`, `t + 16 <= k`, and for int4 `t` is
+    /// a multiple of 16.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn group512<const G: usize>(o: &Operands, c: usize, r: usize) {
-        let Operands { x, k, q, s, y, n, .. } = *o;
-        let y = y.get();
-        let full = k / 64 * 64;
-        let qr = q.as_ptr().wrapping_add(c * k);
-        let xp = x.as_ptr().wrapping_add(r * k);
-        let mut acc = [[_mm512_setzero_ps(); 4]; G];
-        let mut kk = 0;
-        while kk < full {
-            // The codes a few rows on, ahead of the hardware prefetcher (a hint: any
+    unsafe fn load<const F: u8>(o: &Operands, c: usize, t: usize) -> __m512 {
+        let k = o.k;
+        // SAFETY: as this function's contract: the 16 weights lie inside row c.
+        unsafe {
+            match o.w {
+                Weights::F32(w) if F == F32 => _mm512_loadu_ps(w.as_ptr().add(c * k + t)),
+                Weights::Bf16(w) if F == BF16 => {
+                    let h = _mm256_loadu_si256(w.as_ptr().add(c * k + t).cast());
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+                }
+                Weights::Int8 { q, .. } if F == INT8 => {
+                    let b = _mm_loadu_si128(q.as_ptr().add(c * k + t).cast());
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))
+                }
+                Weights::Int4 { codes, scales } if F == INT4 => {
+                    let g = (c * k + t) / super::INT4_GROUP;
+                    let b = _mm_loadu_si128(codes.as_ptr().add(g * 16).cast());
+                    let v = _mm512_cvtepu8_epi32(b);
+                    let v = if t.is_multiple_of(super::INT4_GROUP) {
+                        _mm512_and_si512(v, _mm512_set1_epi32(15))
+                    } else {
+                        _mm512_srli_epi32::<4>(v)
+                    };
+                    let code = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(8)));
+                    let s = _mm512_cvtph_ps(_mm256_set1_epi16(*scales.get_unchecked(g) as i16));
+                    _mm512_mul_ps(code, s)
+                }
+                _ => _mm512_setzero_ps(),
+            }
+        }
+    }
+
+    /// Groups whose f16 scales are widened at a time, on the stack.
+    const SCALE_CHUNK: usize = 256;
+
+    /// Channel `c` of rows `r..r + G` of int4 weights: each group's 16 bytes are widened
+    /// once into its low and high nibbles, the two halves' products summed, then scaled by
+    /// the group's scale (widened from f16 sixteen at a time).
+    ///
+    /// # Safety
+    /// AVX-512 F and BW; `o.w` is int4; `r + G <= rows`, `c < n`, the slices as
+    /// [`super::channels`].
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn int4<const G: usize>(o: &Operands, c: usize, r: usize) {
+        let Weights::Int4 { codes, scales } = o.w else { return };
+        let k = o.k;
+        let groups = k / super::INT4_GROUP;
+        let first = c * groups;
+        let xp = o.x.as_ptr().wrapping_add(r * k);
+        let (low, eight) = (_mm512_set1_epi32(15), _mm512_set1_epi32(8));
+        let mut acc = [_mm512_setzero_ps(); G];
+        let mut wide = [0f32; SCALE_CHUNK];
+        let mut g0 = 0;
+        while g0 < groups {
+            let len = (groups - g0).min(SCALE_CHUNK);
+            let mut i = 0;
+            while i < len {
+                let mut h = [0u16; 16];
+                let m = (len - i).min(16);
+                h[..m].copy_from_slice(&scales[first + g0 + i..first + g0 + i + m]);
+                // SAFETY: 16 halves read from, 16 floats written into, arrays of that size
+                // (the widened chunk has room: SCALE_CHUNK is a multiple of 16).
+                unsafe {
+                    let v = _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast()));
+                    _mm512_storeu_ps(wide.as_mut_ptr().add(i), v);
+                }
+                i += 16;
+            }
+            for (gi, &s) in wide[..len].iter().enumerate() {
+                let g = g0 + gi;
+                let at = codes.as_ptr().wrapping_add((first + g) * 16);
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD).cast());
+                // SAFETY: group g of channel c: its 16 bytes lie inside the codes.
+                let v = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(at.cast()) });
+                let lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, low), eight));
+                let hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32::<4>(v), eight));
+                let s = _mm512_set1_ps(s);
+                let t = g * super::INT4_GROUP;
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row r + j < rows of x; inputs t..t + 32 <= k.
+                    let (x0, x1) =
+                        unsafe { (_mm512_loadu_ps(xp.add(j * k + t)), _mm512_loadu_ps(xp.add(j * k + t + 16))) };
+                    let d = _mm512_fmadd_ps(lo, x0, _mm512_mul_ps(hi, x1));
+                    *a = _mm512_fmadd_ps(d, s, *a);
+                }
+            }
+            g0 += len;
+        }
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: r + j < rows and c < n.
+            unsafe { o.put(r + j, c, _mm512_reduce_add_ps(*a)) };
+        }
+    }
+
+    /// The weight bytes of `u` vectors of 16.
+    const fn block_bytes<const F: u8>(u: usize) -> usize {
+        match F {
+            F32 => 64 * u,
+            BF16 => 32 * u,
+            INT8 => 16 * u,
+            _ => 8 * u,
+        }
+    }
+
+    /// The address of channel `c`'s weights at input `t`, for prefetching.
+    fn address(o: &Operands, c: usize, t: usize) -> *const i8 {
+        let i = c * o.k + t;
+        match o.w {
+            Weights::F32(w) => w.as_ptr().wrapping_add(i).cast(),
+            Weights::Bf16(w) => w.as_ptr().wrapping_add(i).cast(),
+            Weights::Int8 { q, .. } => q.as_ptr().wrapping_add(i),
+            Weights::Int4 { codes, .. } => codes.as_ptr().wrapping_add(i / 2).cast(),
+        }
+    }
+
+    /// Channel `c` of rows `r..r + G`, `U` vectors of 16 inputs a step.
+    ///
+    /// # Safety
+    /// AVX-512 F and BW; `F` is `o.w`'s format; `r + G <= rows`, `c < n`, the slices as
+    /// [`super::channels`].
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn group<const F: u8, const G: usize, const U: usize>(o: &Operands, c: usize, r: usize) {
+        let k = o.k;
+        let step = 16 * U;
+        let full = k / step * step;
+        let base = address(o, c, 0);
+        let xp = o.x.as_ptr().wrapping_add(r * k);
+        let mut acc = [[_mm512_setzero_ps(); U]; G];
+        let mut t = 0;
+        while t < full {
+            // The weights a few KB on, ahead of the hardware prefetcher (a hint: any
             // address is allowed).
-            _mm_prefetch::<_MM_HINT_T0>(qr.wrapping_add(kk + PREFETCH_AHEAD).cast());
-            for u in 0..4 {
-                // SAFETY: kk + 16u + 16 <= full <= k, inside row c of q.
-                let w = unsafe { _mm_loadu_si128(qr.add(kk + 16 * u).cast()) };
-                let w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(w));
+            let ahead = base.wrapping_add(block_bytes::<F>(t / 16) + PREFETCH_AHEAD);
+            let mut line = 0;
+            while line < block_bytes::<F>(U) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
+                line += 64;
+            }
+            for u in 0..U {
+                // SAFETY: t + 16u + 16 <= full <= k, inside row c; int4 steps are
+                // multiples of 16.
+                let w = unsafe { load::<F>(o, c, t + 16 * u) };
                 for (j, a) in acc.iter_mut().enumerate() {
                     // SAFETY: row r + j < rows of x, same column bounds.
-                    let xv = unsafe { _mm512_loadu_ps(xp.add(j * k + kk + 16 * u)) };
+                    let xv = unsafe { _mm512_loadu_ps(xp.add(j * k + t + 16 * u)) };
                     a[u] = _mm512_fmadd_ps(w, xv, a[u]);
                 }
             }
-            kk += 64;
+            t += step;
         }
         for (j, a) in acc.iter().enumerate() {
-            let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-            let mut dot = _mm512_reduce_add_ps(sum);
-            for t in full..k {
-                dot += f32::from(q[c * k + t]) * x[(r + j) * k + t];
+            let mut sum = a[0];
+            for v in &a[1..] {
+                sum = _mm512_add_ps(sum, *v);
             }
+            let dot = _mm512_reduce_add_ps(sum) + o.tail(r + j, c, full);
             // SAFETY: r + j < rows and c < n.
-            unsafe { *y.add((r + j) * n + c) = dot * s[c] };
-        }
-    }
-
-    /// # Safety
-    /// AVX2 and FMA are available; as [`super::channels`].
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn avx2(o: &Operands, lo: usize, hi: usize) {
-        for c in lo..hi {
-            let mut r = 0;
-            while r < o.rows {
-                // SAFETY: as this function's contract, for rows r.. of the group.
-                unsafe {
-                    match o.rows - r {
-                        1 => group256::<1>(o, c, r),
-                        2 => group256::<2>(o, c, r),
-                        3 => group256::<3>(o, c, r),
-                        _ => group256::<4>(o, c, r),
-                    }
-                }
-                r += (o.rows - r).min(4);
-            }
-        }
-    }
-
-    /// Channel `c` of rows `r..r + G`.
-    ///
-    /// # Safety
-    /// AVX2 and FMA; `r + G <= rows`, `c < n`, the slices as [`super::channels`].
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn group256<const G: usize>(o: &Operands, c: usize, r: usize) {
-        let Operands { x, k, q, s, y, n, .. } = *o;
-        let y = y.get();
-        let full = k / 32 * 32;
-        let qr = q.as_ptr().wrapping_add(c * k);
-        let xp = x.as_ptr().wrapping_add(r * k);
-        let mut acc = [[_mm256_setzero_ps(); 4]; G];
-        let mut kk = 0;
-        while kk < full {
-            for u in 0..4 {
-                // SAFETY: kk + 8u + 8 <= full <= k, inside row c of q.
-                let w = unsafe { _mm_loadl_epi64(qr.add(kk + 8 * u).cast()) };
-                let w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w));
-                for (j, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: row r + j < rows of x, same column bounds.
-                    let xv = unsafe { _mm256_loadu_ps(xp.add(j * k + kk + 8 * u)) };
-                    a[u] = _mm256_fmadd_ps(w, xv, a[u]);
-                }
-            }
-            kk += 32;
-        }
-        for (j, a) in acc.iter().enumerate() {
-            let sum = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
-            let mut lanes = [0f32; 8];
-            // SAFETY: 8 floats written into an 8-float array.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-            let mut dot: f32 = lanes.iter().sum();
-            for t in full..k {
-                dot += f32::from(q[c * k + t]) * x[(r + j) * k + t];
-            }
-            // SAFETY: r + j < rows and c < n.
-            unsafe { *y.add((r + j) * n + c) = dot * s[c] };
-        }
-    }
-}
-
-/// Runs `f(0)` here and `f(1..blocks)` on workers, and returns when all have.
-fn parallel(blocks: usize, f: &(dyn Fn(usize) + Sync)) {
-    if blocks <= 1 {
-        f(0);
-        return;
-    }
-    // SAFETY: the jobs borrow `f` for longer than the type says, but this function waits
-    // for every job it handed out (`done` below) before it returns, so `f` outlives them.
-    let f_static: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
-    let (done_tx, done) = mpsc::channel::<()>();
-    let mut handed = 0;
-    for b in 1..blocks {
-        let tx = done_tx.clone();
-        let job: Job = Box::new(move || {
-            f_static(b);
-            let _ = tx.send(());
-        });
-        match worker(b - 1) {
-            Some(w) if w.send(job).is_ok() => handed += 1,
-            // No worker: the block runs here.
-            _ => f(b),
-        }
-    }
-    f(0);
-    for _ in 0..handed {
-        // A worker that died (it cannot: the kernel does not panic) would end the wait.
-        if done.recv().is_err() {
-            break;
+            unsafe { o.put(r + j, c, dot) };
         }
     }
 }
@@ -265,40 +448,81 @@ fn parallel(blocks: usize, f: &(dyn Fn(usize) + Sync)) {
 mod tests {
     use super::*;
 
-    /// Every path (the detected one, and plain Rust) against a plain f64 product, for odd
-    /// sizes (tails past the vector width) and several row counts.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> i64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (self.0 >> 33) as i64
+        }
+    }
+
+    /// Every format on every path (the detected one, and plain Rust) against an f64 product
+    /// of the same weights, for odd sizes (tails past the vector width), several row counts
+    /// (every row-group size) and thread counts.
     #[test]
     fn products_equal_the_plain_sum() {
-        let mut seed = 7u64;
-        let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (seed >> 33) as i64
-        };
-        for (rows, k, n) in [(1, 64, 8), (1, 1000, 300), (3, 77, 513), (8, 256, 40), (5, 1024, 260)] {
-            let x: Vec<f32> = (0..rows * k).map(|_| (next() % 2001 - 1000) as f32 / 500.0).collect();
-            let q: Vec<i8> = (0..n * k).map(|_| (next() % 255 - 127) as i8).collect();
-            let s: Vec<f32> = (0..n).map(|_| (next() % 1000 + 1) as f32 / 1e5).collect();
-            let mut want = vec![0f64; rows * n];
-            for r in 0..rows {
-                for c in 0..n {
-                    let dot: f64 = (0..k).map(|t| f64::from(q[c * k + t]) * f64::from(x[r * k + t])).sum();
-                    want[r * n + c] = dot * f64::from(s[c]);
+        let mut g = Lcg(7);
+        for (rows, k, n) in [(1, 64, 8), (1, 1024, 300), (3, 96, 513), (8, 256, 40), (5, 1056, 260), (13, 160, 300)] {
+            let x: Vec<f32> = (0..rows * k).map(|_| (g.next() % 2001 - 1000) as f32 / 500.0).collect();
+            let f: Vec<f32> = (0..n * k).map(|_| (g.next() % 2001 - 1000) as f32 / 1e4).collect();
+            let h: Vec<u16> = f.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let q: Vec<i8> = (0..n * k).map(|_| (g.next() % 255 - 127) as i8).collect();
+            let s: Vec<f32> = (0..n).map(|_| (g.next() % 1000 + 1) as f32 / 1e5).collect();
+            let codes: Vec<u8> = (0..n * k / 2).map(|_| (g.next() % 256) as u8).collect();
+            // f16 scales 2^-10 .. 2^-3 (exponents 5..12, any mantissa).
+            let s4: Vec<u16> =
+                (0..n * k / 32).map(|_| (((g.next() % 8 + 5) << 10) | (g.next() % 1024)) as u16).collect();
+            let bias: Vec<f32> = (0..n).map(|_| (g.next() % 200 - 100) as f32 / 100.0).collect();
+            let formats = [
+                Weights::F32(&f),
+                Weights::Bf16(&h),
+                Weights::Int8 { q: &q, scales: &s },
+                Weights::Int4 { codes: &codes, scales: &s4 },
+            ];
+            for w in formats {
+                let mut want = vec![0f64; rows * n];
+                for r in 0..rows {
+                    for c in 0..n {
+                        let dot: f64 = (0..k).map(|t| f64::from(w.at(k, c, t)) * f64::from(x[r * k + t])).sum();
+                        want[r * n + c] = dot * f64::from(w.channel_scale(c)) + f64::from(bias[c]);
+                    }
                 }
-            }
-            for threads in [1, 2, 3] {
+                let check = |y: &[f32], what: &str| {
+                    for (i, (&a, &b)) in y.iter().zip(&want).enumerate() {
+                        assert!(
+                            (f64::from(a) - b).abs() <= 1e-4 * b.abs().max(1.0),
+                            "{what} {rows}x{k}x{n} [{i}]: {a} vs {b}"
+                        );
+                    }
+                };
+                for threads in [1, 2, 3] {
+                    let mut y = vec![0f32; rows * n];
+                    product(&x, rows, k, n, w, Some(&bias), &mut y, threads).unwrap();
+                    check(&y, &format!("{threads} threads"));
+                }
                 let mut y = vec![0f32; rows * n];
-                int8_product(&x, rows, k, &q, &s, &mut y, threads);
-                for (i, (&a, &b)) in y.iter().zip(&want).enumerate() {
-                    assert!((f64::from(a) - b).abs() <= 1e-4 * b.abs().max(1.0), "{rows}x{k}x{n} [{i}]: {a} vs {b}");
-                }
+                let o = Operands { x: &x, rows, k, w, bias: Some(&bias), y: SendPtr(y.as_mut_ptr()), n };
+                // SAFETY: y has rows * n floats; the slices hold what `product` checks.
+                unsafe { plain(&o, 0, n) };
+                check(&y, "plain");
             }
-            let mut y = vec![0f32; rows * n];
-            // SAFETY: y has rows * n floats; the slices hold rows x k, n x k and n.
-            let o = Operands { x: &x, rows, k, q: &q, s: &s, y: SendPtr(y.as_mut_ptr()), n };
-            unsafe { plain(&o, 0, n) };
-            for (&a, &b) in y.iter().zip(&want) {
-                assert!((f64::from(a) - b).abs() <= 1e-4 * b.abs().max(1.0));
-            }
+        }
+    }
+
+    /// The int4 decoding against hand-made bytes, and f16 patterns against their values.
+    #[test]
+    fn int4_codes_and_f16_scales_decode() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        // Group 0 of a 32-input channel: input j in byte j's low nibble, 16 + j in its high.
+        let codes: Vec<u8> = (0..16u8).map(|j| j | (15 - j) << 4).collect();
+        let scales = [0x3800u16]; // 0.5
+        let w = Weights::Int4 { codes: &codes, scales: &scales };
+        for j in 0..16 {
+            assert_eq!(w.at(32, 0, j), (j as f32 - 8.0) * 0.5);
+            assert_eq!(w.at(32, 0, 16 + j), (7.0 - j as f32) * 0.5);
         }
     }
 }

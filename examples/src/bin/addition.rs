@@ -4,7 +4,7 @@
 //! ```text
 //! addition 123+456 70+8          answer these sums
 //! addition                       a few sums, then the held-out accuracy and tokens/s
-//! addition --heldout [--json]    only the held-out evaluation (--int8: int8 weights)
+//! addition --heldout [--json]    only the held-out evaluation (--int8, --int4: quantized weights)
 //! addition --serve [PORT]         serve the typed model over the OpenAI API (default 8000)
 //! ```
 
@@ -137,11 +137,17 @@ fn run() -> Result<()> {
     }
     let json = args.iter().any(|a| a == "--json");
     let heldout_only = args.iter().any(|a| a == "--heldout");
-    let quantize = if args.iter().any(|a| a == "--int8") { Quantize::Int8 } else { Quantize::None };
-    let known = ["--json", "--heldout", "--int8"];
+    let quantize = if args.iter().any(|a| a == "--int8") {
+        Quantize::Int8
+    } else if args.iter().any(|a| a == "--int4") {
+        Quantize::Int4
+    } else {
+        Quantize::None
+    };
+    let known = ["--json", "--heldout", "--int8", "--int4"];
     if let Some(flag) = args.iter().find(|a| a.starts_with("--") && !known.contains(&a.as_str())) {
         return Err(Error::InvalidArgument(format!(
-            "unknown flag {flag}: use sums like 123+456, --heldout, --json or --serve [PORT]"
+            "unknown flag {flag}: use sums like 123+456, --heldout, --json, --int8, --int4 or --serve [PORT]"
         )));
     }
     let sums: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();

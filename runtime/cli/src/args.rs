@@ -407,6 +407,8 @@ pub enum QuantizeArg {
     None,
     /// int8 weights with a scale per output channel; activations in the model's dtype.
     Int8,
+    /// int4 weights with an f16 scale per 32 inputs (int8 where the inputs are not a multiple of 32).
+    Int4,
 }
 
 impl From<QuantizeArg> for Quantize {
@@ -414,6 +416,7 @@ impl From<QuantizeArg> for Quantize {
         match a {
             QuantizeArg::None => Quantize::None,
             QuantizeArg::Int8 => Quantize::Int8,
+            QuantizeArg::Int4 => Quantize::Int4,
         }
     }
 }

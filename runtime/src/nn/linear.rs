@@ -7,81 +7,257 @@ use crate::error::{Result, named_choices};
 
 /// A projection with its weight stored transposed, `[in, out]`, as column blocks
 /// (several only for large CPU weights, see [`crate::columns`]): `y = x @ wt + b`; or,
-/// quantized, as int8 rows with a scale each ([`Packed`]), `parts` then empty.
+/// quantized, as codes with scales ([`Packed`]), `parts` then empty.
 pub struct Linear {
     pub parts: Vec<Tensor>,
     pub b: Option<Tensor>,
     pub packed: Option<Packed>,
+    /// CPU threads the project's kernel splits a few-row product over: libtorch's count at
+    /// load (or `LoadOptions::cpu_threads`), not at the call, where decode may hold
+    /// libtorch at one thread (`GenerateOptions::decode_threads`).
+    pub threads: usize,
 }
 
 /// Weight-only quantization of the projections (attention, MLP, experts, lm_head; the
-/// embedding and the norms stay in the model's dtype).
+/// embedding and the norms stay in the model's dtype). Few-row products run in the
+/// project's kernel in f32 arithmetic ([`crate::qkernel`]), prefill through BLAS on the
+/// dequantized weight.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Quantize {
     /// Weights in the model's dtype.
     #[default]
     None,
     /// int8 weights with one scale per output channel (`max |w| / 127` of its row),
-    /// computed at load; few-row products by the project's kernel in f32 arithmetic
-    /// ([`crate::qkernel`]), prefill through BLAS on the dequantized weight.
+    /// computed at load.
     Int8,
+    /// int4 weights with one f16 scale per 32 inputs of an output channel (the group's
+    /// value of largest magnitude becomes code -8), computed at load; a weight whose input
+    /// count is not a multiple of 32 is stored as int8.
+    Int4,
 }
 
-named_choices!(Quantize, "quantization", [("none", None), ("int8", Int8)]);
+named_choices!(Quantize, "quantization", [("none", None), ("int8", Int8), ("int4", Int4)]);
 
-/// An int8 weight `[out, in]` and its per-output-channel scales `[out]` (f32):
-/// `w ≈ q * scale`.
+impl Quantize {
+    /// Bytes a weight takes in this format, `None` for the model's dtype.
+    pub fn bytes_per_weight(self) -> Option<f64> {
+        match self {
+            Quantize::None => None,
+            Quantize::Int8 => Some(1.0),
+            // Half a byte, and two bytes of scale a group.
+            Quantize::Int4 => Some(0.5 + 2.0 / crate::qkernel::INT4_GROUP as f64),
+        }
+    }
+}
+
+/// A quantized weight of `[out, in]`: int8 codes `[out, in]` with f32 scales `[out]`, or
+/// int4 codes two a byte `[out, in / 2]` with f16 scales `[out, in / 32]` (the layout of
+/// [`crate::qkernel::Weights::Int4`]).
 pub struct Packed {
-    pub q: Tensor,
+    pub format: Quantize,
+    pub codes: Tensor,
     pub scales: Tensor,
+    pub outputs: i64,
+    pub inputs: i64,
 }
 
 /// Products with more rows than this (prefill) dequantize the weight and use BLAS.
 const PACKED_MAX_ROWS: i64 = 16;
 
+/// Products with at most this many rows of a dense CPU weight in the stored layout run in
+/// the project's kernel (where it is vectorized, [`crate::qkernel::vectorized`]).
+const KERNEL_MAX_ROWS: i64 = 16;
+
 impl Packed {
-    /// Symmetric per-channel int8 of `w` (`[out, in]`), scales in `w`'s dtype. A row of
-    /// zeros gets scale 1 (its codes are 0 either way).
+    /// `w` (`[out, in]`) in `format` (int8 or int4). int4 needs the inputs in whole groups
+    /// of 32; a weight with other input counts is stored as int8 instead (llama.cpp too
+    /// keeps such tensors in a wider type).
+    pub fn new(w: &Tensor, format: Quantize) -> Result<Packed> {
+        match format {
+            Quantize::Int8 => Packed::int8(w),
+            Quantize::Int4 if w.size2()?.1 % crate::qkernel::INT4_GROUP as i64 == 0 => Packed::int4(w),
+            Quantize::Int4 => Packed::int8(w),
+            Quantize::None => {
+                Err(crate::error::Error::InvalidArgument("no quantization to pack a weight in".to_owned()))
+            }
+        }
+    }
+
+    /// Symmetric per-channel int8 of `w` (`[out, in]`). A row of zeros gets scale 1 (its
+    /// codes are 0 either way).
     pub fn int8(w: &Tensor) -> Result<Packed> {
+        let (outputs, inputs) = w.size2()?;
         let f = w.f_to_kind(Kind::Float)?;
         let amax = f.f_abs()?.f_amax(&[1i64][..], true)?; // [out, 1]
         let scale = amax.f_div_scalar(127.0)?;
         let scale = scale.f_masked_fill(&scale.f_eq(0.0)?, 1.0)?;
         let q = f.f_div(&scale)?.f_round()?.f_clamp(-127.0, 127.0)?.f_to_kind(Kind::Int8)?.f_contiguous()?;
-        Ok(Packed { q, scales: scale.f_squeeze_dim(1)?.f_contiguous()? })
+        Ok(Packed {
+            format: Quantize::Int8,
+            codes: q,
+            scales: scale.f_squeeze_dim(1)?.f_contiguous()?,
+            outputs,
+            inputs,
+        })
     }
 
-    /// `x @ w^T` for `x` `[rows, in]` on the CPU, in `x`'s dtype: few rows through the
-    /// project's int8 kernel (f32 arithmetic, [`crate::qkernel`]), more through BLAS on the
+    /// Group-wise int4 of `w` (`[out, in]`, `in` a multiple of 32): in each group of 32
+    /// inputs of a channel the value of largest magnitude `m` sets the scale `d = m / -8`
+    /// (rounded to f16), and the codes are `round(w / d)` clamped to -8..7. A group of
+    /// zeros gets scale 1.
+    pub fn int4(w: &Tensor) -> Result<Packed> {
+        let group = crate::qkernel::INT4_GROUP as i64;
+        let (outputs, inputs) = w.size2()?;
+        if inputs % group != 0 {
+            return Err(crate::error::Error::InvalidArgument(format!(
+                "int4 weights need input features in multiples of {group}: this one has {inputs} \
+                 (use --quantize int8)"
+            )));
+        }
+        let f = w.f_to_kind(Kind::Float)?.f_reshape([outputs, inputs / group, group])?;
+        let at = f.f_abs()?.f_argmax(-1, true)?;
+        let m = f.f_gather(-1, &at, false)?; // [out, groups, 1]
+        let d = m.f_div_scalar(-8.0)?.f_to_kind(Kind::Half)?.f_to_kind(Kind::Float)?;
+        let d = d.f_masked_fill(&d.f_eq(0.0)?, 1.0)?;
+        let q = f.f_div(&d)?.f_round()?.f_clamp(-8.0, 7.0)?.f_add_scalar(8.0)?.f_to_kind(Kind::Uint8)?;
+        let lo = q.f_narrow(2, 0, group / 2)?;
+        let hi = q.f_narrow(2, group / 2, group / 2)?;
+        let codes = lo.f_bitwise_or_tensor(&hi.f_bitwise_left_shift_tensor_scalar(4)?)?;
+        let codes = codes.f_reshape([outputs, inputs / 2])?.f_contiguous()?;
+        let scales = d.f_reshape([outputs, inputs / group])?.f_to_kind(Kind::Half)?.f_contiguous()?;
+        Ok(Packed { format: Quantize::Int4, codes, scales, outputs, inputs })
+    }
+
+    /// The kernel's view of the codes and scales.
+    ///
+    /// # Safety
+    /// The slices borrow `self`'s tensors' memory; they are contiguous CPU tensors of the
+    /// kinds and sizes `int8`/`int4` made.
+    unsafe fn weights(&self) -> crate::qkernel::Weights<'_> {
+        // cannot wrap: sizes of allocated tensors.
+        let (n, k) = (self.outputs as usize, self.inputs as usize);
+        // SAFETY: as this function's contract.
+        unsafe {
+            match self.format {
+                Quantize::Int4 => crate::qkernel::Weights::Int4 {
+                    codes: std::slice::from_raw_parts(self.codes.data_ptr() as *const u8, n * k / 2),
+                    scales: std::slice::from_raw_parts(
+                        self.scales.data_ptr() as *const u16,
+                        n * k / crate::qkernel::INT4_GROUP,
+                    ),
+                },
+                _ => crate::qkernel::Weights::Int8 {
+                    q: std::slice::from_raw_parts(self.codes.data_ptr() as *const i8, n * k),
+                    scales: std::slice::from_raw_parts(self.scales.data_ptr() as *const f32, n),
+                },
+            }
+        }
+    }
+
+    /// `x @ w^T + b` for `x` `[rows, in]` on the CPU, in `x`'s dtype: few rows through the
+    /// project's kernel (f32 arithmetic, [`crate::qkernel`]), more through BLAS on the
     /// dequantized weight.
-    pub fn product(&self, x: &Tensor) -> Result<Tensor> {
-        let (outputs, inputs) = self.q.size2()?;
+    pub fn product(&self, x: &Tensor, b: Option<&Tensor>, threads: usize) -> Result<Tensor> {
         let rows = x.size2()?.0;
         if rows > PACKED_MAX_ROWS || x.device() != Device::Cpu {
-            return Ok(x.f_matmul(&self.dequantized(x.kind())?.f_transpose(0, 1)?)?);
+            let y = x.f_matmul(&self.dequantized(x.kind())?.f_transpose(0, 1)?)?;
+            return Ok(match b {
+                Some(b) => y.f_add(b)?,
+                None => y,
+            });
         }
-        let xf = x.f_to_kind(Kind::Float)?.f_contiguous()?;
-        let y = Tensor::f_empty([rows, outputs], (Kind::Float, Device::Cpu))?;
-        // cannot wrap: sizes of allocated tensors.
-        let (r, k, n) = (rows as usize, inputs as usize, outputs as usize);
-        // SAFETY: each tensor is contiguous on the CPU with the dtype and element count
-        // given (xf f32 [r, k], q int8 [n, k], scales f32 [n], y f32 [r, n], built or
-        // checked above), alive for the call, and y is written by nothing else meanwhile.
-        unsafe {
-            let xs = std::slice::from_raw_parts(xf.data_ptr() as *const f32, r * k);
-            let qs = std::slice::from_raw_parts(self.q.data_ptr() as *const i8, n * k);
-            let ss = std::slice::from_raw_parts(self.scales.data_ptr() as *const f32, n);
-            let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, r * n);
-            let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
-            crate::qkernel::int8_product(xs, r, k, qs, ss, ys, threads);
-        }
-        Ok(if x.kind() == Kind::Float { y } else { y.f_to_kind(x.kind())? })
+        // SAFETY: the codes and scales are what `weights` requires, alive for the call.
+        kernel_product(x, unsafe { self.weights() }, self.outputs, b, threads)
     }
 
     /// The weight the codes stand for, `[out, in]`, in `kind`.
     pub fn dequantized(&self, kind: Kind) -> Result<Tensor> {
+        if self.format == Quantize::Int4 {
+            let group = crate::qkernel::INT4_GROUP as i64;
+            let (n, k) = (self.outputs, self.inputs);
+            let c = self.codes.f_reshape([n, k / group, group / 2])?;
+            let lo = c.f_bitwise_and(15)?;
+            let hi = c.f_bitwise_right_shift_tensor_scalar(4)?;
+            let q = Tensor::f_cat(&[lo, hi], 2)?.f_to_kind(Kind::Float)?.f_sub_scalar(8.0)?;
+            let s = self.scales.f_to_kind(Kind::Float)?.f_unsqueeze(2)?;
+            return Ok(q.f_mul(&s)?.f_reshape([n, k])?.f_to_kind(kind)?);
+        }
         let scales = self.scales.f_to_kind(Kind::Float)?.f_unsqueeze(1)?;
-        Ok(self.q.f_to_kind(Kind::Float)?.f_mul(&scales)?.f_to_kind(kind)?)
+        Ok(self.codes.f_to_kind(Kind::Float)?.f_mul(&scales)?.f_to_kind(kind)?)
+    }
+}
+
+/// `x @ w^T + b` through the project's kernel: `x` `[rows, in]` on the CPU, `w` `[outputs,
+/// in]` in one of the kernel's formats; the result in `x`'s dtype, rounded once from f32.
+fn kernel_product(
+    x: &Tensor,
+    w: crate::qkernel::Weights,
+    outputs: i64,
+    b: Option<&Tensor>,
+    threads: usize,
+) -> Result<Tensor> {
+    let (rows, inputs) = x.size2()?;
+    let xf = x.f_to_kind(Kind::Float)?.f_contiguous()?;
+    let bf = b.map(|b| b.f_to_kind(Kind::Float)?.f_contiguous()).transpose()?;
+    let y = Tensor::f_empty([rows, outputs], (Kind::Float, Device::Cpu))?;
+    // cannot wrap: sizes of allocated tensors.
+    let (r, k, n) = (rows as usize, inputs as usize, outputs as usize);
+    // SAFETY: each tensor is contiguous on the CPU with the dtype and element count given
+    // (xf f32 [r, k], bf f32 [n], y f32 [r, n], made above), alive for the call, and y is
+    // written by nothing else meanwhile; `product` checks the lengths.
+    unsafe {
+        let xs = std::slice::from_raw_parts(xf.data_ptr() as *const f32, r * k);
+        let bs = bf.as_ref().map(|b| std::slice::from_raw_parts(b.data_ptr() as *const f32, n));
+        let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, r * n);
+        crate::qkernel::product(xs, r, k, n, w, bs, ys, threads)?;
+    }
+    Ok(if x.kind() == Kind::Float { y } else { y.f_to_kind(x.kind())? })
+}
+
+/// Whether `w` (`[in, out]`) is the transposed view of a contiguous `[out, in]` tensor
+/// (read from its strides: no libtorch call).
+fn stored_layout(w: &Tensor) -> bool {
+    let size = w.size();
+    size.len() == 2 && w.stride() == [1, size[0]]
+}
+
+/// `x @ w^T` (`x` `[rows, in]`, `w` `[out, in]` contiguous, both f32 or both bf16, on the
+/// CPU) through the project's kernel, its plain path where the vector one is missing: the
+/// few-row product of a stored-layout weight (`headcount-dev products` times it).
+pub fn kernel_product_dense(x: &Tensor, w: &Tensor, threads: usize) -> Result<Tensor> {
+    let (outputs, inputs) = w.size2()?;
+    let w = w.f_contiguous()?;
+    // cannot wrap: sizes of an allocated tensor.
+    let len = (outputs * inputs) as usize;
+    if x.kind() != w.kind() || x.device() != Device::Cpu || w.device() != Device::Cpu {
+        return Err(crate::error::Error::InvalidArgument(
+            "the kernel's operands must share a dtype, on the CPU".to_owned(),
+        ));
+    }
+    // SAFETY: `w` is a contiguous CPU tensor of `len` elements of its kind, alive here.
+    let weights = unsafe {
+        match w.kind() {
+            Kind::Float => crate::qkernel::Weights::F32(std::slice::from_raw_parts(w.data_ptr() as *const f32, len)),
+            Kind::BFloat16 => {
+                crate::qkernel::Weights::Bf16(std::slice::from_raw_parts(w.data_ptr() as *const u16, len))
+            }
+            k => return Err(crate::error::Error::InvalidArgument(format!("the kernel has no {k:?} weights"))),
+        }
+    };
+    kernel_product(x, weights, outputs, None, threads)
+}
+
+/// Whether libtorch's half-precision matrix products on this CPU are emulated (no AVX-512
+/// BF16, which every CPU with AMX has too): they then run far below f32's (docs/PERFORMANCE.md), and products with
+/// many rows of a bf16 weight go through f32 instead.
+fn half_gemm_is_emulated() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        !std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -98,23 +274,37 @@ impl Linear {
         quantize: Quantize,
     ) -> Result<Linear> {
         debug_assert_ne!(layout, WeightLayout::Auto, "resolved by `build` for the shard's device");
-        if quantize == Quantize::Int8 {
-            return Ok(Linear { parts: Vec::new(), b, packed: Some(Packed::int8(w)?) });
+        let threads = threads.unwrap_or_else(|| usize::try_from(tch::get_num_threads()).unwrap_or(1)).max(1);
+        if quantize != Quantize::None {
+            return Ok(Linear { parts: Vec::new(), b, packed: Some(Packed::new(w, quantize)?), threads });
         }
         if layout == WeightLayout::OutIn {
-            return Ok(Linear { parts: vec![w.f_contiguous()?.f_transpose(0, 1)?], b, packed: None });
+            return Ok(Linear { parts: vec![w.f_contiguous()?.f_transpose(0, 1)?], b, packed: None, threads });
         }
         let wt = w.f_transpose(0, 1)?.f_contiguous()?;
         let bytes = wt.numel() * wt.kind().elt_size_in_bytes();
-        let parts = crate::columns::split_columns(&wt, crate::columns::blocks_for(bytes, wt.device(), threads))?;
-        Ok(Linear { parts, b, packed: None })
+        let parts = crate::columns::split_columns(&wt, crate::columns::blocks_for(bytes, wt.device(), Some(threads)))?;
+        Ok(Linear { parts, b, packed: None, threads })
+    }
+
+    /// Whether few-row products of this projection run on the project's own CPU threads
+    /// (column blocks, or the kernel of [`crate::qkernel`]), during which libtorch's pool
+    /// should hold one thread.
+    pub fn own_threads(&self) -> bool {
+        if self.packed.is_some() || self.parts.len() > 1 {
+            return true;
+        }
+        let [w] = self.parts.as_slice() else { return false };
+        w.device() == Device::Cpu
+            && matches!(w.kind(), Kind::Float | Kind::BFloat16)
+            && stored_layout(w)
+            && crate::qkernel::vectorized()
     }
 
     /// `[in, out]`.
     pub fn shape(&self) -> Vec<i64> {
         if let Some(p) = &self.packed {
-            let s = p.q.size();
-            return vec![s[1], s[0]];
+            return vec![p.inputs, p.outputs];
         }
         let rows = self.parts.first().map_or(0, |p| p.size()[0]);
         vec![rows, self.parts.iter().map(|p| p.size()[1]).sum()]
@@ -128,16 +318,14 @@ impl Linear {
     /// (measured).
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if let Some(p) = &self.packed {
-            let (outputs, inputs) = p.q.size2()?;
             let mut shape = x.size();
             if let Some(last) = shape.last_mut() {
-                *last = outputs;
+                *last = p.outputs;
             }
-            let rows = x.f_reshape([-1, inputs])?;
-            let mut y = p.product(&rows)?.f_view(shape.as_slice())?;
-            if let Some(b) = &self.b {
-                let _ = y.f_add_(b)?;
-            }
+            let rows = x.f_reshape([-1, p.inputs])?;
+            return Ok(p.product(&rows, self.b.as_ref(), self.threads)?.f_view(shape.as_slice())?);
+        }
+        if let Some(y) = self.stored_layout_product(x)? {
             return Ok(y);
         }
         if let (Some(b), [w]) = (&self.b, self.parts.as_slice())
@@ -152,10 +340,65 @@ impl Linear {
         Ok(y)
     }
 
+    /// A few rows against one dense CPU weight in the stored layout (`[out, in]`
+    /// contiguous; `parts[0]` its transposed view) in f32 or bf16, through the project's
+    /// kernel where it is vectorized: `None` when that does not apply. Many rows of a bf16
+    /// weight where libtorch's half-precision products are emulated go through f32
+    /// (one rounding at the end either way, as libtorch's bf16 product rounds).
+    fn stored_layout_product(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let [w] = self.parts.as_slice() else { return Ok(None) };
+        let kind = x.kind();
+        if x.device() != Device::Cpu || w.kind() != kind || !matches!(kind, Kind::Float | Kind::BFloat16) {
+            return Ok(None);
+        }
+        if !stored_layout(w) || !crate::qkernel::vectorized() {
+            return Ok(None);
+        }
+        let (inputs, outputs) = w.size2()?;
+        let mut shape = x.size();
+        if let Some(last) = shape.last_mut() {
+            *last = outputs;
+        }
+        let rows = x.f_reshape([-1, inputs])?;
+        let n = rows.size2()?.0;
+        if n > KERNEL_MAX_ROWS {
+            if kind != Kind::BFloat16 || !half_gemm_is_emulated() {
+                return Ok(None);
+            }
+            let wf = w.f_to_kind(Kind::Float)?; // [in, out], the same strides
+            let xf = rows.f_to_kind(Kind::Float)?;
+            let y = match &self.b {
+                Some(b) => b.f_to_kind(Kind::Float)?.f_addmm(&xf, &wf)?,
+                None => xf.f_matmul(&wf)?,
+            };
+            return Ok(Some(y.f_to_kind(kind)?.f_view(shape.as_slice())?));
+        }
+        let ptr = w.data_ptr();
+        // cannot wrap: sizes of an allocated tensor.
+        let len = (outputs * inputs) as usize;
+        // SAFETY: `w` is the transposed view of a contiguous `[out, in]` CPU tensor of `len`
+        // elements of `kind` (checked above), alive for the call.
+        let weights = unsafe {
+            if kind == Kind::Float {
+                crate::qkernel::Weights::F32(std::slice::from_raw_parts(ptr as *const f32, len))
+            } else {
+                crate::qkernel::Weights::Bf16(std::slice::from_raw_parts(ptr as *const u16, len))
+            }
+        };
+        Ok(Some(kernel_product(&rows, weights, outputs, self.b.as_ref(), self.threads)?.f_view(shape.as_slice())?))
+    }
+
     /// `acc += x @ wt + b`, in place: one `addmm_` (the product accumulates into `acc` and
     /// rounds once) for a whole weight without bias, else the product then an in-place add.
     /// `acc` is `[.., out]` and contiguous.
     pub(crate) fn add_into(&self, x: &Tensor, acc: &Tensor) -> Result<()> {
+        // In f32 the kernel's product then an add rounds as one addmm does.
+        if x.kind() == Kind::Float
+            && let Some(y) = self.stored_layout_product(x)?
+        {
+            let _ = acc.shallow_clone().f_add_(&y)?;
+            return Ok(());
+        }
         if let (None, [w], None) = (&self.b, self.parts.as_slice(), &self.packed) {
             let (inputs, outputs) = w.size2()?;
             let _ = acc.f_view([-1, outputs])?.f_addmm_(&x.f_reshape([-1, inputs])?, w)?;
@@ -166,7 +409,7 @@ impl Linear {
     }
 
     pub(crate) fn numel(&self) -> i64 {
-        let packed = self.packed.as_ref().map_or(0, |p| p.q.numel());
+        let packed = self.packed.as_ref().map_or(0, |p| (p.outputs * p.inputs) as usize);
         let w: usize = self.parts.iter().map(Tensor::numel).sum::<usize>() + packed;
         // cannot wrap: element counts of allocated tensors fit i64.
         (w + self.b.as_ref().map_or(0, Tensor::numel)) as i64
@@ -216,3 +459,46 @@ impl WeightLayout {
 }
 
 named_choices!(WeightLayout, "weight layout", [("auto", Auto), ("in-out", InOut), ("out-in", OutIn)]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// int4 packing: every weight within half a step of its group's scale (one step for a
+    /// value past +7 steps, which clamps: the group's largest magnitude maps to -8 exactly),
+    /// and the kernel's few-row product and the dequantized BLAS product of many rows
+    /// equal to `x @ dequantized^T`; int8 likewise.
+    #[test]
+    fn packed_weights_round_trip_and_multiply() {
+        let _g = tch::no_grad_guard();
+        tch::manual_seed(3);
+        let w = Tensor::randn([70, 96], (Kind::Float, Device::Cpu)).f_mul_scalar(0.05).unwrap();
+        for format in [Quantize::Int8, Quantize::Int4] {
+            let p = Packed::new(&w, format).unwrap();
+            let dq = p.dequantized(Kind::Float).unwrap();
+            let err = (&dq - &w).abs();
+            let step = match format {
+                // The scale of each weight's group, broadcast to [70, 96].
+                Quantize::Int4 => p.scales.to_kind(Kind::Float).abs().repeat_interleave_self_int(32, 1, None),
+                _ => p.scales.unsqueeze(1).expand([70, 96], false),
+            };
+            let half = step.f_mul_scalar(0.5 + 1e-4).unwrap();
+            let clamped = w.f_div(&step).unwrap().abs().gt(7.5);
+            let allowed = half.where_self(&clamped.logical_not(), &step.f_mul_scalar(1.0 + 1e-4).unwrap());
+            let over = (err - allowed).max().double_value(&[]);
+            assert!(over <= 1e-7, "{format:?}: a weight is {over} past its bound");
+            for rows in [1, 5, 20] {
+                let x = Tensor::randn([rows, 96], (Kind::Float, Device::Cpu));
+                let want = x.matmul(&dq.transpose(0, 1));
+                let got = p.product(&x, None, 2).unwrap();
+                let d = (&got - &want).abs().max().double_value(&[]);
+                assert!(d <= 1e-4, "{format:?} {rows} rows: {d}");
+            }
+        }
+        // int4 leaves inputs that are not whole groups of 32 to int8.
+        let odd = Packed::new(&Tensor::randn([8, 80], (Kind::Float, Device::Cpu)), Quantize::Int4).unwrap();
+        assert_eq!(odd.format, Quantize::Int8);
+        let codes = Packed::int4(&w).unwrap().codes;
+        assert_eq!(codes.size(), [70, 48]);
+    }
+}

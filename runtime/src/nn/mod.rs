@@ -4,7 +4,7 @@ pub mod linear;
 pub mod norm;
 pub mod rotary;
 
-pub use linear::{Linear, Packed, Quantize, WeightLayout};
+pub use linear::{Linear, Packed, Quantize, WeightLayout, kernel_product_dense};
 pub use norm::Rounding;
 pub(crate) use norm::rms_norm;
 pub use rotary::Rope;

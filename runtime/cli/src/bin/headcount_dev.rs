@@ -200,6 +200,7 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
     let dtype: DType = a.dtype.into();
     let kind = dtype.kind();
     let _guard = tch::no_grad_guard();
+    let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
     for (name, out, inp) in weights {
         let bytes = out.saturating_mul(inp).saturating_mul(kind.elt_size_in_bytes() as i64);
         // Enough copies of the weight (and its transposed copy) to exceed the CPU's caches,
@@ -220,10 +221,15 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
             next.set((i + 1) % copies);
             i
         };
-        // int8 codes with a scale per output channel (`--quantize int8`): the project's
-        // kernel for few rows; its bandwidth below counts a byte a weight.
-        let packed: Vec<headcount_runtime::nn::Packed> =
+        // int8 codes with a scale per output channel and int4 ones with a scale per 32
+        // inputs (`--quantize int8|int4`): the project's kernel for few rows; the bandwidth
+        // below counts their codes and scales.
+        let int8: Vec<headcount_runtime::nn::Packed> =
             ws.iter().map(headcount_runtime::nn::Packed::int8).collect::<Result<_>>()?;
+        let int4: Vec<headcount_runtime::nn::Packed> = ws
+            .iter()
+            .map(|w| headcount_runtime::nn::Packed::new(w, headcount_runtime::Quantize::Int4))
+            .collect::<Result<_>>()?;
         let mut variants: Vec<(&str, Product)> = vec![
             ("in-out", Box::new(|| Ok(x.f_matmul(&wts[pick()])?))),
             ("out-in", Box::new(|| Ok(x.f_matmul(&ws[pick()].f_transpose(0, 1)?)?))),
@@ -232,7 +238,14 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
         if a.rows == 1 {
             variants.push(("mv", Box::new(|| Ok(ws[pick()].f_mv(&xv)?))));
         }
-        variants.push(("int8", Box::new(|| packed[pick()].product(&x))));
+        // The stored layout through the project's kernel (what few-row products of f32 and
+        // bf16 weights in the out-in layout run).
+        if matches!(kind, Kind::Float | Kind::BFloat16) {
+            variants
+                .push(("kernel", Box::new(|| headcount_runtime::nn::kernel_product_dense(&x, &ws[pick()], threads))));
+        }
+        variants.push(("int8", Box::new(|| int8[pick()].product(&x, None, threads))));
+        variants.push(("int4", Box::new(|| int4[pick()].product(&x, None, threads))));
         let wt = &wts[0];
         let reference = x.f_matmul(wt)?.f_to_kind(Kind::Float)?.f_reshape([-1])?;
         for (variant, f) in &variants {
@@ -261,7 +274,11 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
                 "threads": tch::get_num_threads(),
                 "variant": variant,
                 "ms": median * 1e3,
-                "weight_gb_s": if *variant == "int8" { (out * inp) as f64 } else { bytes as f64 } / median.max(1e-12) / 1e9,
+                "weight_gb_s": match *variant {
+                    "int8" => (out * inp) as f64,
+                    "int4" => int4[0].format.bytes_per_weight().unwrap_or(1.0) * (out * inp) as f64,
+                    _ => bytes as f64,
+                } / median.max(1e-12) / 1e9,
                 "max_rel_diff": diff,
             });
             println!("{line}");
