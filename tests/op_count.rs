@@ -14,15 +14,16 @@ use headcount_runtime::{DType, DecodeMode, Dims, LoadOptions, Rounding};
 /// partial rotary: f32 eager and static, bf16 eager and static.
 const GLM_CALLS: [i64; 4] = [26, 24, 33, 31];
 
-/// The same in half precision where the project's kernel runs the few-row products
-/// (`qkernel::vectorized`, AVX-512): each projection converts its rows to f32 (and its bias),
-/// takes an output, and converts the result back, instead of one `addmm`/`matmul`; eager
+/// The same where the project's kernel runs the few-row products (f32 and bf16 on a CPU
+/// with AVX-512, `qkernel::vectorized`, in the stored layout `auto` then picks): each
+/// projection takes its rows as a matrix, one output and a view back (and in bf16 converts
+/// rows, bias and result), instead of one `addmm`/`matmul`; f32 eager and static, bf16 eager
 /// and static.
-const GLM_KERNEL_HALF_CALLS: [i64; 2] = [48, 46];
+const GLM_KERNEL_CALLS: [i64; 4] = [33, 31, 48, 46];
 
-/// Whether half-precision projections run in the project's kernel on this CPU.
-fn half_kernel(dtype: DType) -> bool {
-    dtype != DType::F32 && dtype != DType::F16 && headcount_runtime::qkernel::vectorized()
+/// Whether the projections of `dtype` run in the project's kernel on this CPU.
+fn kernel_products(dtype: DType) -> bool {
+    dtype != DType::F16 && headcount_runtime::qkernel::vectorized()
 }
 
 /// The calls a layer of `config` makes: [`GLM_CALLS`] adjusted for its features. GLM-4's two
@@ -31,18 +32,21 @@ fn half_kernel(dtype: DType) -> bool {
 /// rotary over the whole head saves half precision's narrow to the rotated channels.
 fn expected_calls(config: &Config, dtype: DType, decode_path: &str) -> i64 {
     let half = dtype != DType::F32;
-    let kernel = half_kernel(dtype);
-    let static_path = usize::from(decode_path == "static");
-    let mut n =
-        if kernel { GLM_KERNEL_HALF_CALLS[static_path] } else { GLM_CALLS[usize::from(half) * 2 + static_path] };
+    let kernel = kernel_products(dtype);
+    let table = if kernel { GLM_KERNEL_CALLS } else { GLM_CALLS };
+    let mut n = table[usize::from(half) * 2 + usize::from(decode_path == "static")];
     let dims = Dims::new(config).unwrap();
     if config.family == Family::Glm4 {
         n += if half { 4 } else { 2 };
     }
     if !config.attention_bias {
-        // The kernel's bias conversion, or f32's in-place add, or half precision's addmm
-        // reshape and view.
-        n -= if half && !kernel { 2 } else { 1 };
+        // The kernel adds the bias itself (in bf16 after one conversion); without the
+        // kernel f32 adds it in place, half precision's addmm needs a reshape and a view.
+        n -= match (kernel, half) {
+            (true, false) => 0,
+            (true, true) | (false, false) => 1,
+            (false, true) => 2,
+        };
     }
     if half && dims.rotary_dim == dims.head_dim {
         n -= 1;
@@ -90,7 +94,7 @@ fn a_decode_layer_makes_the_calls_the_documentation_lists() {
             assert_eq!(layer.total.calls, expected_calls(&config, dtype, p.decode_path), "{what}: {listed:?}");
             // q/k/v fused, o, gate/up fused, down: libtorch products, or the kernel's (one
             // output each).
-            let kernel = half_kernel(dtype);
+            let kernel = kernel_products(dtype);
             let products = if kernel {
                 calls(layer, "aten::empty")
             } else {

@@ -214,7 +214,12 @@ fn split_weights_equal_whole_weights() {
         config.tie_word_embeddings = tied; // tied: the embedding is looked up in the split lm_head
         // Fused rounding adds split products into the residual stream with in-place adds.
         for rounding in [Rounding::Transformers, Rounding::Fused] {
-            let opts = |threads| LoadOptions { cpu_threads: Some(threads), rounding, ..Default::default() };
+            let opts = |threads| LoadOptions {
+                cpu_threads: Some(threads),
+                rounding,
+                weight_layout: WeightLayout::InOut,
+                ..Default::default()
+            };
             let whole = Glm::random(&config, &opts(1), 5).unwrap();
             let split = Glm::random(&config, &opts(2), 5).unwrap();
             assert!(split.splits_weights() && !whole.splits_weights());

@@ -320,7 +320,17 @@ impl Glm {
         }
         let kind = opts.dtype.kind();
         let dev = opts.device;
-        let layout = opts.weight_layout.resolve(opts.dtype, dev);
+        let layout = match opts.weight_layout.resolve(opts.dtype, dev) {
+            // f32 experts stack in-out blocks for one grouped product in prefill.
+            WeightLayout::OutIn
+                if opts.weight_layout == WeightLayout::Auto
+                    && opts.dtype == DType::F32
+                    && dims.config.family.is_moe() =>
+            {
+                WeightLayout::InOut
+            }
+            layout => layout,
+        };
         let shapes: std::collections::HashMap<String, Vec<i64>> = dims.weight_shapes().into_iter().collect();
         let shape = |n: &str| shapes.get(n).cloned().unwrap_or_default();
         let d = dims.head_dim;
