@@ -22,7 +22,7 @@ pub const SPLIT_MIN_BYTES: usize = 4 << 20;
 
 /// Products with more rows than this (prefill) run block after block, each with libtorch's
 /// own threads.
-const PARALLEL_MAX_ROWS: i64 = 16;
+pub(crate) const PARALLEL_MAX_ROWS: i64 = 16;
 
 /// How long a worker keeps polling for its next block after finishing one before it sleeps.
 /// A decode step's products follow each other within tens of microseconds, and waking a

@@ -109,13 +109,29 @@ pub fn product(
         "qkernel::product: slices too short for {rows} x {k} x {n}"
     );
     let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { threads.clamp(1, 8) };
-    let o = Operands { x, rows, k, w, bias, y: SendPtr(y.as_mut_ptr()), n };
+    let xsum = match w {
+        Weights::Int4 { .. } => group_sums(x, rows, k),
+        _ => Vec::new(),
+    };
+    let o = Operands { x, rows, k, w, bias, y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum };
     crate::columns::parallel(blocks, &move |b: usize| {
         let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
         // SAFETY: the blocks' channel ranges are disjoint, so no two write the same y
         // element, and `y` outlives every block (`parallel` waits for them all).
         unsafe { channels(&o, lo, hi) };
     })
+}
+
+/// Each row's sums of `x` over groups of [`INT4_GROUP`] inputs, `[rows, k / 32]`, and 16
+/// zeros after (the vector path reads sixteen groups at a time).
+fn group_sums(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
+    let groups = k / INT4_GROUP;
+    let mut sums = vec![0f32; rows * groups + 16];
+    for (i, s) in sums.iter_mut().take(rows * groups).enumerate() {
+        let (r, g) = (i / groups, i % groups);
+        *s = x[r * k + g * INT4_GROUP..r * k + (g + 1) * INT4_GROUP].iter().sum();
+    }
+    sums
 }
 
 /// Whether this CPU runs the kernel's vector path (else plain Rust, far slower: callers
@@ -141,6 +157,10 @@ struct Operands<'a> {
     bias: Option<&'a [f32]>,
     y: SendPtr,
     n: usize,
+    /// For int4: each row's sum of x over each group of 32 inputs (`[rows, k / 32]`, then
+    /// 16 zeros), so that the unsigned codes' offset of 8 comes off once a channel:
+    /// `Σ (c - 8) s x = Σ c s x - 8 Σ_g s_g xsum_g`. Empty otherwise.
+    xsum: &'a [f32],
 }
 
 impl Operands<'_> {
@@ -314,12 +334,10 @@ mod x86 {
         }
     }
 
-    /// Groups whose f16 scales are widened at a time, on the stack.
-    const SCALE_CHUNK: usize = 256;
-
     /// Channel `c` of rows `r..r + G` of int4 weights: each group's 16 bytes are widened
-    /// once into its low and high nibbles, the two halves' products summed, then scaled by
-    /// the group's scale (widened from f16 sixteen at a time).
+    /// once into its low and high nibbles (unsigned, 0..15), the two halves' products
+    /// summed, then scaled by the group's scale (widened from f16 sixteen at a time); the
+    /// codes' offset of 8 comes off at the end, through the rows' group sums.
     ///
     /// # Safety
     /// AVX-512 F and BW; `o.w` is int4; `r + G <= rows`, `c < n`, the slices as
@@ -331,24 +349,25 @@ mod x86 {
         let groups = k / super::INT4_GROUP;
         let first = c * groups;
         let xp = o.x.as_ptr().wrapping_add(r * k);
-        let (low, eight) = (_mm512_set1_epi32(15), _mm512_set1_epi32(8));
+        let low = _mm512_set1_epi32(15);
         let mut acc = [_mm512_setzero_ps(); G];
-        let mut wide = [0f32; SCALE_CHUNK];
+        // Σ_g s_g xsum_g a row, sixteen groups a lane.
+        let mut offset = [_mm512_setzero_ps(); G];
+        let mut wide = [0f32; 16];
         let mut g0 = 0;
         while g0 < groups {
-            let len = (groups - g0).min(SCALE_CHUNK);
-            let mut i = 0;
-            while i < len {
-                let mut h = [0u16; 16];
-                let m = (len - i).min(16);
-                h[..m].copy_from_slice(&scales[first + g0 + i..first + g0 + i + m]);
-                // SAFETY: 16 halves read from, 16 floats written into, arrays of that size
-                // (the widened chunk has room: SCALE_CHUNK is a multiple of 16).
-                unsafe {
-                    let v = _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast()));
-                    _mm512_storeu_ps(wide.as_mut_ptr().add(i), v);
-                }
-                i += 16;
+            let len = (groups - g0).min(16);
+            let mut h = [0u16; 16];
+            h[..len].copy_from_slice(&scales[first + g0..first + g0 + len]);
+            // SAFETY: 16 halves read from, 16 floats written into, arrays of that size.
+            let sv = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast())) };
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(wide.as_mut_ptr(), sv) };
+            for (j, off) in offset.iter_mut().enumerate() {
+                // SAFETY: row r + j's sums from group g0, 16 of them: the sums of later
+                // rows or the 16 zeros after the last row (scales past `len` are 0).
+                let xs = unsafe { _mm512_loadu_ps(o.xsum.as_ptr().add((r + j) * groups + g0)) };
+                *off = _mm512_fmadd_ps(sv, xs, *off);
             }
             for (gi, &s) in wide[..len].iter().enumerate() {
                 let g = g0 + gi;
@@ -356,8 +375,8 @@ mod x86 {
                 _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD).cast());
                 // SAFETY: group g of channel c: its 16 bytes lie inside the codes.
                 let v = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(at.cast()) });
-                let lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, low), eight));
-                let hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32::<4>(v), eight));
+                let lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
+                let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(v));
                 let s = _mm512_set1_ps(s);
                 let t = g * super::INT4_GROUP;
                 for (j, a) in acc.iter_mut().enumerate() {
@@ -370,9 +389,10 @@ mod x86 {
             }
             g0 += len;
         }
-        for (j, a) in acc.iter().enumerate() {
+        for (j, (a, off)) in acc.iter().zip(&offset).enumerate() {
+            let dot = _mm512_reduce_add_ps(*a) - 8.0 * _mm512_reduce_add_ps(*off);
             // SAFETY: r + j < rows and c < n.
-            unsafe { o.put(r + j, c, _mm512_reduce_add_ps(*a)) };
+            unsafe { o.put(r + j, c, dot) };
         }
     }
 
@@ -501,7 +521,8 @@ mod tests {
                     check(&y, &format!("{threads} threads"));
                 }
                 let mut y = vec![0f32; rows * n];
-                let o = Operands { x: &x, rows, k, w, bias: Some(&bias), y: SendPtr(y.as_mut_ptr()), n };
+                let xsum = if matches!(w, Weights::Int4 { .. }) { group_sums(&x, rows, k) } else { Vec::new() };
+                let o = Operands { x: &x, rows, k, w, bias: Some(&bias), y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum };
                 // SAFETY: y has rows * n floats; the slices hold what `product` checks.
                 unsafe { plain(&o, 0, n) };
                 check(&y, "plain");

@@ -286,10 +286,10 @@ fn choose_path(model: &Glm, mode: DecodeMode) -> Result<(DecodePath, Option<Stri
 }
 
 /// Sets libtorch's intra-op thread count until dropped, then restores it.
-struct IntraOpThreads(i32);
+pub(super) struct IntraOpThreads(i32);
 
 impl IntraOpThreads {
-    fn set(n: i32) -> IntraOpThreads {
+    pub(super) fn set(n: i32) -> IntraOpThreads {
         let previous = tch::get_num_threads();
         tch::set_num_threads(n);
         IntraOpThreads(previous)
