@@ -79,15 +79,51 @@ impl Weights<'_> {
 
 /// An f16 bit pattern as f32 (every f16, subnormals included, is exactly an f32).
 pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
-    let exp = i32::from((h >> 10) & 0x1f);
-    let man = f32::from(h & 0x3ff);
+    let (sign, exp, man) = (u32::from(h & 0x8000) << 16, u32::from((h >> 10) & 0x1f), u32::from(h & 0x3ff));
     match exp {
-        0 => sign * man * 2f32.powi(-24),
-        31 if man == 0.0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        e => sign * (1.0 + man / 1024.0) * 2f32.powi(e - 15),
+        // Normal: rebias the exponent (15 to 127) and widen the mantissa.
+        1..=30 => f32::from_bits(sign | ((exp + 112) << 23) | (man << 13)),
+        0 => {
+            let v = man as f32 * 2f32.powi(-24);
+            if sign != 0 { -v } else { v }
+        }
+        _ if man == 0 => f32::from_bits(sign | 0x7f80_0000),
+        _ => f32::NAN,
     }
+}
+
+/// The weight int4 codes and scales stand for, `[n, k]` row-major f32, into `out`: one pass,
+/// the channels split over `threads` blocks (prefill dequantizes each weight before BLAS).
+pub fn dequantize_int4(
+    codes: &[u8],
+    scales: &[u16],
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    threads: usize,
+) -> Result<()> {
+    let groups = k / INT4_GROUP;
+    assert!(
+        k.is_multiple_of(INT4_GROUP) && codes.len() >= n * k / 2 && scales.len() >= n * groups && out.len() >= n * k,
+        "qkernel::dequantize_int4: slices too short for {n} x {k}"
+    );
+    let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { threads.clamp(1, 8) };
+    let y = SendPtr(out.as_mut_ptr());
+    crate::columns::parallel(blocks, &move |b: usize| {
+        let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
+        for g in lo * groups..hi * groups {
+            let s = f16_to_f32(scales[g]);
+            let bytes = &codes[g * 16..g * 16 + 16];
+            // SAFETY: group g's 32 outputs lie inside `out` (checked above), and the blocks'
+            // channel ranges, so their groups, are disjoint.
+            let dst = unsafe { std::slice::from_raw_parts_mut(y.get().add(g * INT4_GROUP), INT4_GROUP) };
+            let (low, high) = dst.split_at_mut(16);
+            for ((l, h), &byte) in low.iter_mut().zip(high.iter_mut()).zip(bytes) {
+                *l = (f32::from(byte & 15) - 8.0) * s;
+                *h = (f32::from(byte >> 4) - 8.0) * s;
+            }
+        }
+    })
 }
 
 /// `y = x @ w^T * scale + bias`: `x` `[rows, k]`, `w` `[n, k]`, `bias` `[n]` when given,
@@ -527,6 +563,36 @@ mod tests {
                 unsafe { plain(&o, 0, n) };
                 check(&y, "plain");
             }
+        }
+    }
+
+    /// The one-pass dequantization equals the kernel's own decoding of every weight, and
+    /// the fast f16 widening equals libtorch's on every f16 pattern.
+    #[test]
+    fn int4_dequantization_and_every_f16_widen_exactly() {
+        let mut g = Lcg(11);
+        let (n, k) = (300, 96);
+        let codes: Vec<u8> = (0..n * k / 2).map(|_| (g.next() % 256) as u8).collect();
+        let scales: Vec<u16> =
+            (0..n * k / 32).map(|_| (((g.next() % 8 + 5) << 10) | (g.next() % 1024)) as u16).collect();
+        let w = Weights::Int4 { codes: &codes, scales: &scales };
+        for threads in [1, 2] {
+            let mut out = vec![0f32; n * k];
+            dequantize_int4(&codes, &scales, n, k, &mut out, threads).unwrap();
+            for c in 0..n {
+                for t in 0..k {
+                    assert_eq!(out[c * k + t], w.at(k, c, t), "[{c}, {t}]");
+                }
+            }
+        }
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let theirs = tch::Tensor::from_slice(&all.iter().map(|&h| h as i16).collect::<Vec<_>>())
+            .view_dtype(tch::Kind::Half)
+            .to_kind(tch::Kind::Float);
+        let theirs = Vec::<f32>::try_from(&theirs).unwrap();
+        for (&h, &t) in all.iter().zip(&theirs) {
+            let ours = f16_to_f32(h);
+            assert!(ours.to_bits() == t.to_bits() || (ours.is_nan() && t.is_nan()), "{h:#06x}: {ours} vs {t}");
         }
     }
 

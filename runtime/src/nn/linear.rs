@@ -160,7 +160,23 @@ impl Packed {
     pub fn product(&self, x: &Tensor, b: Option<&Tensor>, threads: usize) -> Result<Tensor> {
         let rows = x.size2()?.0;
         if rows > PACKED_MAX_ROWS || x.device() != Device::Cpu {
-            let y = x.f_matmul(&self.dequantized(x.kind())?.f_transpose(0, 1)?)?;
+            let y = if x.kind() == Kind::Float && x.device() == Device::Cpu {
+                // Into this thread's reused buffer: a fresh allocation a product costs a
+                // page fault every 4 KB of the weight.
+                SCRATCH.with(|cell| -> Result<Tensor> {
+                    let mut cell = cell.borrow_mut();
+                    let need = self.outputs * self.inputs;
+                    if cell.as_ref().is_none_or(|t| (t.numel() as i64) < need) {
+                        *cell = Some(Tensor::f_empty([need], (Kind::Float, Device::Cpu))?);
+                    }
+                    let Some(buf) = cell.as_ref() else { return Err(crate::error::Error::Torch("no scratch".into())) };
+                    let w = buf.f_narrow(0, 0, need)?.f_view([self.outputs, self.inputs])?;
+                    self.dequantize_into(&w)?;
+                    Ok(x.f_matmul(&w.f_transpose(0, 1)?)?)
+                })?
+            } else {
+                x.f_matmul(&self.dequantized(x.kind())?.f_transpose(0, 1)?)?
+            };
             return Ok(match b {
                 Some(b) => y.f_add(b)?,
                 None => y,
@@ -172,19 +188,44 @@ impl Packed {
 
     /// The weight the codes stand for, `[out, in]`, in `kind`.
     pub fn dequantized(&self, kind: Kind) -> Result<Tensor> {
-        if self.format == Quantize::Int4 {
-            let group = crate::qkernel::INT4_GROUP as i64;
-            let (n, k) = (self.outputs, self.inputs);
-            let c = self.codes.f_reshape([n, k / group, group / 2])?;
-            let lo = c.f_bitwise_and(15)?;
-            let hi = c.f_bitwise_right_shift_tensor_scalar(4)?;
-            let q = Tensor::f_cat(&[lo, hi], 2)?.f_to_kind(Kind::Float)?.f_sub_scalar(8.0)?;
-            let s = self.scales.f_to_kind(Kind::Float)?.f_unsqueeze(2)?;
-            return Ok(q.f_mul(&s)?.f_reshape([n, k])?.f_to_kind(kind)?);
-        }
-        let scales = self.scales.f_to_kind(Kind::Float)?.f_unsqueeze(1)?;
-        Ok(self.codes.f_to_kind(Kind::Float)?.f_mul(&scales)?.f_to_kind(kind)?)
+        let w = Tensor::f_empty([self.outputs, self.inputs], (Kind::Float, Device::Cpu))?;
+        self.dequantize_into(&w)?;
+        Ok(if kind == Kind::Float { w } else { w.f_to_kind(kind)? })
     }
+
+    /// Writes the weight the codes stand for into `w` (f32 `[out, in]`, contiguous, on the
+    /// CPU): int4 in one pass of the project's code, int8 as a conversion and an in-place
+    /// multiply.
+    fn dequantize_into(&self, w: &Tensor) -> Result<()> {
+        let (n, k) = (self.outputs, self.inputs);
+        if w.size() != [n, k] || w.kind() != Kind::Float || !w.is_contiguous() || w.device() != Device::Cpu {
+            return Err(crate::error::Error::InvalidArgument(format!("dequantizing {n} x {k} into {:?}", w.size())));
+        }
+        if self.format == Quantize::Int4 {
+            // cannot wrap: sizes of allocated tensors.
+            let (nu, ku) = (n as usize, k as usize);
+            let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
+            // SAFETY: the codes (uint8 [n, k / 2]) and scales (f16 [n, k / 32]) are contiguous
+            // CPU tensors made by `int4`; `w` is a contiguous CPU f32 [n, k] (checked above)
+            // that nothing else reads or writes during the call.
+            unsafe {
+                let codes = std::slice::from_raw_parts(self.codes.data_ptr() as *const u8, nu * ku / 2);
+                let groups = nu * ku / crate::qkernel::INT4_GROUP;
+                let scales = std::slice::from_raw_parts(self.scales.data_ptr() as *const u16, groups);
+                let out = std::slice::from_raw_parts_mut(w.data_ptr() as *mut f32, nu * ku);
+                crate::qkernel::dequantize_int4(codes, scales, nu, ku, out, threads)?;
+            }
+            return Ok(());
+        }
+        w.shallow_clone().f_copy_(&self.codes)?;
+        let _ = w.shallow_clone().f_mul_(&self.scales.f_unsqueeze(1)?)?;
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// A buffer for dequantized weights, reused by every prefill product of this thread.
+    static SCRATCH: std::cell::RefCell<Option<Tensor>> = const { std::cell::RefCell::new(None) };
 }
 
 /// `x @ w^T + b` through the project's kernel: `x` `[rows, in]` on the CPU, `w` `[outputs,
