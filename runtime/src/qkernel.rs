@@ -111,6 +111,13 @@ pub fn dequantize_int4(
     let y = SendPtr(out.as_mut_ptr());
     crate::columns::parallel(blocks, &move |b: usize| {
         let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
+        #[cfg(target_arch = "x86_64")]
+        if vectorized() {
+            // SAFETY: the features were detected; groups lo * groups..hi * groups lie inside
+            // the slices (checked above) and are this block's own.
+            unsafe { x86::dequantize_int4(codes, scales, lo * groups..hi * groups, y.get()) };
+            return;
+        }
         for g in lo * groups..hi * groups {
             let s = f16_to_f32(scales[g]);
             let bytes = &codes[g * 16..g * 16 + 16];
@@ -429,6 +436,28 @@ mod x86 {
             let dot = _mm512_reduce_add_ps(*a) - 8.0 * _mm512_reduce_add_ps(*off);
             // SAFETY: r + j < rows and c < n.
             unsafe { o.put(r + j, c, dot) };
+        }
+    }
+
+    /// Groups `range` of int4 codes and scales as f32 weights at `out` (32 a group).
+    ///
+    /// # Safety
+    /// AVX-512 F and BW; the groups lie inside `codes` (16 bytes each) and `scales`, and
+    /// `out` has room for 32 floats a group from `32 * range.start` on, written by nothing
+    /// else meanwhile.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn dequantize_int4(codes: &[u8], scales: &[u16], range: std::ops::Range<usize>, out: *mut f32) {
+        let (low, eight) = (_mm512_set1_epi32(15), _mm512_set1_epi32(8));
+        for g in range {
+            // SAFETY: as this function's contract.
+            unsafe {
+                let s = _mm512_cvtph_ps(_mm256_set1_epi16(*scales.get_unchecked(g) as i16));
+                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(codes.as_ptr().add(g * 16).cast()));
+                let lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, low), eight));
+                let hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32::<4>(v), eight));
+                _mm512_storeu_ps(out.add(g * 32), _mm512_mul_ps(lo, s));
+                _mm512_storeu_ps(out.add(g * 32 + 16), _mm512_mul_ps(hi, s));
+            }
         }
     }
 

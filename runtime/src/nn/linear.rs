@@ -204,7 +204,9 @@ impl Packed {
         if self.format == Quantize::Int4 {
             // cannot wrap: sizes of allocated tensors.
             let (nu, ku) = (n as usize, k as usize);
-            let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
+            // On the calling thread only: a worker polling after its block would take a core
+            // from the BLAS threads of the product that follows.
+            let threads = 1;
             // SAFETY: the codes (uint8 [n, k / 2]) and scales (f16 [n, k / 32]) are contiguous
             // CPU tensors made by `int4`; `w` is a contiguous CPU f32 [n, k] (checked above)
             // that nothing else reads or writes during the call.
