@@ -11,7 +11,7 @@
 //! otherwise; the output channels are split over threads, the first block on the calling
 //! thread and the others on the persistent workers of [`crate::columns::parallel`].
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Output channels below which a product stays on one thread (a hand-off costs more).
 const SPLIT_MIN_CHANNELS: usize = 256;
@@ -92,50 +92,36 @@ pub fn f16_to_f32(h: u16) -> f32 {
     }
 }
 
-/// The weight int4 codes and scales stand for, `[n, k]` row-major f32, into `out`: one pass,
-/// the channels split over `threads` blocks (prefill dequantizes each weight before BLAS).
-pub fn dequantize_int4(
-    codes: &[u8],
-    scales: &[u16],
-    n: usize,
-    k: usize,
-    out: &mut [f32],
-    threads: usize,
-) -> Result<()> {
-    let groups = k / INT4_GROUP;
-    assert!(
-        k.is_multiple_of(INT4_GROUP) && codes.len() >= n * k / 2 && scales.len() >= n * groups && out.len() >= n * k,
-        "qkernel::dequantize_int4: slices too short for {n} x {k}"
-    );
-    let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { threads.clamp(1, 8) };
-    let y = SendPtr(out.as_mut_ptr());
-    crate::columns::parallel(blocks, &move |b: usize| {
-        let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
-        #[cfg(target_arch = "x86_64")]
-        if vectorized() {
-            // SAFETY: the features were detected; groups lo * groups..hi * groups lie inside
-            // the slices (checked above) and are this block's own.
-            unsafe { x86::dequantize_int4(codes, scales, lo * groups..hi * groups, y.get()) };
-            return;
+/// The weight int4 codes and scales stand for, `[n, k]` row-major f32, into `out`, in one
+/// pass on the calling thread (prefill dequantizes each weight before BLAS; a worker still
+/// polling after a block would take a core from the BLAS threads that follow). An error if
+/// the slices do not hold an `[n, k]` weight.
+pub fn dequantize_int4(codes: &[u8], scales: &[u16], n: usize, k: usize, out: &mut [f32]) -> Result<()> {
+    if !(Weights::Int4 { codes, scales }).holds(n, k) || out.len() < n * k {
+        return Err(Error::InvalidArgument(format!("int4 codes, scales or output too short for {n} x {k}")));
+    }
+    let groups = 0..n * k / INT4_GROUP;
+    #[cfg(target_arch = "x86_64")]
+    if vectorized() {
+        // SAFETY: the features were detected; the groups lie inside the slices (checked
+        // above), and `out` is borrowed mutably here.
+        unsafe { x86::dequantize_int4(codes, scales, groups, out.as_mut_ptr()) };
+        return Ok(());
+    }
+    for g in groups {
+        let s = f16_to_f32(scales[g]);
+        let (low, high) = out[g * INT4_GROUP..(g + 1) * INT4_GROUP].split_at_mut(16);
+        for ((l, h), &byte) in low.iter_mut().zip(high.iter_mut()).zip(&codes[g * 16..g * 16 + 16]) {
+            *l = (f32::from(byte & 15) - 8.0) * s;
+            *h = (f32::from(byte >> 4) - 8.0) * s;
         }
-        for g in lo * groups..hi * groups {
-            let s = f16_to_f32(scales[g]);
-            let bytes = &codes[g * 16..g * 16 + 16];
-            // SAFETY: group g's 32 outputs lie inside `out` (checked above), and the blocks'
-            // channel ranges, so their groups, are disjoint.
-            let dst = unsafe { std::slice::from_raw_parts_mut(y.get().add(g * INT4_GROUP), INT4_GROUP) };
-            let (low, high) = dst.split_at_mut(16);
-            for ((l, h), &byte) in low.iter_mut().zip(high.iter_mut()).zip(bytes) {
-                *l = (f32::from(byte & 15) - 8.0) * s;
-                *h = (f32::from(byte >> 4) - 8.0) * s;
-            }
-        }
-    })
+    }
+    Ok(())
 }
 
 /// `y = x @ w^T * scale + bias`: `x` `[rows, k]`, `w` `[n, k]`, `bias` `[n]` when given,
 /// `y` `[rows, n]`, all row-major; `threads` blocks of output channels at most. An error if
-/// a worker thread failed.
+/// the slices are too short for the sizes or a worker thread failed.
 #[allow(clippy::too_many_arguments)]
 pub fn product(
     x: &[f32],
@@ -147,10 +133,9 @@ pub fn product(
     y: &mut [f32],
     threads: usize,
 ) -> Result<()> {
-    assert!(
-        x.len() >= rows * k && w.holds(n, k) && y.len() >= rows * n && bias.is_none_or(|b| b.len() >= n),
-        "qkernel::product: slices too short for {rows} x {k} x {n}"
-    );
+    if !(x.len() >= rows * k && w.holds(n, k) && y.len() >= rows * n && bias.is_none_or(|b| b.len() >= n)) {
+        return Err(Error::InvalidArgument(format!("kernel operands too short for {rows} x {k} x {n}")));
+    }
     let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { threads.clamp(1, 8) };
     let xsum = match w {
         Weights::Int4 { .. } => group_sums(x, rows, k),
@@ -605,15 +590,14 @@ mod tests {
         let scales: Vec<u16> =
             (0..n * k / 32).map(|_| (((g.next() % 8 + 5) << 10) | (g.next() % 1024)) as u16).collect();
         let w = Weights::Int4 { codes: &codes, scales: &scales };
-        for threads in [1, 2] {
-            let mut out = vec![0f32; n * k];
-            dequantize_int4(&codes, &scales, n, k, &mut out, threads).unwrap();
-            for c in 0..n {
-                for t in 0..k {
-                    assert_eq!(out[c * k + t], w.at(k, c, t), "[{c}, {t}]");
-                }
+        let mut out = vec![0f32; n * k];
+        dequantize_int4(&codes, &scales, n, k, &mut out).unwrap();
+        for c in 0..n {
+            for t in 0..k {
+                assert_eq!(out[c * k + t], w.at(k, c, t), "[{c}, {t}]");
             }
         }
+        assert!(dequantize_int4(&codes, &scales, n + 1, k, &mut out).is_err());
         let all: Vec<u16> = (0..=u16::MAX).collect();
         let theirs = tch::Tensor::from_slice(&all.iter().map(|&h| h as i16).collect::<Vec<_>>())
             .view_dtype(tch::Kind::Half)

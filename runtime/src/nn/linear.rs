@@ -61,12 +61,10 @@ pub struct Packed {
     pub inputs: i64,
 }
 
-/// Products with more rows than this (prefill) dequantize the weight and use BLAS.
-const PACKED_MAX_ROWS: i64 = 16;
-
-/// Products with at most this many rows of a dense CPU weight in the stored layout run in
-/// the project's kernel (where it is vectorized, [`crate::qkernel::vectorized`]).
-const KERNEL_MAX_ROWS: i64 = 16;
+/// Products with at most this many rows run in the project's kernel (quantized weights,
+/// and dense CPU weights in the stored layout where it is vectorized); more rows (prefill)
+/// go through BLAS. The same bound as column blocks' own threads.
+const KERNEL_MAX_ROWS: i64 = crate::columns::PARALLEL_MAX_ROWS;
 
 impl Packed {
     /// `w` (`[out, in]`) in `format` (int8 or int4). int4 needs the inputs in whole groups
@@ -159,18 +157,19 @@ impl Packed {
     /// dequantized weight.
     pub fn product(&self, x: &Tensor, b: Option<&Tensor>, threads: usize) -> Result<Tensor> {
         let rows = x.size2()?.0;
-        if rows > PACKED_MAX_ROWS || x.device() != Device::Cpu {
+        if rows > KERNEL_MAX_ROWS || x.device() != Device::Cpu {
             let y = if x.kind() == Kind::Float && x.device() == Device::Cpu {
                 // Into this thread's reused buffer: a fresh allocation a product costs a
                 // page fault every 4 KB of the weight.
                 SCRATCH.with(|cell| -> Result<Tensor> {
                     let mut cell = cell.borrow_mut();
                     let need = self.outputs * self.inputs;
-                    if cell.as_ref().is_none_or(|t| (t.numel() as i64) < need) {
-                        *cell = Some(Tensor::f_empty([need], (Kind::Float, Device::Cpu))?);
-                    }
-                    let Some(buf) = cell.as_ref() else { return Err(crate::error::Error::Torch("no scratch".into())) };
+                    let buf = match cell.take() {
+                        Some(t) if t.numel() as i64 >= need => t,
+                        _ => Tensor::f_empty([need], (Kind::Float, Device::Cpu))?,
+                    };
                     let w = buf.f_narrow(0, 0, need)?.f_view([self.outputs, self.inputs])?;
+                    *cell = Some(buf);
                     self.dequantize_into(&w)?;
                     Ok(x.f_matmul(&w.f_transpose(0, 1)?)?)
                 })?
@@ -204,18 +203,13 @@ impl Packed {
         if self.format == Quantize::Int4 {
             // cannot wrap: sizes of allocated tensors.
             let (nu, ku) = (n as usize, k as usize);
-            // On the calling thread only: a worker polling after its block would take a core
-            // from the BLAS threads of the product that follows.
-            let threads = 1;
-            // SAFETY: the codes (uint8 [n, k / 2]) and scales (f16 [n, k / 32]) are contiguous
-            // CPU tensors made by `int4`; `w` is a contiguous CPU f32 [n, k] (checked above)
-            // that nothing else reads or writes during the call.
+            // SAFETY: the codes and scales are what `weights` requires; `w` is a contiguous
+            // CPU f32 [n, k] (checked above) that nothing else reads or writes meanwhile.
             unsafe {
-                let codes = std::slice::from_raw_parts(self.codes.data_ptr() as *const u8, nu * ku / 2);
-                let groups = nu * ku / crate::qkernel::INT4_GROUP;
-                let scales = std::slice::from_raw_parts(self.scales.data_ptr() as *const u16, groups);
-                let out = std::slice::from_raw_parts_mut(w.data_ptr() as *mut f32, nu * ku);
-                crate::qkernel::dequantize_int4(codes, scales, nu, ku, out, threads)?;
+                if let crate::qkernel::Weights::Int4 { codes, scales } = self.weights() {
+                    let out = std::slice::from_raw_parts_mut(w.data_ptr() as *mut f32, nu * ku);
+                    crate::qkernel::dequantize_int4(codes, scales, nu, ku, out)?;
+                }
             }
             return Ok(());
         }
@@ -272,28 +266,40 @@ fn stored_layout(w: &Tensor) -> bool {
     size.len() == 2 && w.stride() == [1, size[0]]
 }
 
+/// The kernel's view of a dense f32 or bf16 CPU weight whose memory is `[out, in]`
+/// contiguous from its data pointer (`None` for other dtypes).
+///
+/// # Safety
+/// `w` is on the CPU and its data pointer starts `outputs * inputs` contiguous elements of
+/// its kind; the slices borrow that memory for `w`'s lifetime.
+unsafe fn dense_weights(w: &Tensor, outputs: i64, inputs: i64) -> Option<crate::qkernel::Weights<'_>> {
+    // cannot wrap: sizes of an allocated tensor.
+    let len = (outputs * inputs) as usize;
+    let ptr = w.data_ptr();
+    // SAFETY: as this function's contract.
+    unsafe {
+        match w.kind() {
+            Kind::Float => Some(crate::qkernel::Weights::F32(std::slice::from_raw_parts(ptr as *const f32, len))),
+            Kind::BFloat16 => Some(crate::qkernel::Weights::Bf16(std::slice::from_raw_parts(ptr as *const u16, len))),
+            _ => None,
+        }
+    }
+}
+
 /// `x @ w^T` (`x` `[rows, in]`, `w` `[out, in]` contiguous, both f32 or both bf16, on the
 /// CPU) through the project's kernel, its plain path where the vector one is missing: the
 /// few-row product of a stored-layout weight (`headcount-dev products` times it).
 pub fn kernel_product_dense(x: &Tensor, w: &Tensor, threads: usize) -> Result<Tensor> {
     let (outputs, inputs) = w.size2()?;
     let w = w.f_contiguous()?;
-    // cannot wrap: sizes of an allocated tensor.
-    let len = (outputs * inputs) as usize;
     if x.kind() != w.kind() || x.device() != Device::Cpu || w.device() != Device::Cpu {
         return Err(crate::error::Error::InvalidArgument(
             "the kernel's operands must share a dtype, on the CPU".to_owned(),
         ));
     }
-    // SAFETY: `w` is a contiguous CPU tensor of `len` elements of its kind, alive here.
-    let weights = unsafe {
-        match w.kind() {
-            Kind::Float => crate::qkernel::Weights::F32(std::slice::from_raw_parts(w.data_ptr() as *const f32, len)),
-            Kind::BFloat16 => {
-                crate::qkernel::Weights::Bf16(std::slice::from_raw_parts(w.data_ptr() as *const u16, len))
-            }
-            k => return Err(crate::error::Error::InvalidArgument(format!("the kernel has no {k:?} weights"))),
-        }
+    // SAFETY: `w` is a contiguous CPU tensor of `outputs * inputs` elements, alive here.
+    let Some(weights) = (unsafe { dense_weights(&w, outputs, inputs) }) else {
+        return Err(crate::error::Error::InvalidArgument(format!("the kernel has no {:?} weights", w.kind())));
     };
     kernel_product(x, weights, outputs, None, threads)
 }
@@ -345,11 +351,18 @@ impl Linear {
         if self.packed.is_some() || self.parts.len() > 1 {
             return true;
         }
-        let [w] = self.parts.as_slice() else { return false };
-        w.device() == Device::Cpu
+        self.kernel_weight().is_some()
+    }
+
+    /// The one dense weight the kernel reads for few rows: f32 or bf16 on the CPU, in the
+    /// stored layout, where the kernel is vectorized.
+    fn kernel_weight(&self) -> Option<&Tensor> {
+        let [w] = self.parts.as_slice() else { return None };
+        (w.device() == Device::Cpu
             && matches!(w.kind(), Kind::Float | Kind::BFloat16)
             && stored_layout(w)
-            && crate::qkernel::vectorized()
+            && crate::qkernel::vectorized())
+        .then_some(w)
     }
 
     /// `[in, out]`.
@@ -397,12 +410,9 @@ impl Linear {
     /// weight where libtorch's half-precision products are emulated go through f32
     /// (one rounding at the end either way, as libtorch's bf16 product rounds).
     fn stored_layout_product(&self, x: &Tensor) -> Result<Option<Tensor>> {
-        let [w] = self.parts.as_slice() else { return Ok(None) };
+        let Some(w) = self.kernel_weight() else { return Ok(None) };
         let kind = x.kind();
-        if x.device() != Device::Cpu || w.kind() != kind || !matches!(kind, Kind::Float | Kind::BFloat16) {
-            return Ok(None);
-        }
-        if !stored_layout(w) || !crate::qkernel::vectorized() {
+        if x.device() != Device::Cpu || w.kind() != kind {
             return Ok(None);
         }
         let (inputs, outputs) = w.size2()?;
@@ -424,18 +434,9 @@ impl Linear {
             };
             return Ok(Some(y.f_to_kind(kind)?.f_view(shape.as_slice())?));
         }
-        let ptr = w.data_ptr();
-        // cannot wrap: sizes of an allocated tensor.
-        let len = (outputs * inputs) as usize;
-        // SAFETY: `w` is the transposed view of a contiguous `[out, in]` CPU tensor of `len`
-        // elements of `kind` (checked above), alive for the call.
-        let weights = unsafe {
-            if kind == Kind::Float {
-                crate::qkernel::Weights::F32(std::slice::from_raw_parts(ptr as *const f32, len))
-            } else {
-                crate::qkernel::Weights::Bf16(std::slice::from_raw_parts(ptr as *const u16, len))
-            }
-        };
+        // SAFETY: `w` is the transposed view of a contiguous `[out, in]` CPU tensor (checked
+        // above), alive for the call.
+        let Some(weights) = (unsafe { dense_weights(w, outputs, inputs) }) else { return Ok(None) };
         Ok(Some(kernel_product(&rows, weights, outputs, self.b.as_ref(), self.threads)?.f_view(shape.as_slice())?))
     }
 
