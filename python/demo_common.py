@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 MODEL_DIR = Path("examples/addition/model")
 
@@ -32,6 +32,11 @@ def build_tokenizer() -> Tokenizer:
     # Concatenate tokens on decode instead of joining them with spaces.
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(SPECIALS)
+    # Text is encoded with <bos> first, as the model was trained: transformers' tokenizer
+    # (add_special_tokens=True, its default) and headcount serve both take it from here.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B:1", special_tokens=[(BOS, BOS_ID)]
+    )
     return tok
 
 
@@ -62,10 +67,11 @@ def tokenizer_config() -> dict:
 
 def check_tokenizer(tok: Tokenizer) -> None:
     text = "12+34="
-    ids = tok.encode(text).ids
+    ids = tok.encode(text, add_special_tokens=False).ids
     assert len(ids) == len(text), (text, ids)
     assert tok.decode(ids) == text, tok.decode(ids)
-    ids = tok.encode("<bos>907+95=1002<eos>").ids
+    assert tok.encode(text).ids == [BOS_ID] + ids
+    ids = tok.encode("<bos>907+95=1002<eos>", add_special_tokens=False).ids
     assert ids[0] == BOS_ID and ids[-1] == EOS_ID and len(ids) == 1 + 11 + 1, ids
     assert tok.decode(ids, skip_special_tokens=True) == "907+95=1002"
     assert tok.token_to_id(PAD) == PAD_ID and tok.get_vocab_size() == 16
@@ -95,7 +101,8 @@ def greedy_answers(model, tok: Tokenizer, pairs, batch_size: int = 250) -> list[
 
 @torch.no_grad()
 def greedy_answers_for_prompts(model, tok: Tokenizer, prompts: list[str], batch_size: int = 250) -> list[str]:
-    """transformers' greedy generate on "<bos>" + prompt, max 5 new tokens, stop at <eos>.
+    """transformers' greedy generate on the tokenized prompt (the tokenizer puts <bos> first),
+    max 5 new tokens, stop at <eos>.
 
     Prompts go in batches of batch_size, left-padded with <pad> and an attention_mask
     (batch_size=1: one by one, no padding). The answer is the decoded text before the first
@@ -104,7 +111,7 @@ def greedy_answers_for_prompts(model, tok: Tokenizer, prompts: list[str], batch_
     model.eval()
     out: list[str] = []
     for start in range(0, len(prompts), batch_size):
-        chunk = [[BOS_ID] + tok.encode(p).ids for p in prompts[start : start + batch_size]]
+        chunk = [tok.encode(p).ids for p in prompts[start : start + batch_size]]
         width = max(len(p) for p in chunk)
         ids = torch.full((len(chunk), width), PAD_ID, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)

@@ -90,8 +90,8 @@ def make_batch(rng: random.Random, tok, reserved: set) -> tuple[torch.Tensor, to
         if (a, b) in reserved:
             continue
         prompt, answer = problem_text(a, b)
-        p_ids = [BOS_ID] + tok.encode(prompt).ids
-        a_ids = tok.encode(answer).ids + [EOS_ID]
+        p_ids = tok.encode(prompt).ids  # <bos> first, from the tokenizer's post-processor
+        a_ids = tok.encode(answer, add_special_tokens=False).ids + [EOS_ID]
         seqs.append(p_ids + a_ids)
         # Loss only on the answer digits and <eos> (transformers shifts labels itself).
         labels.append([-100] * len(p_ids) + a_ids)

@@ -35,26 +35,13 @@ impl TextCodec {
         Ok(Some(TextCodec { inner }))
     }
 
-    /// Token ids of `text`, with the special tokens the tokenizer adds (e.g. bos).
+    /// Token ids of `text`, with the special tokens the tokenizer's post-processor adds (e.g.
+    /// bos), as transformers' tokenizer encodes by default.
     pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
         let enc = guarded(|| self.inner.encode(text, true))
             .map_err(|panic| Error::InvalidArgument(format!("cannot tokenize the prompt: {panic}")))?
             .map_err(|e| Error::InvalidArgument(format!("cannot tokenize the prompt: {e}")))?;
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
-    }
-
-    /// Token ids of a prompt for a model of `config`: [`TextCodec::encode`], then the
-    /// config's bos id first when the tokenizer did not add it (models trained with a bos
-    /// token expect it).
-    pub fn encode_prompt(&self, text: &str, config: &headcount_spec::Config) -> Result<Vec<i64>> {
-        let mut ids = self.encode(text)?;
-        // cannot wrap: a valid config's ids are below vocab_size, which fits i64.
-        if let Some(bos) = config.bos_token_id.map(|b| b as i64)
-            && ids.first() != Some(&bos)
-        {
-            ids.insert(0, bos);
-        }
-        Ok(ids)
     }
 
     /// Text of `ids`, special tokens skipped.

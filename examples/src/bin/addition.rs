@@ -32,7 +32,6 @@ fn main() -> ExitCode {
 struct Demo {
     model: Model<AdditionGlm>,
     codec: TextCodec,
-    bos: i64,
     eos: Vec<i64>,
 }
 
@@ -42,19 +41,14 @@ impl Demo {
         let model = Model::<AdditionGlm>::load(&dir, &LoadOptions { quantize, ..Default::default() })?;
         let codec = TextCodec::from_dir(&dir)?
             .ok_or_else(|| Error::InvalidArgument(format!("{} has no tokenizer.json", dir.display())))?;
-        let bos = AdditionGlm::BOS_TOKEN_ID.unwrap_or(1) as i64;
         let eos = AdditionGlm::EOS_TOKEN_IDS.iter().map(|&i| i as i64).collect();
-        Ok(Demo { model, codec, bos, eos })
+        Ok(Demo { model, codec, eos })
     }
 
     /// Greedy answers for prompts like "123+456=", all in one left-padded batch.
     fn answer(&self, prompts: &[String]) -> Result<(Vec<String>, headcount_runtime::Generation)> {
-        let mut batch = Vec::with_capacity(prompts.len());
-        for p in prompts {
-            let mut ids = vec![self.bos];
-            ids.extend(self.codec.encode(p)?);
-            batch.push(ids);
-        }
+        // The tokenizer puts <bos> first (its post-processor), as transformers' does.
+        let batch = prompts.iter().map(|p| self.codec.encode(p)).collect::<Result<Vec<_>>>()?;
         let opts = GenerateOptions {
             max_new_tokens: MAX_NEW_TOKENS,
             sampling: Sampling::greedy(),

@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// The model's name in the API [default: --model as given].
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Origins whose browser requests are answered with CORS headers, comma-separated
+    /// (`*`: any) [default: none; preflights are refused with 403].
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
     /// --model as given (before a repo id is resolved to its folder).
     #[arg(skip)]
     pub model_name: String,

@@ -44,7 +44,7 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     }
     let model = load(&a.model, &a.runtime, quiet)?;
     let ids = match (&a.prompt, &a.ids, &codec) {
-        (Some(text), _, Some(codec)) => codec.encode_prompt(text, &model.dims.config)?,
+        (Some(text), _, Some(codec)) => codec.encode(text)?,
         (_, Some(ids), _) => ids.clone(),
         _ => return Err(Error::InvalidArgument("give --prompt or --ids".to_owned())),
     };

@@ -18,6 +18,7 @@ pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
         prefill_chunk: a.prefill_chunk,
         model_name: a.served_model_name.clone().unwrap_or_else(|| a.model_name.clone()),
         quiet,
+        allowed_origins: a.allowed_origins.clone(),
     };
     match headcount_serve::serve(model, &a.model, &opts) {
         Ok(()) => Ok(ExitCode::SUCCESS),

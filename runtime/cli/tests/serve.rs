@@ -81,7 +81,7 @@ fn expected_answers(prompts: &[String]) -> serde_json::Value {
     let eos: Vec<i64> = model.dims.config.eos_token_id.iter().map(|&i| i as i64).collect();
     let mut out = serde_json::Map::new();
     for p in prompts {
-        let ids = codec.encode_prompt(p, &model.dims.config).unwrap();
+        let ids = codec.encode(p).unwrap();
         let opts = GenerateOptions {
             max_new_tokens: 8,
             sampling: Sampling::greedy(),

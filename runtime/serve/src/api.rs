@@ -264,3 +264,150 @@ pub fn template_messages(body: &Body) -> Value {
     }
     msgs
 }
+
+/// The fields a completion request may have; any other is refused, as OpenAI refuses them.
+const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "best_of",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "echo",
+    "prompt_logprobs",
+    "seed",
+    "user",
+    "add_special_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "suffix",
+    "logit_bias",
+    "response_format",
+    "min_tokens",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+];
+
+/// The fields a chat completion request may have.
+const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "seed",
+    "user",
+    "add_special_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "logit_bias",
+    "response_format",
+    "min_tokens",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "echo",
+    "store",
+];
+
+/// Refuses what the server would otherwise ignore: a field it does not read, and a field it
+/// reads only at its neutral value (`logit_bias`, `response_format`, `tool_choice`, `suffix`,
+/// ...). Each refusal names the field and what is accepted.
+pub fn check_fields(body: &Body, chat: bool) -> Result<(), ApiError> {
+    let known = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
+    let endpoint = if chat { "/v1/chat/completions" } else { "/v1/completions" };
+    if let Some(key) = body.0.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            key.as_str(),
+            format!("{key} is not a field of {endpoint} that this server reads: leave it out"),
+        ));
+    }
+    let refuse = |key: &str, why: &str| Err(ApiError::invalid(key, format!("{key} {why}")));
+    if let Some(v) = body.get("logit_bias")
+        && !v.as_object().is_some_and(Map::is_empty)
+    {
+        return refuse("logit_bias", "is not supported by this server: leave it out or empty");
+    }
+    if let Some(v) = body.get("response_format")
+        && v.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return refuse(
+            "response_format",
+            "other than {\"type\": \"text\"} is not supported by this server: answers are not constrained to JSON",
+        );
+    }
+    match body.get("tool_choice") {
+        None => {}
+        Some(Value::String(c)) if c == "auto" || c == "none" => {}
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "tool_choice {} is not supported by this server: tool calls are not parsed from the answer, so only \"auto\" and \"none\" are accepted",
+                    shown(v)
+                ),
+            ));
+        }
+    }
+    if body.bool("parallel_tool_calls")? == Some(false) {
+        return refuse("parallel_tool_calls", "false is not supported by this server: tool calls are not parsed");
+    }
+    if body.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+        return refuse("suffix", "is not supported by this server (no insertion after the completion): leave it out");
+    }
+    if body.int("min_tokens")?.is_some_and(|m| m != 0) {
+        return refuse("min_tokens", "is not supported by this server: leave it out or at 0");
+    }
+    if body.bool("skip_special_tokens")? == Some(false) {
+        return refuse(
+            "skip_special_tokens",
+            "false is not supported by this server: special tokens are left out of text",
+        );
+    }
+    if body.bool("include_stop_str_in_output")? == Some(true) {
+        return refuse(
+            "include_stop_str_in_output",
+            "true is not supported by this server: the text ends before a stop string",
+        );
+    }
+    if chat && body.bool("echo")? == Some(true) {
+        return refuse("echo", "is not supported on chat completions: use /v1/completions with echo");
+    }
+    if body.bool("store")? == Some(true) {
+        return refuse("store", "true is not supported by this server: nothing is stored");
+    }
+    if let Some(o) = body.object("stream_options")?
+        && let Some(k) = o.keys().find(|k| !["include_usage", "continuous_usage_stats"].contains(&k.as_str()))
+    {
+        return Err(ApiError::invalid(
+            format!("stream_options.{k}"),
+            format!("stream_options.{k} is not read by this server: it takes include_usage and continuous_usage_stats"),
+        ));
+    }
+    Ok(())
+}

@@ -32,6 +32,9 @@ pub struct Job {
     pub stop_ids: Vec<i64>,
     /// Log probabilities of each chosen token and of this many most likely ones.
     pub logprobs: Option<usize>,
+    /// Log probabilities of the prompt's tokens (after the first) and of this many most
+    /// likely ones at each position, sent as [`Event::Prompt`] before any token.
+    pub prompt_logprobs: Option<usize>,
     /// Which choice of its request this is: events go out tagged with it.
     pub choice: usize,
     pub events: UnboundedSender<(usize, Event)>,
@@ -49,18 +52,24 @@ impl Job {
     }
 }
 
-/// What a job produces, in order: tokens, then one `Done` or `Failed`.
+/// What a job produces, in order: its prompt's log probabilities if asked (positions 1 to
+/// the end, over one or several events), tokens, then one `Done` or `Failed`.
 #[derive(Debug)]
 pub enum Event {
+    Prompt(Vec<TokenLogprobs>),
     Token { id: i64, logprobs: Option<TokenLogprobs> },
     Done(Finish),
     Failed(String),
 }
 
-/// The log probability of a chosen token and the most likely alternatives.
+/// The log probability of a chosen (or prompt) token and the most likely alternatives.
 #[derive(Debug, Clone)]
 pub struct TokenLogprobs {
+    /// The token scored.
+    pub id: i64,
     pub logprob: f32,
+    /// Prompt tokens: 1 + how many tokens were more likely.
+    pub rank: Option<u64>,
     pub top: Vec<(i64, f32)>,
 }
 
@@ -68,7 +77,7 @@ pub struct TokenLogprobs {
 pub enum Finish {
     /// An eos or stop id was produced.
     Stop,
-    /// `max_tokens` were produced.
+    /// `max_tokens` were produced (or, with `max_tokens` 0, the prompt was scored).
     Length,
 }
 
@@ -206,7 +215,8 @@ pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOp
 }
 
 /// Why a sequence cannot be run: an empty prompt, an id outside the vocabulary, or more
-/// positions than a cache row holds.
+/// positions than a cache row holds (`max_tokens` 0, a prompt only scored, still needs
+/// room after it).
 fn admissible(model: &Glm, j: &Job, max_model_len: usize) -> Result<(), String> {
     let vocab = model.dims.vocab as i64; // cannot wrap: the rules keep vocab_size within i64
     if j.prompt.is_empty() {
@@ -218,7 +228,7 @@ fn admissible(model: &Glm, j: &Job, max_model_len: usize) -> Result<(), String> 
             j.prompt[pos]
         ));
     }
-    if j.max_tokens == 0 || j.prompt.len() + j.max_tokens > max_model_len {
+    if j.prompt.len() + j.max_tokens.max(1) > max_model_len {
         return Err(format!(
             "the prompt ({} tokens) plus max_tokens ({}) do not fit a cache row of {max_model_len} positions",
             j.prompt.len(),
@@ -309,7 +319,8 @@ fn prefill(
             // As many waiting prompts as fit the budget padded to the longest, and the rows.
             let free = cache.rows() - running.len();
             let (mut k, mut longest) = (0, 0);
-            while k < free.min(waiting.len()) {
+            // A prompt to score goes alone, through the chunked path below.
+            while k < free.min(waiting.len()) && waiting[k].prompt_logprobs.is_none() {
                 let l = waiting[k].prompt.len().max(longest);
                 if (k + 1) * l > budget {
                     break;
@@ -339,7 +350,19 @@ fn prefill(
         let row = running.len();
         let take = (r.job.prompt.len() - r.prefilled).min(budget);
         let chunk = &r.job.prompt[r.prefilled..r.prefilled + take];
-        let logits = cache.extend(model, row, chunk);
+        let logits = match r.job.prompt_logprobs {
+            None => cache.extend(model, row, chunk),
+            Some(k) => cache.extend_scored(model, row, chunk).and_then(|all| {
+                // Row j scores prompt token prefilled + j + 1; the last row of the last
+                // chunk scores the first new token instead.
+                let targets = &r.job.prompt[r.prefilled + 1..(r.prefilled + take + 1).min(r.job.prompt.len())];
+                if !targets.is_empty() {
+                    let scored = prompt_logprobs(&all.f_narrow(0, 0, targets.len() as i64)?, targets, k)?;
+                    r.job.send(Event::Prompt(scored));
+                }
+                Ok(all.f_narrow(0, take as i64 - 1, 1)?)
+            }),
+        };
         budget -= take;
         r.prefilled += take;
         metrics.prefilled(take as u64);
@@ -355,6 +378,13 @@ fn prefill(
         if r.prefilled < r.job.prompt.len() {
             *filling = Some(r);
             return;
+        }
+        if r.job.max_tokens == 0 {
+            // Only scored: the row is free again.
+            r.job.send(Event::Done(Finish::Length));
+            metrics.finished();
+            let _ = cache.clear(model, row);
+            continue;
         }
         running.push(r);
         first_tokens(model, &logits, running, row, cache, filling, metrics);
@@ -464,10 +494,40 @@ fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Ve
                     let idx = Vec::<i64>::try_from(&idx.f_to_device(tch::Device::Cpu)?)?;
                     idx.into_iter().zip(vals).collect()
                 };
-                Some(TokenLogprobs { logprob, top })
+                Some(TokenLogprobs { id, logprob, rank: None, top })
             }
         };
         out.push((id, lp));
     }
     Ok(out)
+}
+
+/// The log probability of each of `targets` under the row of `logits` ([t, vocab] f32)
+/// before it, its rank, and the `k` most likely tokens of each row.
+fn prompt_logprobs(logits: &Tensor, targets: &[i64], k: usize) -> headcount_runtime::Result<Vec<TokenLogprobs>> {
+    let logp = logits.f_log_softmax(-1, Kind::Float)?;
+    let idx = Tensor::f_from_slice(targets)?.f_to_device(logp.device())?.f_unsqueeze(1)?;
+    let chosen = logp.f_gather(1, &idx, false)?; // [t, 1]
+    let ranks = logp.f_gt_tensor(&chosen)?.f_sum_dim_intlist(1, false, Kind::Int64)?;
+    let cpu = tch::Device::Cpu;
+    let chosen = Vec::<f32>::try_from(&chosen.f_squeeze_dim(1)?.f_to_device(cpu)?)?;
+    let ranks = Vec::<i64>::try_from(&ranks.f_to_device(cpu)?)?;
+    let k = k.min(logp.size().last().copied().unwrap_or(0).max(0) as usize);
+    let (top_vals, top_idx) = if k == 0 {
+        (Vec::new(), Vec::new())
+    } else {
+        let (vals, idx) = logp.f_topk(k as i64, -1, true, true)?;
+        let vals = Vec::<f32>::try_from(&vals.f_flatten(0, -1)?.f_to_device(cpu)?)?;
+        (vals, Vec::<i64>::try_from(&idx.f_flatten(0, -1)?.f_to_device(cpu)?)?)
+    };
+    Ok(targets
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| TokenLogprobs {
+            id,
+            logprob: chosen[i],
+            rank: Some(ranks[i] as u64 + 1),
+            top: (i * k..(i + 1) * k).filter(|&j| j < top_idx.len()).map(|j| (top_idx[j], top_vals[j])).collect(),
+        })
+        .collect())
 }

@@ -1,7 +1,7 @@
 //! The HTTP side: axum routes of the OpenAI API, request validation, and turning a request's
 //! engine events into a response or a server-sent event stream.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -10,8 +10,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -20,7 +22,7 @@ use headcount_runtime::{Sampling, TextCodec};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::api::{ApiError, Body, Prompt, check_messages, prompts, template_messages};
+use crate::api::{ApiError, Body, Prompt, check_fields, check_messages, prompts, template_messages};
 use crate::engine::{Event, Finish, Job, TokenLogprobs};
 use crate::metrics::Metrics;
 use crate::template::ChatTemplate;
@@ -40,7 +42,6 @@ pub struct AppState {
     pub max_model_len: usize,
     pub max_queue: u64,
     pub vocab: i64,
-    pub bos: Option<i64>,
     pub eos: Vec<i64>,
     /// The checkpoint's sampling defaults (generation_config.json), OpenAI's otherwise.
     pub defaults: Sampling,
@@ -48,6 +49,8 @@ pub struct AppState {
     pub accepting: AtomicBool,
     pub created: u64,
     pub next_id: AtomicU64,
+    /// Origins whose browser requests are answered with CORS headers (`*`: any).
+    pub allowed_origins: Vec<String>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -55,9 +58,82 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), cors))
         .with_state(state)
+}
+
+async fn not_found(State(s): State<Arc<AppState>>, method: Method, uri: axum::http::Uri) -> Response {
+    let e = ApiError {
+        status: 404,
+        kind: "not_found_error",
+        message: format!(
+            "{method} {} is not a route of this server: it serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+            uri.path()
+        ),
+        param: None,
+    };
+    error_response(&e, &s.metrics)
+}
+
+async fn method_not_allowed(State(s): State<Arc<AppState>>, method: Method, uri: axum::http::Uri) -> Response {
+    let e = ApiError {
+        status: 405,
+        kind: "invalid_request_error",
+        message: format!("{} does not take {method}", uri.path()),
+        param: None,
+    };
+    error_response(&e, &s.metrics)
+}
+
+/// CORS: a preflight (`OPTIONS` with an `Origin`) from an origin of `--allowed-origins` is
+/// answered `204` with what it may send, one from another origin `403` with an error object;
+/// any other request from an allowed origin gets `Access-Control-Allow-Origin`.
+async fn cors(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let origin = req.headers().get(header::ORIGIN).and_then(|o| o.to_str().ok()).map(str::to_owned);
+    let allowed = origin.as_deref().filter(|o| s.allowed_origins.iter().any(|a| a == "*" || a == o));
+    let allow_origin = allowed
+        .and_then(|o| HeaderValue::from_str(if s.allowed_origins.iter().any(|a| a == "*") { "*" } else { o }).ok());
+    if req.method() == Method::OPTIONS {
+        let mut r = match (&origin, &allow_origin) {
+            (Some(o), None) => {
+                let e = ApiError {
+                    status: 403,
+                    kind: "invalid_request_error",
+                    message: format!(
+                        "cross-origin requests from {o} are not allowed: start the server with --allowed-origins {o} (or '*')"
+                    ),
+                    param: None,
+                };
+                return error_response(&e, &s.metrics);
+            }
+            _ => StatusCode::NO_CONTENT.into_response(),
+        };
+        let h = r.headers_mut();
+        h.insert(header::ALLOW, HeaderValue::from_static("GET, POST, OPTIONS"));
+        if let Some(v) = allow_origin {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+            h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+            let asked = req.headers().get(header::ACCESS_CONTROL_REQUEST_HEADERS).cloned();
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                asked.unwrap_or_else(|| HeaderValue::from_static("authorization, content-type")),
+            );
+            h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+            h.insert(header::VARY, HeaderValue::from_static("Origin"));
+        }
+        return r;
+    }
+    let mut r = next.run(req).await;
+    if let Some(v) = allow_origin {
+        r.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+        r.headers_mut().insert(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    r
 }
 
 fn error_response(e: &ApiError, metrics: &Metrics) -> Response {
@@ -89,13 +165,26 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
 }
 
+fn model_card(s: &AppState) -> Value {
+    json!({"id": s.model_name, "object": "model", "created": s.created, "owned_by": "headcount",
+           "max_model_len": s.max_model_len})
+}
+
 async fn models(State(s): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{"id": s.model_name, "object": "model", "created": s.created, "owned_by": "headcount",
-                  "max_model_len": s.max_model_len}],
-    }))
-    .into_response()
+    axum::Json(json!({"object": "list", "data": [model_card(&s)]})).into_response()
+}
+
+async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == s.model_name {
+        return axum::Json(model_card(&s)).into_response();
+    }
+    let e = ApiError {
+        status: 404,
+        kind: "not_found_error",
+        message: format!("the model {id:?} does not exist: this server serves {:?}", s.model_name),
+        param: Some("model".into()),
+    };
+    error_response(&e, &s.metrics)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -104,12 +193,29 @@ enum Endpoint {
     Chat,
 }
 
-async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
-    answer(respond(s, body, Endpoint::Completions)).await
+async fn completions(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body {
+        Ok(body) => answer(respond(s, body, Endpoint::Completions)).await,
+        Err(e) => unreadable(&s, e),
+    }
 }
 
-async fn chat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
-    answer(respond(s, body, Endpoint::Chat)).await
+async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body {
+        Ok(body) => answer(respond(s, body, Endpoint::Chat)).await,
+        Err(e) => unreadable(&s, e),
+    }
+}
+
+/// A body that could not be read (too large, or cut off).
+fn unreadable(s: &AppState, e: BytesRejection) -> Response {
+    let e = ApiError {
+        status: e.status().as_u16(),
+        kind: "invalid_request_error",
+        message: format!("the request body cannot be read: {}", e.body_text()),
+        param: None,
+    };
+    error_response(&e, &s.metrics)
 }
 
 /// A validated request: its prompts and how to generate.
@@ -123,8 +229,25 @@ struct Plan {
     stop: Vec<String>,
     stop_ids: Vec<i64>,
     logprobs: Option<usize>,
+    /// Completions' `echo` with `logprobs`: the prompt's tokens lead `logprobs`.
+    echo_logprobs: bool,
+    /// vLLM's `prompt_logprobs`: this many most likely tokens at each prompt position.
+    prompt_logprobs: Option<usize>,
     stream: bool,
     include_usage: bool,
+    /// vLLM's `stream_options.continuous_usage_stats`: every chunk carries the usage so far.
+    continuous_usage: bool,
+}
+
+impl Plan {
+    /// The most likely tokens the engine scores at each prompt position, if any.
+    fn prompt_top(&self) -> Option<usize> {
+        let echo = self.logprobs.filter(|_| self.echo_logprobs);
+        match (echo, self.prompt_logprobs) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
+        }
+    }
 }
 
 fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
@@ -178,6 +301,7 @@ fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
                 sampling,
                 stop_ids: plan.stop_ids.clone(),
                 logprobs: plan.logprobs,
+                prompt_logprobs: plan.prompt_top(),
                 choice: c,
                 events: tx.clone(),
                 cancel,
@@ -237,6 +361,7 @@ async fn answer(r: Reply) -> Response {
 fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
     let map = Body::parse(bytes)?;
     let b = Body(&map);
+    check_fields(&b, ep == Endpoint::Chat)?;
     if let Some(m) = b.string("model")?
         && m != s.model_name
     {
@@ -248,6 +373,13 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
     let codec = s.codec.as_deref();
     let no_tokenizer = |what: &str| {
         ApiError::invalid(what, format!("this model has no tokenizer.json, so {what} cannot be text: give token ids"))
+    };
+    // vLLM's rule: a completion's text gets the special tokens the tokenizer adds (its
+    // post-processor decides), a chat's rendered template none (the template writes them).
+    let add_special = b.bool("add_special_tokens")?.unwrap_or(ep == Endpoint::Completions);
+    let encode = |c: &TextCodec, text: &str, key: &str| {
+        if add_special { c.encode(text) } else { c.encode_plain(text) }
+            .map_err(|e| ApiError::invalid(key, e.to_string()))
     };
     // The prompts as ids, and as text for echo.
     let (ids, texts): (Vec<Vec<i64>>, Vec<Option<String>>) = match ep {
@@ -261,11 +393,9 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
                             return Err(ApiError::invalid("prompt", "the prompt is empty"));
                         }
                         let c = codec.ok_or_else(|| no_tokenizer("prompt"))?;
-                        let mut v = c.encode(&t).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-                        if let Some(bos) = s.bos
-                            && v.first() != Some(&bos)
-                        {
-                            v.insert(0, bos);
+                        let v = encode(c, &t, "prompt")?;
+                        if v.is_empty() {
+                            return Err(ApiError::invalid("prompt", "the prompt tokenizes to no tokens"));
                         }
                         ids.push(v);
                         texts.push(Some(t));
@@ -311,7 +441,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
             let text = template
                 .render(&messages, tools.as_ref(), gen_prompt, &extra)
                 .map_err(|e| ApiError::invalid("messages", e))?;
-            let v = c.encode_plain(&text).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            let v = encode(c, &text, "messages")?;
             if v.is_empty() {
                 return Err(ApiError::invalid("messages", "the conversation renders to an empty prompt"));
             }
@@ -337,6 +467,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
             ));
         }
     }
+    let echo_asked = ep == Endpoint::Completions && b.bool("echo")?.unwrap_or(false);
     let max_key = if ep == Endpoint::Chat && map.get("max_completion_tokens").is_some_and(|v| !v.is_null()) {
         "max_completion_tokens"
     } else {
@@ -348,8 +479,13 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         let room = s.max_model_len - p.len();
         let m = match asked {
             None => room,
+            // With echo, max_tokens 0 scores the prompt and generates nothing (the OpenAI
+            // legacy API's way of asking for a prompt's log probabilities).
+            Some(0) if echo_asked => 0,
             Some(m) if m < 1 => {
-                return Err(ApiError::invalid(max_key, format!("{max_key} must be at least 1, not {m}")));
+                let with_echo =
+                    if ep == Endpoint::Completions { " (0 only with echo, to score the prompt)" } else { "" };
+                return Err(ApiError::invalid(max_key, format!("{max_key} must be at least 1{with_echo}, not {m}")));
             }
             Some(m) if m as u64 > room as u64 => {
                 return Err(ApiError::invalid(
@@ -370,6 +506,16 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         return Err(ApiError::invalid(
             "n",
             format!("{} prompts times n = {n} is more than {MAX_CHOICES} choices", ids.len()),
+        ));
+    }
+    if let Some(best) = b.int("best_of")?
+        && best != n as i64
+    {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!(
+                "best_of ({best}) other than n ({n}) is not supported: this server returns every choice it generates"
+            ),
         ));
     }
     let temperature = b.number("temperature")?.unwrap_or(s.defaults.temperature);
@@ -443,7 +589,8 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
             }
         }
     };
-    let echo = if ep == Endpoint::Completions && b.bool("echo")?.unwrap_or(false) {
+    let prompt_logprobs = b.int_in("prompt_logprobs", 0, MAX_TOP_LOGPROBS)?.map(|k| k as usize);
+    let echo = if echo_asked {
         if codec.is_none() {
             return Err(no_tokenizer("echo"));
         }
@@ -452,33 +599,56 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         vec![None; ids.len()]
     };
     let stream = b.bool("stream")?.unwrap_or(false);
-    let include_usage = match b.object("stream_options")? {
-        Some(o) => match o.get("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(v)) => *v,
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "stream_options.include_usage",
-                    "stream_options.include_usage must be true or false",
-                ));
-            }
-        },
-        None => false,
+    let options = b.object("stream_options")?;
+    let option = |key: &str| -> Result<bool, ApiError> {
+        match options.and_then(|o| o.get(key)) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(v)) => Ok(*v),
+            Some(_) => Err(ApiError::invalid(
+                format!("stream_options.{key}"),
+                format!("stream_options.{key} must be true or false"),
+            )),
+        }
     };
-    if include_usage && !stream {
+    let (include_usage, continuous_usage) = (option("include_usage")?, option("continuous_usage_stats")?);
+    if (include_usage || continuous_usage) && !stream {
         return Err(ApiError::invalid("stream_options", "stream_options is only allowed with stream: true"));
     }
-    Ok(Plan { prompts: ids, echo, n, max_tokens, sampling, stop, stop_ids, logprobs, stream, include_usage })
+    Ok(Plan {
+        prompts: ids,
+        echo,
+        n,
+        max_tokens,
+        sampling,
+        stop,
+        stop_ids,
+        logprobs,
+        echo_logprobs: echo_asked,
+        prompt_logprobs,
+        stream,
+        include_usage,
+        continuous_usage,
+    })
 }
 
 /// One choice's state while its events arrive.
 struct Choice {
     text: TextStream,
-    /// All text so far (non-streaming answers).
+    /// All text so far, the echoed prompt first (non-streaming answers).
     all: String,
+    /// The echoed prompt, until a stream has sent it.
+    echo: Option<String>,
+    /// Its bytes: the text offset of the first generated token.
+    echo_len: usize,
     tokens: usize,
+    /// Completions: the prompt's entries first (with `echo` and `logprobs`), then the
+    /// generated tokens'; chat: the generated tokens'.
     logprobs: Vec<Value>,
-    /// Bytes of text before each token (completions' `text_offset`).
+    /// Entries of `logprobs` that a stream has sent.
+    logprobs_sent: usize,
+    /// vLLM's `prompt_logprobs`: `null` for the first prompt token, then one object a token.
+    prompt_logprobs: Option<Vec<Value>>,
+    /// Bytes of text before the next token (completions' `text_offset`).
     offset: usize,
     finish: Option<&'static str>,
     started: bool,
@@ -494,6 +664,10 @@ struct Reader {
     id: String,
     prompt_tokens: usize,
     include_usage: bool,
+    continuous_usage: bool,
+    /// `logprobs`' count of most likely tokens, and vLLM's `prompt_logprobs` count.
+    top: usize,
+    prompt_top: usize,
     created: u64,
 }
 
@@ -506,21 +680,46 @@ impl Reader {
         ep: Endpoint,
         id: String,
     ) -> Reader {
+        let codec = s.codec.clone();
         let choices = (0..plan.prompts.len() * plan.n)
             .map(|c| {
-                let echo = plan.echo[c / plan.n].clone().unwrap_or_default();
+                let prompt = &plan.prompts[c / plan.n];
+                let echo = plan.echo[c / plan.n].clone();
+                let mut logprobs = Vec::new();
+                if echo.is_some() && plan.echo_logprobs && plan.logprobs.is_some() {
+                    // The first prompt token has no log probability: nothing comes before it.
+                    let first = piece(codec.as_deref(), prompt[0]);
+                    logprobs.push(json!({"token": first, "logprob": null, "top": null, "offset": 0}));
+                }
                 Choice {
                     text: TextStream::new(plan.stop.clone()),
-                    offset: echo.len(),
-                    all: echo,
+                    offset: 0,
+                    all: String::new(),
+                    echo_len: echo.as_ref().map_or(0, String::len),
+                    echo,
                     tokens: 0,
-                    logprobs: Vec::new(),
+                    logprobs,
+                    logprobs_sent: 0,
+                    prompt_logprobs: plan.prompt_logprobs.map(|_| vec![Value::Null]),
                     finish: None,
                     started: false,
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let mut choices = choices;
+        // Text offsets: of the prompt's second token (the first's text before it) with its
+        // entries, else of the first generated token (after the echo).
+        for (c, ch) in choices.iter_mut().enumerate() {
+            let echo = ch.echo.clone().unwrap_or_default();
+            ch.offset = if ch.logprobs.is_empty() {
+                echo.len()
+            } else {
+                let first = &plan.prompts[c / plan.n][..1];
+                codec.as_deref().and_then(|k| k.decode(first).ok()).map_or(0, |t| t.len())
+            };
+            ch.all = echo;
+        }
         Reader {
             s,
             rx,
@@ -530,6 +729,9 @@ impl Reader {
             id,
             prompt_tokens: plan.prompts.iter().map(Vec::len).sum(),
             include_usage: plan.include_usage,
+            continuous_usage: plan.continuous_usage,
+            top: plan.logprobs.unwrap_or(0),
+            prompt_top: plan.prompt_logprobs.unwrap_or(0),
             created,
         }
     }
@@ -538,22 +740,43 @@ impl Reader {
         self.choices.iter().all(|c| c.finish.is_some())
     }
 
-    /// Applies one event to its choice: the new text (empty if none), or an error.
+    /// Applies one event to its choice: the new text (`None` if the event adds none to the
+    /// answer's text), or an error.
     fn apply(&mut self, c: usize, e: Event) -> Result<Option<String>, String> {
         let codec = self.s.codec.clone();
+        let (ep, top, prompt_top) = (self.ep, self.top, self.prompt_top);
         let ch = &mut self.choices[c];
         if ch.finish.is_some() {
             return Ok(None);
         }
         match e {
+            Event::Prompt(scored) => {
+                let echoing = ep == Endpoint::Completions && ch.echo.is_some() && !ch.logprobs.is_empty();
+                for lp in &scored {
+                    if echoing {
+                        let mut lp = lp.clone();
+                        lp.top.truncate(top);
+                        ch.logprobs.push(logprob_entry(ep, codec.as_deref(), lp.id, &lp, ch.offset));
+                        ch.offset += codec.as_deref().and_then(|k| k.decode(&[lp.id]).ok()).map_or(0, |t| t.len());
+                    }
+                    if let Some(list) = &mut ch.prompt_logprobs {
+                        list.push(vllm_prompt_entry(codec.as_deref(), lp, prompt_top));
+                    }
+                }
+                Ok(None)
+            }
             Event::Token { id, logprobs } => {
+                if ch.tokens == 0 {
+                    // Generated text follows the echoed prompt.
+                    ch.offset = ch.echo_len;
+                }
                 ch.tokens += 1;
                 let (piece, stopped) = match &codec {
                     Some(codec) => ch.text.push(codec, id).map_err(|e| e.to_string())?,
                     None => (String::new(), false),
                 };
                 if let Some(lp) = logprobs {
-                    ch.logprobs.push(logprob_entry(self.ep, codec.as_deref(), id, &lp, ch.offset));
+                    ch.logprobs.push(logprob_entry(ep, codec.as_deref(), id, &lp, ch.offset));
                 }
                 ch.offset += piece.len();
                 if stopped {
@@ -582,18 +805,17 @@ impl Reader {
                "total_tokens": self.prompt_tokens + completion})
     }
 
-    fn logprobs_value(&self, c: &Choice, entries: &[Value]) -> Value {
-        if !c.logprobs.is_empty() {
-            match self.ep {
-                Endpoint::Chat => json!({"content": entries}),
-                Endpoint::Completions => {
-                    let pick = |k: &str| entries.iter().map(|e| e[k].clone()).collect::<Vec<_>>();
-                    json!({"tokens": pick("token"), "token_logprobs": pick("logprob"),
-                           "top_logprobs": pick("top"), "text_offset": pick("offset")})
-                }
+    fn logprobs_value(&self, entries: &[Value]) -> Value {
+        if entries.is_empty() {
+            return Value::Null;
+        }
+        match self.ep {
+            Endpoint::Chat => json!({"content": entries}),
+            Endpoint::Completions => {
+                let pick = |k: &str| entries.iter().map(|e| e[k].clone()).collect::<Vec<_>>();
+                json!({"tokens": pick("token"), "token_logprobs": pick("logprob"),
+                       "top_logprobs": pick("top"), "text_offset": pick("offset")})
             }
-        } else {
-            Value::Null
         }
     }
 
@@ -615,10 +837,14 @@ impl Reader {
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let lp = self.logprobs_value(c, &c.logprobs);
+                let lp = self.logprobs_value(&c.logprobs);
                 match self.ep {
                     Endpoint::Completions => {
-                        json!({"index": i, "text": c.all, "logprobs": lp, "finish_reason": c.finish})
+                        let mut v = json!({"index": i, "text": c.all, "logprobs": lp, "finish_reason": c.finish});
+                        if let Some(p) = &c.prompt_logprobs {
+                            v["prompt_logprobs"] = json!(p);
+                        }
+                        v
                     }
                     Endpoint::Chat => json!({"index": i, "message": {"role": "assistant", "content": c.all},
                                              "logprobs": lp, "finish_reason": c.finish}),
@@ -626,21 +852,24 @@ impl Reader {
             })
             .collect();
         let object = if self.ep == Endpoint::Chat { "chat.completion" } else { "text_completion" };
-        (
-            StatusCode::OK,
-            json!({"id": self.id, "object": object, "created": self.created, "model": self.s.model_name,
-                   "choices": choices, "usage": self.usage()}),
-        )
+        let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.s.model_name,
+                           "choices": choices, "usage": self.usage()});
+        if self.ep == Endpoint::Chat
+            && let Some(p) = self.choices.first().and_then(|c| c.prompt_logprobs.as_ref())
+        {
+            v["prompt_logprobs"] = json!(p);
+        }
+        (StatusCode::OK, v)
     }
 
-    /// One streamed chunk of choice `i`.
-    fn chunk(&self, i: usize, text: &str, lp: Option<Value>, finish: Option<&str>, first: bool) -> Value {
+    /// One streamed chunk of choice `i`: `text` and the log probability entries not sent yet.
+    fn chunk(&mut self, i: usize, text: &str, finish: Option<&str>) -> Value {
+        let first = !self.choices[i].started;
+        self.choices[i].started = true;
         let c = &self.choices[i];
-        let lp = match lp {
-            Some(e) => self.logprobs_value(c, std::slice::from_ref(&e)),
-            None => Value::Null,
-        };
-        let choice = match self.ep {
+        let lp = self.logprobs_value(&c.logprobs[c.logprobs_sent..]);
+        let prompt_lp = c.prompt_logprobs.as_ref().filter(|_| first).map(|p| json!(p));
+        let mut choice = match self.ep {
             Endpoint::Completions => json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish}),
             Endpoint::Chat => {
                 let delta = if first {
@@ -654,15 +883,29 @@ impl Reader {
             }
         };
         let object = if self.ep == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
+        if self.ep == Endpoint::Completions
+            && let Some(p) = &prompt_lp
+        {
+            choice["prompt_logprobs"] = p.clone();
+        }
         let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.s.model_name,
                            "choices": [choice]});
-        if self.include_usage {
+        if self.ep == Endpoint::Chat
+            && let Some(p) = prompt_lp
+        {
+            v["prompt_logprobs"] = p;
+        }
+        if self.continuous_usage {
+            v["usage"] = self.usage();
+        } else if self.include_usage {
             v["usage"] = Value::Null;
         }
+        self.choices[i].logprobs_sent = self.choices[i].logprobs.len();
         v
     }
 
-    /// The answer as server-sent events, ending with `data: [DONE]`.
+    /// The answer as server-sent events, ending with `data: [DONE]`. A choice's first chunk
+    /// carries its echoed prompt (with the prompt's log probabilities when asked).
     fn stream(self) -> impl Stream<Item = Result<Sse, Infallible>> {
         enum Phase {
             Events,
@@ -671,10 +914,10 @@ impl Reader {
             End,
         }
         futures_util::stream::unfold(
-            (self, Phase::Events, Vec::<Value>::new()),
+            (self, Phase::Events, VecDeque::<Value>::new()),
             |(mut r, mut phase, mut pending)| async move {
                 loop {
-                    if let Some(v) = pending.pop() {
+                    if let Some(v) = pending.pop_front() {
                         return Some((Ok(Sse::default().data(v.to_string())), (r, phase, pending)));
                     }
                     match phase {
@@ -683,30 +926,36 @@ impl Reader {
                         }
                         Phase::Events => {
                             let Some((c, e)) = r.rx.recv().await else {
-                                pending.push(ApiError::server("the engine stopped").json());
+                                pending.push_back(ApiError::server("the engine stopped").json());
                                 phase = Phase::Done;
                                 continue;
                             };
-                            let lp_before = r.choices[c].logprobs.len();
+                            let prompt_event = matches!(e, Event::Prompt(_));
+                            // The echoed prompt (with its entries) goes first, in a chunk of
+                            // its own, once the prompt is all scored.
+                            if !prompt_event
+                                && r.choices[c].finish.is_none()
+                                && let Some(echo) = r.choices[c].echo.take()
+                            {
+                                pending.push_back(r.chunk(c, &echo, None));
+                            }
                             match r.apply(c, e) {
+                                Ok(_) if prompt_event => {}
                                 Ok(Some(text)) => {
                                     let ch = &r.choices[c];
-                                    let lp = ch.logprobs.get(lp_before).cloned();
-                                    if text.is_empty() && lp.is_none() && ch.finish.is_none() {
+                                    let fresh_lp = ch.logprobs.len() > ch.logprobs_sent;
+                                    if text.is_empty() && !fresh_lp && ch.finish.is_none() {
                                         continue;
                                     }
-                                    let first = !ch.started;
                                     let finish = ch.finish;
-                                    let v = r.chunk(c, &text, lp, finish, first);
-                                    r.choices[c].started = true;
-                                    pending.push(v);
+                                    pending.push_back(r.chunk(c, &text, finish));
                                 }
                                 Ok(None) => {}
                                 Err(msg) => {
                                     for f in &r.cancels {
                                         f.store(true, Ordering::Relaxed);
                                     }
-                                    pending.push(ApiError::server(msg).json());
+                                    pending.push_back(ApiError::server(msg).json());
                                     phase = Phase::Done;
                                 }
                             }
@@ -714,7 +963,7 @@ impl Reader {
                         Phase::Usage => {
                             let object =
                                 if r.ep == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
-                            pending.push(json!({"id": r.id, "object": object, "created": r.created,
+                            pending.push_back(json!({"id": r.id, "object": object, "created": r.created,
                                             "model": r.s.model_name, "choices": [], "usage": r.usage()}));
                             phase = Phase::Done;
                         }
@@ -729,29 +978,44 @@ impl Reader {
     }
 }
 
+/// A token's text for log probabilities: what it decodes to, else its vocabulary string
+/// (a special token), else `<id>`.
+fn piece(codec: Option<&TextCodec>, t: i64) -> String {
+    codec
+        .and_then(|c| c.decode(&[t]).ok().filter(|s| !s.is_empty()).or_else(|| c.token(t)))
+        .unwrap_or_else(|| format!("<{t}>"))
+}
+
 /// One token's log probabilities as the endpoint writes them.
 fn logprob_entry(ep: Endpoint, codec: Option<&TextCodec>, id: i64, lp: &TokenLogprobs, offset: usize) -> Value {
-    let piece = |t: i64| -> String {
-        codec
-            .and_then(|c| c.decode(&[t]).ok().filter(|s| !s.is_empty()).or_else(|| c.token(t)))
-            .unwrap_or_else(|| format!("<{t}>"))
-    };
-    let token = piece(id);
+    let token = piece(codec, id);
     match ep {
         Endpoint::Chat => {
             let top: Vec<Value> = lp
                 .top
                 .iter()
                 .map(|&(t, l)| {
-                    let s = piece(t);
+                    let s = piece(codec, t);
                     json!({"token": s, "logprob": l, "bytes": s.as_bytes()})
                 })
                 .collect();
             json!({"token": token, "logprob": lp.logprob, "bytes": token.as_bytes(), "top_logprobs": top})
         }
         Endpoint::Completions => {
-            let top: serde_json::Map<String, Value> = lp.top.iter().map(|&(t, l)| (piece(t), json!(l))).collect();
+            let top: serde_json::Map<String, Value> =
+                lp.top.iter().map(|&(t, l)| (piece(codec, t), json!(l))).collect();
             json!({"token": token, "logprob": lp.logprob, "top": top, "offset": offset})
         }
     }
+}
+
+/// A prompt token's entry of vLLM's `prompt_logprobs`: the token and the `k` most likely,
+/// each by id with its log probability, rank (1 = most likely) and text.
+fn vllm_prompt_entry(codec: Option<&TextCodec>, lp: &TokenLogprobs, k: usize) -> Value {
+    let mut m = serde_json::Map::new();
+    for (rank, &(t, l)) in lp.top.iter().take(k).enumerate() {
+        m.insert(t.to_string(), json!({"logprob": l, "rank": rank + 1, "decoded_token": piece(codec, t)}));
+    }
+    m.insert(lp.id.to_string(), json!({"logprob": lp.logprob, "rank": lp.rank, "decoded_token": piece(codec, lp.id)}));
+    Value::Object(m)
 }

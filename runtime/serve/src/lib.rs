@@ -51,6 +51,8 @@ pub struct ServeOptions {
     pub model_name: String,
     /// Print nothing but errors.
     pub quiet: bool,
+    /// Origins whose browser requests get CORS headers (`*`: any); none by default.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServeOptions {
@@ -64,6 +66,7 @@ impl Default for ServeOptions {
             prefill_chunk: 512,
             model_name: "model".into(),
             quiet: false,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -100,7 +103,6 @@ pub fn serve(model: Glm, dir: &Path, opts: &ServeOptions) -> Result<(), ServeErr
             eos.push(id);
         }
     }
-    let bos = config.bos_token_id.map(|b| b as i64);
     let vocab = model.dims.vocab as i64;
     let cache = SlotCache::new(&model, opts.max_batch, max_model_len)?;
     let metrics = Arc::new(Metrics::default());
@@ -119,13 +121,13 @@ pub fn serve(model: Glm, dir: &Path, opts: &ServeOptions) -> Result<(), ServeErr
         max_model_len,
         max_queue: opts.max_queue as u64,
         vocab,
-        bos,
         eos,
         defaults: generation.sampling,
         metrics,
         accepting: AtomicBool::new(true),
         created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         next_id: AtomicU64::new(1),
+        allowed_origins: opts.allowed_origins.clone(),
     });
     // A client that closes its connection must not end the server on a write to it.
     // SAFETY: setting a signal's disposition to ignore, before the HTTP threads start.

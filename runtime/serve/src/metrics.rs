@@ -1,6 +1,7 @@
 //! The server's counters, shared by the HTTP side and the engine, and their Prometheus text
 //! form (`GET /metrics`).
 
+use std::collections::VecDeque;
 use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +12,8 @@ const TTFT_BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 
 /// Decode throughput is averaged over this window.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// Tokens are counted in slices of the window this long.
+const RATE_SLICE: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 pub struct Metrics {
@@ -40,12 +43,43 @@ struct Histogram {
     sum: f64,
 }
 
-/// Tokens produced in the current and the previous window.
-#[derive(Default)]
+/// Tokens produced in each slice of the last window (oldest first): when each slice
+/// began, and its tokens. Read at scrape time, so an idle server's rate falls to 0.
 struct Rate {
-    start: Option<Instant>,
-    tokens: u64,
-    previous: Option<(u64, Duration)>,
+    created: Instant,
+    slices: VecDeque<(Instant, u64)>,
+}
+
+impl Default for Rate {
+    fn default() -> Self {
+        Rate { created: Instant::now(), slices: VecDeque::new() }
+    }
+}
+
+impl Rate {
+    fn add(&mut self, now: Instant, n: u64) {
+        match self.slices.back_mut() {
+            Some((start, tokens)) if now.saturating_duration_since(*start) < RATE_SLICE => *tokens += n,
+            _ => self.slices.push_back((now, n)),
+        }
+        self.forget(now);
+    }
+
+    /// Drops the slices that ended before the window reaching back from `now`.
+    fn forget(&mut self, now: Instant) {
+        while self.slices.front().is_some_and(|&(start, _)| now.saturating_duration_since(start) > RATE_WINDOW) {
+            self.slices.pop_front();
+        }
+    }
+
+    /// Tokens a second over the window up to `now` (or since the server started, if that is
+    /// shorter).
+    fn per_second(&mut self, now: Instant) -> f64 {
+        self.forget(now);
+        let tokens: u64 = self.slices.iter().map(|&(_, n)| n).sum();
+        let span = now.saturating_duration_since(self.created).min(RATE_WINDOW).max(RATE_SLICE);
+        tokens as f64 / span.as_secs_f64()
+    }
 }
 
 impl Metrics {
@@ -78,14 +112,7 @@ impl Metrics {
     pub fn generated(&self, n: u64) {
         self.generated_tokens.fetch_add(n, Ordering::Relaxed);
         if let Ok(mut r) = self.rate.lock() {
-            let now = Instant::now();
-            let start = *r.start.get_or_insert(now);
-            if now.duration_since(start) >= RATE_WINDOW {
-                r.previous = Some((r.tokens, now.duration_since(start)));
-                r.start = Some(now);
-                r.tokens = 0;
-            }
-            r.tokens += n;
+            r.add(Instant::now(), n);
         }
     }
     pub fn decoded(&self) {
@@ -104,18 +131,18 @@ impl Metrics {
         }
     }
 
-    /// Tokens produced a second, over the last full window (or the current one).
-    fn tokens_per_second(&self) -> f64 {
-        let Ok(r) = self.rate.lock() else { return 0.0 };
-        match (r.previous, r.start) {
-            (Some((t, d)), _) => t as f64 / d.as_secs_f64().max(1e-9),
-            (None, Some(s)) => r.tokens as f64 / s.elapsed().as_secs_f64().max(1e-3),
-            _ => 0.0,
-        }
+    /// Tokens produced a second over the window reaching back from `now`.
+    fn tokens_per_second(&self, now: Instant) -> f64 {
+        self.rate.lock().map(|mut r| r.per_second(now)).unwrap_or(0.0)
     }
 
     /// The Prometheus text exposition of every counter.
     pub fn render(&self) -> String {
+        self.render_at(Instant::now())
+    }
+
+    /// [`Metrics::render`] as of `now` (rates are computed for that instant).
+    pub fn render_at(&self, now: Instant) -> String {
         let mut out = String::new();
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, String)]| {
@@ -155,7 +182,7 @@ impl Metrics {
             "headcount_generation_tokens_per_second",
             "gauge",
             "Tokens generated a second over the last 10 s.",
-            &[(String::new(), format!("{:.3}", self.tokens_per_second()))],
+            &[(String::new(), format!("{:.3}", self.tokens_per_second(now)))],
         );
         if let Ok(h) = self.ttft.lock() {
             let mut lines: Vec<(String, String)> = TTFT_BUCKETS
@@ -174,5 +201,33 @@ impl Metrics {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(text: &str) -> f64 {
+        let line = text.lines().find(|l| l.starts_with("headcount_generation_tokens_per_second ")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn the_token_rate_falls_to_zero_once_a_window_passes_without_tokens() {
+        let m = Metrics::default();
+        let t0 = Instant::now();
+        for _ in 0..500 {
+            m.generated(2);
+        }
+        let busy = rate(&m.render_at(t0 + Duration::from_secs(10)));
+        assert!((busy - 100.0).abs() < 1e-9, "1000 tokens in the last 10 s read {busy}/s");
+        assert_eq!(rate(&m.render_at(t0 + Duration::from_secs(11))), 0.0, "an idle window still reads a rate");
+        assert_eq!(rate(&m.render_at(t0 + Duration::from_secs(720))), 0.0);
+        // Tokens after the idle spell count again, and only they.
+        let mut r = m.rate.lock().unwrap();
+        let later = t0 + Duration::from_secs(30);
+        r.add(later, 50);
+        assert!((r.per_second(later + Duration::from_secs(1)) - 5.0).abs() < 1e-9);
     }
 }

@@ -8,9 +8,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use headcount_runtime::generate::SlotCache;
+use headcount_runtime::generate::logits;
 use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, generate};
 use headcount_serve::engine::{EngineOptions, Event, Finish, Job, run};
 use headcount_serve::metrics::Metrics;
+use tch::Kind;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 fn fixture() -> PathBuf {
@@ -25,6 +27,7 @@ fn job(prompt: Vec<i64>, max_tokens: usize) -> (Job, UnboundedReceiver<(usize, E
         sampling: Sampling::greedy(),
         stop_ids: Vec::new(),
         logprobs: None,
+        prompt_logprobs: None,
         choice: 0,
         events: tx,
         cancel: Arc::new(AtomicBool::new(false)),
@@ -39,6 +42,7 @@ fn drain(mut rx: UnboundedReceiver<(usize, Event)>) -> (Vec<i64>, Result<Finish,
     loop {
         match rx.blocking_recv().map(|(_, e)| e) {
             Some(Event::Token { id, .. }) => tokens.push(id),
+            Some(Event::Prompt(_)) => {}
             Some(Event::Done(f)) => return (tokens, Ok(f)),
             Some(Event::Failed(msg)) => return (tokens, Err(msg)),
             None => return (tokens, Err("the engine dropped the sequence".into())),
@@ -77,6 +81,66 @@ fn a_sequence_that_cannot_run_fails_alone_and_the_others_are_served() {
     let (c, rc) = job(vec![5, 6, 7], 5);
     tx.send(c).unwrap();
     assert_eq!(drain(rc), (alone[0].clone(), Ok(Finish::Length)));
+    drop(tx);
+    engine.join().unwrap();
+}
+
+#[test]
+fn prompt_log_probabilities_equal_the_full_forward_in_chunks_and_beside_other_requests() {
+    let model = Glm::load(&fixture(), &LoadOptions::default()).unwrap();
+    let prompt: Vec<i64> = vec![5, 6, 7, 9, 1, 4, 4, 2, 8, 30, 3, 100, 7];
+    // What the library's forward of the whole prompt gives each token after the first.
+    let logp = logits(&model, &prompt).unwrap().log_softmax(-1, Kind::Float).squeeze_dim(0);
+    let want: Vec<f32> = (1..prompt.len()).map(|i| logp.double_value(&[i as i64 - 1, prompt[i]]) as f32).collect();
+    let best: Vec<i64> = (1..prompt.len()).map(|i| logp.get(i as i64 - 1).argmax(-1, false).int64_value(&[])).collect();
+    let alone = {
+        let opts = GenerateOptions { max_new_tokens: 3, sampling: Sampling::greedy(), ..Default::default() };
+        generate(&model, std::slice::from_ref(&prompt), &opts, |_, _| {}).unwrap().tokens.remove(0)
+    };
+    let cache = SlotCache::new(&model, 4, 32).unwrap();
+    let (tx, jobs) = std::sync::mpsc::channel();
+    // Chunks of 4: the prompt's 13 tokens are scored over four prefills.
+    let opts = EngineOptions { max_batch: 4, max_model_len: 32, prefill_chunk: 4 };
+    let engine = std::thread::spawn(move || run(model, cache, jobs, opts, Arc::new(Metrics::default())));
+    let (mut scored, rs) = job(prompt.clone(), 3);
+    scored.prompt_logprobs = Some(2);
+    let (mut only, ro) = job(prompt.clone(), 0);
+    only.prompt_logprobs = Some(0);
+    let (other, rother) = job(vec![9, 1, 4], 3);
+    for j in [other, scored, only] {
+        tx.send(j).unwrap();
+    }
+    let collect = |mut rx: UnboundedReceiver<(usize, Event)>| {
+        let (mut entries, mut tokens) = (Vec::new(), Vec::new());
+        loop {
+            match rx.blocking_recv().map(|(_, e)| e) {
+                Some(Event::Prompt(v)) => {
+                    assert!(tokens.is_empty(), "prompt entries after a token");
+                    entries.extend(v);
+                }
+                Some(Event::Token { id, .. }) => tokens.push(id),
+                Some(Event::Done(f)) => return (entries, tokens, f),
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    for (rx, top, new) in [(rs, 2, 3), (ro, 0, 0)] {
+        let (entries, tokens, finish) = collect(rx);
+        assert_eq!(finish, Finish::Length);
+        assert_eq!(tokens, alone[..new].to_vec(), "the tokens after a scored prompt");
+        assert_eq!(entries.iter().map(|e| e.id).collect::<Vec<_>>(), prompt[1..].to_vec());
+        for (i, e) in entries.iter().enumerate() {
+            assert!((e.logprob - want[i]).abs() <= 1e-4, "position {}: {} vs {}", i + 1, e.logprob, want[i]);
+            assert_eq!(e.top.len(), top);
+            if top > 0 {
+                assert_eq!(e.top[0].0, best[i], "position {}: the most likely token", i + 1);
+                assert!(e.top[0].1 >= e.top[1].1 && e.top[0].1 >= e.logprob);
+            }
+            assert_eq!(e.rank == Some(1), e.id == best[i], "position {}: rank {:?}", i + 1, e.rank);
+        }
+    }
+    let (tokens, end) = drain(rother);
+    assert_eq!((tokens.len(), end), (3, Ok(Finish::Length)));
     drop(tx);
     engine.join().unwrap();
 }

@@ -26,6 +26,7 @@ enum Op {
     Clear = 5,
     Idle = 6,
     Stop = 7,
+    ExtendScored = 8,
 }
 
 /// The rows of a running batch's cache and how many positions each holds.
@@ -87,6 +88,16 @@ impl SlotCache {
     /// Appends `ids` after what row `row` holds (a prompt, or the next chunk of one) and
     /// returns the f32 logits of the last of them, `[1, vocab]`.
     pub fn extend(&mut self, model: &Glm, row: usize, ids: &[i64]) -> Result<Tensor> {
+        self.append(model, row, ids, false)
+    }
+
+    /// [`SlotCache::extend`], returning the f32 logits of every one of `ids`, `[t, vocab]`:
+    /// position i's row scores the token after it (a prompt's log probabilities).
+    pub fn extend_scored(&mut self, model: &Glm, row: usize, ids: &[i64]) -> Result<Tensor> {
+        self.append(model, row, ids, true)
+    }
+
+    fn append(&mut self, model: &Glm, row: usize, ids: &[i64], every: bool) -> Result<Tensor> {
         self.row_exists(row)?;
         let (start, t) = (self.lens[row], ids.len());
         if t == 0 {
@@ -96,7 +107,7 @@ impl SlotCache {
         if start + t > self.capacity() {
             return Err(Error::TooLong { what: "the sequence", len: start + t, max: self.capacity() });
         }
-        tell(model, Op::Extend, row, 0, ids)?;
+        tell(model, if every { Op::ExtendScored } else { Op::Extend }, row, 0, ids)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype.kind());
         // cannot wrap: positions are below the capacity, a usize that fits i64.
@@ -108,7 +119,8 @@ impl SlotCache {
         let step = Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None };
         let ids = Tensor::f_from_slice(ids)?.f_view([1, end - s])?.f_to_device(dev)?;
         let mut view = self.view(row, 1)?;
-        let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;
+        let logits = model.forward(&ids, &step, &mut view, !every)?;
+        let logits = if every { logits.f_select(0, 0)? } else { logits.f_select(1, 0)? };
         self.lens[row] = start + t;
         Ok(logits)
     }
@@ -264,6 +276,7 @@ impl SlotCache {
             };
             match h[0] {
                 x if x == Op::Extend as i64 => drop(self.extend(model, a, &payload)?),
+                x if x == Op::ExtendScored as i64 => drop(self.extend_scored(model, a, &payload)?),
                 x if x == Op::ExtendRows as i64 => {
                     let (lens, mut ids) = payload.split_at(b.min(payload.len()));
                     let mut prompts = Vec::with_capacity(b);
