@@ -1,0 +1,381 @@
+//! The HTTP side on its own, in front of a scripted engine: prompt log probabilities and
+//! echo (streamed first), special tokens as the tokenizer adds them, fields refused rather
+//! than ignored, OpenAI error bodies on every route, the model route, and CORS. The
+//! scripted engine answers each sequence with fixed log probabilities and tokens, and
+//! reports the sequences it was given, so what the server asked of it is checked too.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::Request;
+use headcount_runtime::{Sampling, TextCodec};
+use headcount_serve::engine::{Event, Finish, Job, TokenLogprobs};
+use headcount_serve::http::{AppState, router};
+use headcount_serve::metrics::Metrics;
+use headcount_serve::template::ChatTemplate;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+/// The token every scripted step produces: "7".
+const SEVEN: i64 = 11;
+
+fn demo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/addition/model")
+}
+
+/// What the scripted engine was asked: each sequence's prompt, max_tokens and the prompt
+/// scores it was to send.
+type Asked = Receiver<(Vec<i64>, usize, Option<usize>)>;
+
+/// A server on the checkpoint files of `dir` (tokenizer, template) in front of a scripted
+/// engine: a sequence's prompt token i (from 1) scores -i/10 with rank 1, and it produces
+/// "7" up to its max_tokens.
+fn server(dir: &Path, origins: &[&str]) -> (axum::Router, Asked) {
+    let (jobs, rx): (Sender<Job>, Receiver<Job>) = channel();
+    let (asked_tx, asked) = channel();
+    std::thread::spawn(move || {
+        for j in rx {
+            let _ = asked_tx.send((j.prompt.clone(), j.max_tokens, j.prompt_logprobs));
+            let send = |e| {
+                let _ = j.events.send((j.choice, e));
+            };
+            if let Some(k) = j.prompt_logprobs {
+                let scored = (1..j.prompt.len())
+                    .map(|i| TokenLogprobs {
+                        id: j.prompt[i],
+                        logprob: -(i as f32) / 10.0,
+                        rank: Some(1),
+                        top: vec![(j.prompt[i], -(i as f32) / 10.0); k.min(1)],
+                    })
+                    .collect::<Vec<_>>();
+                // In two parts, as a prompt prefilled in chunks is.
+                let half = scored.len() / 2;
+                send(Event::Prompt(scored[..half].to_vec()));
+                send(Event::Prompt(scored[half..].to_vec()));
+            }
+            for _ in 0..j.max_tokens {
+                let logprobs = j.logprobs.map(|k| TokenLogprobs {
+                    id: SEVEN,
+                    logprob: -0.5,
+                    rank: None,
+                    top: vec![(SEVEN, -0.5); k.min(1)],
+                });
+                send(Event::Token { id: SEVEN, logprobs });
+            }
+            send(Event::Done(Finish::Length));
+        }
+    });
+    let state = Arc::new(AppState {
+        jobs: Mutex::new(Some(jobs)),
+        codec: TextCodec::from_dir(dir).unwrap().map(Arc::new),
+        template: ChatTemplate::from_dir(dir).unwrap(),
+        model_name: "demo".into(),
+        max_model_len: 64,
+        max_queue: 16,
+        vocab: 16,
+        eos: vec![2],
+        defaults: Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
+        metrics: Arc::new(Metrics::default()),
+        accepting: AtomicBool::new(true),
+        created: 0,
+        next_id: AtomicU64::new(1),
+        allowed_origins: origins.iter().map(|o| o.to_string()).collect(),
+    });
+    (router(state), asked)
+}
+
+/// One request: its status, headers and body text.
+async fn call(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> (u16, axum::http::HeaderMap, String) {
+    let mut req = Request::builder().method(method).uri(path).header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let body = if body.is_null() { Body::empty() } else { Body::from(body.to_string()) };
+    let r = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let (status, headers) = (r.status().as_u16(), r.headers().clone());
+    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+async fn post(app: &axum::Router, path: &str, body: Value) -> (u16, Value) {
+    let (status, _, text) = call(app, "POST", path, &[], body).await;
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+/// The data of each server-sent event, up to `[DONE]` (which must end the stream).
+async fn stream(app: &axum::Router, body: Value) -> Vec<Value> {
+    let (status, _, text) = call(app, "POST", "/v1/completions", &[], body).await;
+    assert_eq!(status, 200, "{text}");
+    let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// The prompt "12+34=" as the demo's tokenizer writes it: <bos> first.
+const PROMPT_IDS: [i64; 7] = [1, 5, 6, 14, 7, 8, 15];
+const PROMPT_TOKENS: [&str; 7] = ["<bos>", "1", "2", "+", "3", "4", "="];
+
+#[test]
+fn echo_with_logprobs_scores_every_prompt_token_then_the_generated_ones() {
+    let (app, asked) = server(&demo(), &[]);
+    runtime().block_on(async {
+        let (status, v) = post(
+            &app,
+            "/v1/completions",
+            json!({"prompt": "12+34=", "max_tokens": 2, "logprobs": 1,
+                                                               "echo": true, "temperature": 0}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(asked.recv().unwrap(), (PROMPT_IDS.to_vec(), 2, Some(1)));
+        let c = &v["choices"][0];
+        assert_eq!(c["text"], "12+34=77");
+        let lp = &c["logprobs"];
+        let mut tokens: Vec<&str> = PROMPT_TOKENS.to_vec();
+        tokens.extend(["7", "7"]);
+        assert_eq!(lp["tokens"], json!(tokens));
+        let mut want: Vec<Value> = vec![Value::Null];
+        want.extend((1..7).map(|i| json!(-(i as f32) / 10.0)));
+        want.extend([json!(-0.5), json!(-0.5)]);
+        assert_eq!(lp["token_logprobs"], json!(want));
+        assert_eq!(lp["top_logprobs"][0], Value::Null);
+        assert_eq!(lp["top_logprobs"][3], json!({"+": -0.3f32}));
+        // <bos> has no text: "1" starts at 0, the answer after the echoed prompt.
+        assert_eq!(lp["text_offset"], json!([0, 0, 1, 2, 3, 4, 5, 6, 7]));
+        // lm-evaluation-harness reads token_logprobs[ctxlen:-1]: the continuation's scores.
+        assert_eq!(v["usage"], json!({"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}));
+
+        // max_tokens 0 with echo: the prompt's scores alone; without echo, refused.
+        let (status, v) = post(
+            &app,
+            "/v1/completions",
+            json!({"prompt": [[1, 5], [1, 6, 14]], "max_tokens": 0,
+                                                               "logprobs": 0, "echo": true}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["logprobs"]["tokens"], json!(["<bos>", "1"]));
+        assert_eq!(v["choices"][1]["logprobs"]["token_logprobs"], json!([null, -0.1f32, -0.2f32]));
+        assert_eq!(v["choices"][1]["text"], "2+");
+        assert_eq!(v["choices"][1]["finish_reason"], "length");
+        assert_eq!(v["usage"]["completion_tokens"], 0);
+        let (status, v) = post(&app, "/v1/completions", json!({"prompt": "1+1=", "max_tokens": 0})).await;
+        assert_eq!((status, &v["error"]["param"]), (400, &json!("max_tokens")), "{v}");
+
+        // vLLM's prompt_logprobs: null first, then each token by id with its rank.
+        let (status, v) = post(
+            &app,
+            "/v1/completions",
+            json!({"prompt": "12+34=", "max_tokens": 1,
+                                                               "prompt_logprobs": 0}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let p = &v["choices"][0]["prompt_logprobs"];
+        assert_eq!(p[0], Value::Null);
+        assert_eq!(p[3], json!({"14": {"logprob": -0.3f32, "rank": 1, "decoded_token": "+"}}));
+        assert_eq!(v["choices"][0]["logprobs"], Value::Null);
+        let (status, v) = post(
+            &app,
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "1+2"}],
+                                                                    "max_tokens": 1, "prompt_logprobs": 1}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["prompt_logprobs"].as_array().map(Vec::len), Some(5), "{v}");
+    });
+}
+
+#[test]
+fn a_stream_with_echo_sends_the_prompt_first() {
+    let (app, _asked) = server(&demo(), &[]);
+    runtime().block_on(async {
+        let chunks = stream(
+            &app,
+            json!({"prompt": "12+34=", "max_tokens": 2, "echo": true, "logprobs": 1,
+                                         "stream": true}),
+        )
+        .await;
+        let texts: Vec<&str> = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+        assert_eq!(texts.concat(), "12+34=77");
+        assert_eq!(texts[0], "12+34=");
+        let first = &chunks[0]["choices"][0]["logprobs"];
+        assert_eq!(first["tokens"], json!(PROMPT_TOKENS));
+        assert_eq!(first["token_logprobs"][0], Value::Null);
+        assert_eq!(chunks[1]["choices"][0]["logprobs"]["tokens"], json!(["7"]));
+        assert_eq!(chunks[1]["choices"][0]["logprobs"]["text_offset"], json!([6]));
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+        // Without logprobs, and with max_tokens 0: the prompt, then the end.
+        let chunks = stream(&app, json!({"prompt": "12+", "max_tokens": 0, "echo": true, "stream": true})).await;
+        let texts: Vec<&str> = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+        assert_eq!(texts.concat(), "12+");
+        assert_eq!(chunks[0]["choices"][0]["logprobs"], Value::Null);
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+        // vLLM's continuous usage: every chunk counts the tokens so far.
+        let chunks = stream(
+            &app,
+            json!({"prompt": "1+1=", "max_tokens": 3, "stream": true,
+                                         "stream_options": {"include_usage": true, "continuous_usage_stats": true}}),
+        )
+        .await;
+        let counts: Vec<&Value> = chunks.iter().map(|c| &c["usage"]["completion_tokens"]).collect();
+        assert_eq!(counts, [&json!(1), &json!(2), &json!(3), &json!(3), &json!(3)], "{chunks:?}");
+    });
+}
+
+#[test]
+fn text_gets_the_special_tokens_its_tokenizer_adds_and_ids_are_taken_as_given() {
+    // The demo's tokenizer adds <bos>; the same tokenizer without its post-processor adds none.
+    let plain = tempfile::tempdir().unwrap();
+    for f in ["tokenizer_config.json", "tokenizer.json"] {
+        std::fs::copy(demo().join(f), plain.path().join(f)).unwrap();
+    }
+    let mut tok: Value =
+        serde_json::from_str(&std::fs::read_to_string(demo().join("tokenizer.json")).unwrap()).unwrap();
+    tok["post_processor"] = Value::Null;
+    std::fs::write(plain.path().join("tokenizer.json"), tok.to_string()).unwrap();
+    let rt = runtime();
+    for (dir, text_ids) in [(demo(), PROMPT_IDS.to_vec()), (plain.path().to_path_buf(), PROMPT_IDS[1..].to_vec())] {
+        let (app, asked) = server(&dir, &[]);
+        rt.block_on(async {
+            let asks = [
+                (json!({"prompt": "12+34=", "max_tokens": 1}), text_ids.clone()),
+                (json!({"prompt": "12+34=", "max_tokens": 1, "add_special_tokens": false}), PROMPT_IDS[1..].to_vec()),
+                (json!({"prompt": [5, 6, 14], "max_tokens": 1}), vec![5, 6, 14]),
+                (json!({"prompt": [1, 5, 6, 14], "max_tokens": 1}), vec![1, 5, 6, 14]),
+            ];
+            for (body, want) in asks {
+                let (status, v) = post(&app, "/v1/completions", body.clone()).await;
+                assert_eq!(status, 200, "{body}: {v}");
+                assert_eq!(asked.recv().unwrap().0, want, "{body}");
+            }
+            // A chat's template writes <bos> itself: once.
+            let (status, v) = post(
+                &app,
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": "12+34"}], "max_tokens": 1}),
+            )
+            .await;
+            assert_eq!(status, 200, "{v}");
+            assert_eq!(asked.recv().unwrap().0, PROMPT_IDS.to_vec());
+        });
+    }
+}
+
+#[test]
+fn fields_the_server_would_ignore_are_refused_with_their_name() {
+    let (app, asked) = server(&demo(), &[]);
+    runtime().block_on(async {
+        let completions = [
+            (json!({"logit_bias": {"5": 10}}), "logit_bias"),
+            (json!({"response_format": {"type": "json_object"}}), "response_format"),
+            (json!({"suffix": "!"}), "suffix"),
+            (json!({"best_of": 3}), "best_of"),
+            (json!({"min_tokens": 2}), "min_tokens"),
+            (json!({"include_stop_str_in_output": true}), "include_stop_str_in_output"),
+            (json!({"skip_special_tokens": false}), "skip_special_tokens"),
+            (json!({"guided_json": {}}), "guided_json"),
+            (json!({"stream": true, "stream_options": {"chunk_size": 4}}), "stream_options.chunk_size"),
+            (json!({"prompt_logprobs": 50}), "prompt_logprobs"),
+        ];
+        for (extra, field) in completions {
+            let mut body = json!({"prompt": "1+1=", "max_tokens": 2});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let (status, v) = post(&app, "/v1/completions", body.clone()).await;
+            assert_eq!(status, 400, "{body}: {v}");
+            assert_eq!(v["error"]["param"], field, "{body}: {v}");
+            assert!(v["error"]["message"].as_str().unwrap().contains(field.split('.').next_back().unwrap()), "{v}");
+        }
+        let chat = [
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"tool_choice": {"type": "function", "function": {"name": "add"}}}), "tool_choice"),
+            (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}), "response_format"),
+            (json!({"parallel_tool_calls": false}), "parallel_tool_calls"),
+            (json!({"logit_bias": {"5": -100}}), "logit_bias"),
+            (json!({"echo": true}), "echo"),
+            (json!({"reasoning_effort": "low"}), "reasoning_effort"),
+        ];
+        for (extra, field) in chat {
+            let mut body = json!({"messages": [{"role": "user", "content": "1+1"}], "max_tokens": 2});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let (status, v) = post(&app, "/v1/chat/completions", body.clone()).await;
+            assert_eq!((status, &v["error"]["param"]), (400, &json!(field)), "{body}: {v}");
+        }
+        assert!(asked.try_recv().is_err(), "a refused request reached the engine");
+        // Their neutral values are what the server does anyway: accepted.
+        let neutral = json!({"messages": [{"role": "user", "content": "1+1"}], "max_tokens": 1, "logit_bias": {},
+                             "response_format": {"type": "text"}, "tool_choice": "auto", "user": "u1", "min_tokens": 0});
+        let (status, v) = post(&app, "/v1/chat/completions", neutral).await;
+        assert_eq!(status, 200, "{v}");
+        let (status, v) = post(&app, "/v1/completions", json!({"prompt": "1+1=", "max_tokens": 1, "best_of": 1, "suffix": ""})).await;
+        assert_eq!(status, 200, "{v}");
+    });
+}
+
+#[test]
+fn every_route_answers_errors_as_openai_error_objects() {
+    let (app, _asked) = server(&demo(), &["http://app.example"]);
+    runtime().block_on(async {
+        for (method, path, status) in [
+            ("POST", "/v1/embeddings", 404),
+            ("POST", "/v1/responses", 404),
+            ("GET", "/", 404),
+            ("GET", "/v1/completions", 405),
+            ("DELETE", "/v1/models", 405),
+            ("GET", "/v1/models/other/model", 404),
+        ] {
+            let (got, headers, text) = call(&app, method, path, &[], Value::Null).await;
+            assert_eq!(got, status, "{method} {path}: {text}");
+            assert_eq!(headers["content-type"], "application/json", "{method} {path}");
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"));
+            let e = &v["error"];
+            assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()) && e["type"].is_string(), "{v}");
+            assert_eq!(e["code"], status, "{v}");
+        }
+        // The openai SDK's models.retrieve: the model object by its id.
+        let (status, _, text) = call(&app, "GET", "/v1/models/demo", &[], Value::Null).await;
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!((status, &v["id"], &v["object"]), (200, &json!("demo"), &json!("model")));
+        // A body too large to read is refused with an error object too.
+        let huge = json!({"prompt": "1".repeat(3 << 20)});
+        let (status, _, text) = call(&app, "POST", "/v1/completions", &[], huge).await;
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(status, 413, "{text}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("cannot be read"), "{v}");
+        // CORS: an allowed origin's preflight gets what it may send; another is refused.
+        let preflight = [
+            ("origin", "http://app.example"),
+            ("access-control-request-method", "POST"),
+            ("access-control-request-headers", "content-type, authorization"),
+        ];
+        let (status, headers, _) = call(&app, "OPTIONS", "/v1/chat/completions", &preflight, Value::Null).await;
+        assert_eq!(status, 204);
+        assert_eq!(headers["access-control-allow-origin"], "http://app.example");
+        assert_eq!(headers["access-control-allow-headers"], "content-type, authorization");
+        assert!(headers["access-control-allow-methods"].to_str().unwrap().contains("POST"));
+        let (status, headers, _) =
+            call(&app, "GET", "/v1/models", &[("origin", "http://app.example")], Value::Null).await;
+        assert_eq!((status, &headers["access-control-allow-origin"]), (200, &"http://app.example".parse().unwrap()));
+        let (status, headers, text) =
+            call(&app, "OPTIONS", "/v1/completions", &[("origin", "http://evil.example")], Value::Null).await;
+        assert_eq!(status, 403, "{text}");
+        assert!(headers.get("access-control-allow-origin").is_none());
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert!(v["error"]["message"].as_str().unwrap().contains("--allowed-origins"), "{v}");
+    });
+}
