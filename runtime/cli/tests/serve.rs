@@ -250,6 +250,33 @@ fn two_tensor_parallel_ranks_serve_what_one_process_generates() {
         let want: Vec<String> = want.iter().map(|t| format!("<{t}>")).collect();
         assert_eq!(got, want, "{body}");
     }
+    // Prompt log probabilities through both ranks (lm-evaluation-harness's loglikelihood
+    // request, and max_tokens 0), prefilled beside each other: the library's full forward.
+    let scored: Vec<(u16, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = [(&prompts[1], 1), (&prompts[3], 0)]
+            .into_iter()
+            .map(|(p, max_tokens)| {
+                let body = serde_json::json!({"prompt": p, "max_tokens": max_tokens, "temperature": 0,
+                                              "logprobs": 1, "echo": true})
+                .to_string();
+                let url = server.url.clone();
+                s.spawn(move || post(&url, "/v1/completions", &body))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((status, body), p) in scored.iter().zip([&prompts[1], &prompts[3]]) {
+        assert_eq!(*status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        let got = v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().clone();
+        let logp = headcount_runtime::generate::logits(&model, p).unwrap().log_softmax(-1, tch::Kind::Float);
+        assert!(got[0].is_null(), "{body}");
+        for i in 1..p.len() {
+            let want = logp.double_value(&[0, i as i64 - 1, p[i]]);
+            let g = got[i].as_f64().unwrap();
+            assert!((g - want).abs() <= 1e-4, "position {i}: {g} vs {want} ({body})");
+        }
+    }
     // SIGTERM to the launcher: rank 0 drains, stops rank 1, and the run exits 0.
     // SAFETY: signalling a child process this test started.
     unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };

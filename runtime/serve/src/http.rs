@@ -590,11 +590,10 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         }
     };
     let prompt_logprobs = b.int_in("prompt_logprobs", 0, MAX_TOP_LOGPROBS)?.map(|k| k as usize);
+    // Without a tokenizer (token-id prompts only) the echoed text is empty, as generated
+    // text is, and log probabilities name tokens `<id>`.
     let echo = if echo_asked {
-        if codec.is_none() {
-            return Err(no_tokenizer("echo"));
-        }
-        texts
+        texts.into_iter().map(|t| Some(t.unwrap_or_default())).collect()
     } else {
         vec![None; ids.len()]
     };
