@@ -6,73 +6,14 @@
 //! laid out as huggingface_hub lays it out. Loopback only; every server is killed on the way
 //! out, pass or fail.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::{demo, exits_within, python_script, root, start};
 use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, TextCodec, generate};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
-}
-
-fn demo() -> PathBuf {
-    root().join("examples/addition/model")
-}
-
-/// A server process, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits for `child` to exit, at most `secs` seconds (`what` names it in the failure).
-fn exits_within(child: &mut Child, secs: u64, what: &str) -> std::process::ExitStatus {
-    let started = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(started.elapsed() < Duration::from_secs(secs), "{what} did not exit within {secs} s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Starts `headcount serve` with `args` on a free port; returns once it listens.
-fn start(args: &[&str], env: &[(&str, &Path)]) -> Server {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_headcount"));
-    cmd.args(["serve", "--port", "0"]).args(args).stderr(Stdio::piped()).stdout(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("start headcount serve");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[serve] {line}");
-            if let Some(url) = line.split(" on ").nth(1).and_then(|r| r.split_whitespace().next()) {
-                let _ = tx.send(url.to_owned());
-            }
-        }
-    });
-    let url = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(u) => u,
-        Err(_) => {
-            let _ = child.kill();
-            panic!("headcount serve did not start listening within 60 s");
-        }
-    };
-    Server { child, url }
-}
 
 /// What the library generates for each prompt alone: the answers the server must give.
 fn expected_answers(prompts: &[String]) -> serde_json::Value {
@@ -116,9 +57,6 @@ fn hub_cache(dir: &Path) -> PathBuf {
 
 #[test]
 fn the_openai_client_gets_what_headcount_generates() {
-    let python = root().join(".venv/bin/python");
-    let has_openai = Command::new(&python).args(["-c", "import openai"]).status().map(|s| s.success()).unwrap_or(false);
-    assert!(has_openai, "the openai client is missing from .venv: run scripts/setup --test");
     let tmp = tempfile::tempdir().unwrap();
     // 64 sums of up to three digits, from a fixed sequence.
     let mut x: u64 = 20261201;
@@ -138,25 +76,10 @@ fn the_openai_client_gets_what_headcount_generates() {
     let demo_dir = demo().display().to_string();
     let small = start(&["--model", &demo_dir, "--max-batch", "1", "--max-queue", "1"], &[]);
     let pid = main.child.id().to_string();
-    let mut client = Command::new(&python)
-        .arg(root().join("python/serve_test.py"))
-        .args(["--url", &main.url, "--model", "headcount-test/addition", "--small-url", &small.url, "--pid", &pid])
-        .arg("--expected")
-        .arg(&expected)
-        .spawn()
-        .expect("run python/serve_test.py");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = client.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > Duration::from_secs(240) {
-            let _ = client.kill();
-            let _ = client.wait();
-            panic!("python/serve_test.py did not finish within 240 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mut args = vec!["--url", &main.url, "--model", "headcount-test/addition", "--small-url", &small.url];
+    let expected = expected.display().to_string();
+    args.extend(["--pid", &pid, "--expected", &expected]);
+    let status = python_script("python/serve_test.py", &args, &[], 240);
     assert!(status.success(), "python/serve_test.py failed (its output is above)");
     // The script sent SIGTERM to the main server: it drained and exits by itself, with 0.
     let mut main = main;
