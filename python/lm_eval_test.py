@@ -104,6 +104,21 @@ def compare(name: str, ref: dict, got: dict) -> float:
     return gap
 
 
+def tokenizer_agrees(url: str, model: str, model_dir: Path) -> None:
+    """The server tokenizes text as transformers' tokenizer does by default: <bos> first."""
+    import requests
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    for text in ("12+34=", "999+1=1000"):
+        want = tok.convert_ids_to_tokens(tok(text).input_ids)
+        r = requests.post(url + "/v1/completions", timeout=30,
+                          json={"model": model, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 0}).json()
+        got = r["choices"][0]["logprobs"]["tokens"]
+        if got != want or want[0] != "<bos>":
+            raise AssertionError(f"{text!r}: the server's tokens {got} != transformers' {want}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
@@ -115,6 +130,7 @@ def main() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model_dir = Path(a.dir)
+    tokenizer_agrees(a.url, a.model, model_dir)
     with tempfile.TemporaryDirectory() as tmp:
         tasks = write_tasks(model_dir, Path(tmp), a.limit)
         scored = [tasks[t] for t in ("addition_gen", "addition_loglik", "addition_mc", "addition_rolling")]

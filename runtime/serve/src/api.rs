@@ -265,83 +265,32 @@ pub fn template_messages(body: &Body) -> Value {
     msgs
 }
 
-/// The fields a completion request may have; any other is refused, as OpenAI refuses them.
-const COMPLETION_FIELDS: &[&str] = &[
-    "model",
-    "prompt",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "n",
-    "best_of",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "stream",
-    "stream_options",
-    "logprobs",
-    "echo",
-    "prompt_logprobs",
-    "seed",
-    "user",
-    "add_special_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "suffix",
-    "logit_bias",
-    "response_format",
-    "min_tokens",
-    "skip_special_tokens",
-    "include_stop_str_in_output",
+/// The fields both generation routes read; any other is refused, as OpenAI refuses them.
+#[rustfmt::skip]
+const SHARED_FIELDS: &[&str] = &[
+    "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "stop_token_ids", "ignore_eos", "stream",
+    "stream_options", "logprobs", "prompt_logprobs", "seed", "user", "add_special_tokens", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "min_tokens",
+    "skip_special_tokens", "include_stop_str_in_output",
 ];
 
-/// The fields a chat completion request may have.
+/// What completions read besides.
+const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "suffix", "best_of"];
+
+/// What chat completions read besides.
+#[rustfmt::skip]
 const CHAT_FIELDS: &[&str] = &[
-    "model",
-    "messages",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "n",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "stream",
-    "stream_options",
-    "logprobs",
-    "top_logprobs",
-    "prompt_logprobs",
-    "seed",
-    "user",
-    "add_special_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "chat_template_kwargs",
-    "add_generation_prompt",
-    "logit_bias",
-    "response_format",
-    "min_tokens",
-    "skip_special_tokens",
-    "include_stop_str_in_output",
-    "echo",
-    "store",
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "chat_template_kwargs", "add_generation_prompt", "echo", "store",
 ];
 
 /// Refuses what the server would otherwise ignore: a field it does not read, and a field it
 /// reads only at its neutral value (`logit_bias`, `response_format`, `tool_choice`, `suffix`,
 /// ...). Each refusal names the field and what is accepted.
 pub fn check_fields(body: &Body, chat: bool) -> Result<(), ApiError> {
-    let known = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
+    let own = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
     let endpoint = if chat { "/v1/chat/completions" } else { "/v1/completions" };
-    if let Some(key) = body.0.keys().find(|k| !known.contains(&k.as_str())) {
+    if let Some(key) = body.0.keys().find(|k| !SHARED_FIELDS.contains(&k.as_str()) && !own.contains(&k.as_str())) {
         return Err(ApiError::invalid(
             key.as_str(),
             format!("{key} is not a field of {endpoint} that this server reads: leave it out"),
