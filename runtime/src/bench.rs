@@ -99,18 +99,18 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     }
     // Check the sizes before building the prompts, which they could make arbitrarily large.
     let need = opts.prompt_len.saturating_add(opts.new_tokens);
-    if need > model.dims.max_positions {
+    if need > model.dims().max_positions {
         return Err(Error::TooLong {
             what: "--prompt-len plus --new-tokens",
             len: need,
-            max: model.dims.max_positions,
+            max: model.dims().max_positions,
         });
     }
     model.check_cache_memory(opts.batch, need)?;
     // Every rank must run the same generations, or their collectives would not pair up.
     let job = format!("{opts:?}");
-    model.parallel.agree("bench", &[("benchmark", job)])?;
-    let prompts = prompts(opts.batch, opts.prompt_len, model.dims.vocab)?;
+    model.parallel().agree("bench", &[("benchmark", job)])?;
+    let prompts = prompts(opts.batch, opts.prompt_len, model.dims().vocab)?;
     let device = model.device();
     let gen_opts = bench_generation(opts);
     let warm_tokens = if device == Device::Cpu { opts.new_tokens.min(4) } else { opts.new_tokens };
@@ -140,7 +140,7 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     let peak_rss = crate::memory::peak_resident_bytes();
     let peak_device_bytes = peak_device(false);
     // Every rank's resident memory and parameters, for rank 0's report.
-    let p = &model.parallel;
+    let p = &model.parallel();
     let mine = [peak_rss.map_or(-1, |b| b as i64), model.parameter_count()];
     let all = Vec::<i64>::try_from(&p.world.all_gather(&Tensor::f_from_slice(&mine)?, 0)?)?;
     let ranks = all.chunks(2).map(|r| RankReport { peak_rss_bytes: (r[0] >= 0).then_some(r[0]), parameters: r[1] });
@@ -155,11 +155,11 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     if p.rank != 0 {
         return Ok(None);
     }
-    let d = &model.dims;
+    let d = &model.dims();
     let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
     // Quantized projections read their codes and scales (int8: a byte a weight and a
     // row's scale; int4: half a byte and an f16 scale per 32).
-    let elt = model.quantize.bytes_per_weight().unwrap_or(model.dtype.kind().elt_size_in_bytes() as f64);
+    let elt = model.quantize().bytes_per_weight().unwrap_or(model.dtype().kind().elt_size_in_bytes() as f64);
     // glm4_moe reads only the experts its tokens chose (the spec's memory plan counts them).
     let read = headcount_spec::memory::read_parameter_count(&d.config.spec(&[], &[]), opts.batch as u64);
     let weight_bytes = (read as f64 - embedding as f64) * elt;
@@ -170,7 +170,7 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
         layers: d.layers,
         hidden_size: d.hidden,
         parameters: d.parameter_count(),
-        dtype: model.dtype.name(),
+        dtype: model.dtype().name(),
         device: device_name.to_owned(),
         threads: tch::get_num_threads(),
         batch: opts.batch,
@@ -185,9 +185,9 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
         decode_tokens_per_s: decode_median,
         decode_path: path.0,
         decode_note: path.1,
-        weight_layout: model.weight_layout.name(),
-        quantize: model.quantize.name(),
-        rounding: model.rounding.name(),
+        weight_layout: model.weight_layout().name(),
+        quantize: model.quantize().name(),
+        rounding: model.rounding().name(),
         peak_rss_bytes: peak_rss,
         peak_device_bytes,
         cuda_graphs: match crate::cuda_graph::available() {

@@ -27,7 +27,9 @@ pub use device::{DType, parse_device};
 pub use error::{Error, Result};
 pub use generate::{DecodeMode, GenerateOptions, Generation, Generator, Sampling, generate, logits};
 pub use hub::resolve_model;
-pub use model::{Dims, Glm, KvCache, LoadOptions, Quantize, Rounding, Step, WeightLayout, rank_parameter_count};
+pub use model::{
+    CausalLm, Dims, Glm, KvCache, LoadOptions, Quantize, Rounding, Step, WeightLayout, rank_parameter_count,
+};
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
 pub use text::{StreamDecoder, TextCodec};
 pub use typed::Model;

@@ -155,6 +155,94 @@ pub struct Glm {
     pub parallel: Parallel,
 }
 
+/// What generation, serving, benchmarks and parallel ranks need of a causal LM, whatever
+/// its family: its sizes and place in the run, one forward pass over a [`Step`] with its
+/// KV cache, and the memory those take. [`Glm`] is every family the runtime loads.
+pub trait CausalLm: Send {
+    /// The config's sizes.
+    fn dims(&self) -> &Dims;
+    /// This rank's place in the run and its groups.
+    fn parallel(&self) -> &Parallel;
+    /// The device this rank's weights and activations are on.
+    fn device(&self) -> Device;
+    fn dtype(&self) -> DType;
+    fn rounding(&self) -> Rounding;
+    /// The layout the projection weights got (never `Auto`).
+    fn weight_layout(&self) -> WeightLayout;
+    fn quantize(&self) -> Quantize;
+    /// Query rows a prefill's attention lays out per cached key/value head: an additive
+    /// mask over several positions repeats each position's row this many times.
+    fn query_group(&self) -> i64;
+    /// The decoder stack on `ids` ([B, T], the same on every rank): f32 logits for every
+    /// position, or for the last one only (`[B, 1, vocab]`), on every rank.
+    fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor>;
+    /// A cache for `batch` rows and `capacity` positions, its memory checked first.
+    fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache>;
+    /// Whether a cache for `batch` rows and `capacity` positions fits the free memory.
+    fn check_cache_memory(&self, batch: usize, capacity: usize) -> Result<()>;
+    /// Bytes such a cache takes on this rank, if it is on the CPU.
+    fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64;
+    /// A lower bound of a forward pass's activations over `rows` rows of `len` positions.
+    fn activation_bytes_on_cpu(&self, rows: usize, len: usize) -> u64;
+    /// The most bytes the logits of `rows` positions hold at once.
+    fn logits_bytes(&self, rows: usize) -> u64;
+    /// Whether some few-row products run on the project's own CPU threads.
+    fn splits_weights(&self) -> bool;
+    /// Parameters this rank holds.
+    fn parameter_count(&self) -> i64;
+}
+
+impl CausalLm for Glm {
+    fn dims(&self) -> &Dims {
+        &self.dims
+    }
+    fn parallel(&self) -> &Parallel {
+        &self.parallel
+    }
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn rounding(&self) -> Rounding {
+        self.rounding
+    }
+    fn weight_layout(&self) -> WeightLayout {
+        self.weight_layout
+    }
+    fn quantize(&self) -> Quantize {
+        self.quantize
+    }
+    fn query_group(&self) -> i64 {
+        (self.plan.heads_per_shard / self.plan.kv_per_shard) as i64 // cannot fire: a rank holds a kv head
+    }
+    fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
+        Glm::forward(self, ids, step, cache, last_only)
+    }
+    fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
+        Glm::new_cache(self, batch, capacity)
+    }
+    fn check_cache_memory(&self, batch: usize, capacity: usize) -> Result<()> {
+        Glm::check_cache_memory(self, batch, capacity)
+    }
+    fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64 {
+        Glm::cache_bytes_on_cpu(self, batch, capacity)
+    }
+    fn activation_bytes_on_cpu(&self, rows: usize, len: usize) -> u64 {
+        Glm::activation_bytes_on_cpu(self, rows, len)
+    }
+    fn logits_bytes(&self, rows: usize) -> u64 {
+        Glm::logits_bytes(self, rows)
+    }
+    fn splits_weights(&self) -> bool {
+        Glm::splits_weights(self)
+    }
+    fn parameter_count(&self) -> i64 {
+        Glm::parameter_count(self)
+    }
+}
+
 /// How to load or build a model. The tensor- and pipeline-parallel sizes are the run's
 /// ([`Parallel`]); these say what the declaration allows.
 #[derive(Clone, Debug)]

@@ -14,7 +14,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use headcount_runtime::generate::{SampleRng, SlotCache, select};
-use headcount_runtime::{Glm, Sampling};
+use headcount_runtime::{CausalLm, Sampling};
 use tch::{Kind, Tensor};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -110,7 +110,13 @@ impl Running {
 }
 
 /// Runs until `jobs` is closed and every request taken from it has ended.
-pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOptions, metrics: Arc<Metrics>) {
+pub fn run<M: CausalLm>(
+    model: M,
+    mut cache: SlotCache,
+    jobs: Receiver<Job>,
+    opts: EngineOptions,
+    metrics: Arc<Metrics>,
+) {
     let _guard = tch::no_grad_guard();
     let _stopped = Stopped(metrics.clone());
     let mut waiting: VecDeque<Job> = VecDeque::new();
@@ -217,8 +223,8 @@ pub fn run(model: Glm, mut cache: SlotCache, jobs: Receiver<Job>, opts: EngineOp
 /// Why a sequence cannot be run: an empty prompt, an id outside the vocabulary, or more
 /// positions than a cache row holds (`max_tokens` 0, a prompt only scored, still needs
 /// room after it).
-fn admissible(model: &Glm, j: &Job, max_model_len: usize) -> Result<(), String> {
-    let vocab = model.dims.vocab as i64; // cannot wrap: the rules keep vocab_size within i64
+fn admissible(model: &dyn CausalLm, j: &Job, max_model_len: usize) -> Result<(), String> {
+    let vocab = model.dims().vocab as i64; // cannot wrap: the rules keep vocab_size within i64
     if j.prompt.is_empty() {
         return Err("the prompt is empty".to_owned());
     }
@@ -268,7 +274,7 @@ fn finished(r: &Running) -> Option<Outcome> {
 /// Removes the running requests `why` picks, last rows first: each freed row takes the last
 /// running row, and the row being prefilled moves down behind them.
 fn retire(
-    model: &Glm,
+    model: &dyn CausalLm,
     running: &mut Vec<Running>,
     filling: &mut Option<Running>,
     cache: &mut SlotCache,
@@ -305,7 +311,7 @@ fn retire(
 /// goes in alone, in chunks over several steps. A request whose prompt is all in joins the
 /// running rows with its first token.
 fn prefill(
-    model: &Glm,
+    model: &dyn CausalLm,
     cache: &mut SlotCache,
     opts: &EngineOptions,
     waiting: &mut VecDeque<Job>,
@@ -398,7 +404,7 @@ fn start(job: Job) -> Running {
 
 /// Prefills whole prompts into the rows after the running ones, in one forward.
 fn prefill_together(
-    model: &Glm,
+    model: &dyn CausalLm,
     cache: &mut SlotCache,
     jobs: Vec<Job>,
     running: &mut Vec<Running>,
@@ -434,7 +440,7 @@ fn prefill_together(
 /// The first token of the requests in rows `first..` (just prefilled; `logits` their last
 /// positions' logits, one row each); those it finishes leave at once.
 fn first_tokens(
-    model: &Glm,
+    model: &dyn CausalLm,
     logits: &Tensor,
     running: &mut Vec<Running>,
     first: usize,

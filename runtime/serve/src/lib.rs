@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use headcount_runtime::generate::SlotCache;
-use headcount_runtime::{Glm, Model, Sampling, TextCodec};
+use headcount_runtime::{CausalLm, Model, Sampling, TextCodec};
 use headcount_spec::Architecture;
 
 use crate::engine::EngineOptions;
@@ -87,15 +87,15 @@ pub fn serve_typed<A: Architecture>(model: Model<A>, dir: &Path, opts: &ServeOpt
 /// Serves `model` (loaded from the checkpoint in `dir`, whose tokenizer, chat template and
 /// generation_config.json are read) until SIGTERM or Ctrl-C: then it stops admitting
 /// requests, finishes the running ones, and returns.
-pub fn serve(model: Glm, dir: &Path, opts: &ServeOptions) -> Result<(), ServeError> {
-    if model.parallel.rank != 0 {
+pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -> Result<(), ServeError> {
+    if model.parallel().rank != 0 {
         return follow(model, opts);
     }
     let max_model_len = context(&model, opts)?;
     let codec = TextCodec::from_dir(dir)?.map(Arc::new);
     let template = ChatTemplate::from_dir(dir).map_err(ServeError::Setup)?;
     let generation = read_generation_config(dir)?;
-    let config = &model.dims.config;
+    let config = &model.dims().config;
     // cannot wrap: a valid config's ids are below vocab_size, which fits i64.
     let mut eos: Vec<i64> = config.eos_token_id.iter().map(|&i| i as i64).collect();
     for id in generation.eos {
@@ -103,7 +103,7 @@ pub fn serve(model: Glm, dir: &Path, opts: &ServeOptions) -> Result<(), ServeErr
             eos.push(id);
         }
     }
-    let vocab = model.dims.vocab as i64;
+    let vocab = model.dims().vocab as i64;
     let cache = SlotCache::new(&model, opts.max_batch, max_model_len)?;
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = std::sync::mpsc::channel();
@@ -179,11 +179,11 @@ pub fn serve(model: Glm, dir: &Path, opts: &ServeOptions) -> Result<(), ServeErr
 
 /// The positions a request may use: `--max-model-len`, or the model's, at most
 /// [`DEFAULT_MAX_MODEL_LEN`].
-fn context(model: &Glm, opts: &ServeOptions) -> Result<usize, ServeError> {
+fn context(model: &dyn CausalLm, opts: &ServeOptions) -> Result<usize, ServeError> {
     if opts.max_batch == 0 || opts.max_queue == 0 || opts.prefill_chunk == 0 {
         return Err(ServeError::Setup("--max-batch, --max-queue and --prefill-chunk must be at least 1".into()));
     }
-    let max_positions = model.dims.max_positions;
+    let max_positions = model.dims().max_positions;
     match opts.max_model_len {
         Some(n) if n > max_positions => Err(ServeError::Setup(format!(
             "--max-model-len {n} is more than the model's max_position_embeddings ({max_positions})"
@@ -197,7 +197,7 @@ fn context(model: &Glm, opts: &ServeOptions) -> Result<usize, ServeError> {
 /// A rank other than 0 of a served run: runs the forwards rank 0's engine runs, on its own
 /// part of the model, until rank 0 stops. SIGTERM and Ctrl-C are left to rank 0, which
 /// finishes the running requests first and then stops the others.
-pub fn follow(model: Glm, opts: &ServeOptions) -> Result<(), ServeError> {
+pub fn follow<M: CausalLm>(model: M, opts: &ServeOptions) -> Result<(), ServeError> {
     let max_model_len = context(&model, opts)?;
     let mut cache = SlotCache::new(&model, opts.max_batch, max_model_len)?;
     // SAFETY: setting signal dispositions to ignore; no handler runs.

@@ -4,16 +4,16 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::model::{Glm, Rope, Rounding, Step};
+use crate::model::{CausalLm, Rope, Rounding, Step};
 
 /// Checks prompts against the vocabulary and the position budget; returns the longest's
 /// length.
-pub fn check_prompts(model: &Glm, prompts: &[Vec<i64>], max_new_tokens: usize) -> Result<usize> {
+pub fn check_prompts(model: &dyn CausalLm, prompts: &[Vec<i64>], max_new_tokens: usize) -> Result<usize> {
     if prompts.is_empty() {
         return Err(Error::InvalidArgument("no prompt given".to_owned()));
     }
     // cannot wrap: the rules keep vocab_size * hidden_size within i64.
-    let vocab = model.dims.vocab as i64;
+    let vocab = model.dims().vocab as i64;
     let mut longest = 0;
     for (row, p) in prompts.iter().enumerate() {
         if p.is_empty() {
@@ -27,11 +27,11 @@ pub fn check_prompts(model: &Glm, prompts: &[Vec<i64>], max_new_tokens: usize) -
         longest = longest.max(p.len());
     }
     let need = longest.saturating_add(max_new_tokens);
-    if need > model.dims.max_positions {
+    if need > model.dims().max_positions {
         return Err(Error::TooLong {
             what: "the prompt plus the new tokens",
             len: need,
-            max: model.dims.max_positions,
+            max: model.dims().max_positions,
         });
     }
     Ok(longest)
@@ -53,7 +53,7 @@ pub(crate) struct Batch {
 impl Batch {
     /// The batch of `prompts` for a cache of `capacity` slots, and its padded ids
     /// ([B, longest] on the device; padding is id 0, masked out).
-    pub fn new(model: &Glm, prompts: &[Vec<i64>], longest: usize, capacity: usize) -> Result<(Batch, Tensor)> {
+    pub fn new(model: &dyn CausalLm, prompts: &[Vec<i64>], longest: usize, capacity: usize) -> Result<(Batch, Tensor)> {
         let b = prompts.len();
         let pads: Vec<i64> = prompts.iter().map(|p| (longest - p.len()) as i64).collect();
         // Padding to the longest row can ask for far more than the prompts hold (a million
@@ -79,7 +79,7 @@ impl Batch {
             any_pad: pads.iter().any(|&p| p > 0),
             pads: Tensor::f_from_slice(&pads)?.f_to_device(device)?,
             valid: Tensor::f_from_slice(&valid)?.f_reshape([b as i64, capacity as i64])?.f_to_device(device)?,
-            group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
+            group: model.query_group(),
         };
         let ids = Tensor::f_from_slice(&flat)?.f_reshape([b as i64, longest as i64])?.f_to_device(device)?;
         Ok((batch, ids))

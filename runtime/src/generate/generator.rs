@@ -11,7 +11,8 @@ use super::options::{DecodeMode, GenerateOptions, Generation};
 use super::sampling::{SampleRng, select};
 use super::static_decoder::StaticDecoder;
 use crate::error::{Error, Result};
-use crate::model::{Glm, KvCache, Rope};
+use crate::memory::check_ranks_memory;
+use crate::model::{CausalLm, KvCache, Rope};
 
 /// The cache slots a static decoder's capacity is rounded up to a multiple of.
 const STATIC_CAPACITY_STEP: usize = 256;
@@ -19,7 +20,7 @@ const STATIC_CAPACITY_STEP: usize = 256;
 /// Generates with one model, keeping the static decoder (its cache, device buffers and CUDA
 /// graph) of the last generation for the next one of the same batch size and capacity.
 pub struct Generator<'m> {
-    model: &'m Glm,
+    model: &'m dyn CausalLm,
     decoder: Option<StaticDecoder>,
 }
 
@@ -48,11 +49,11 @@ enum State<'g> {
 }
 
 impl<'m> Generator<'m> {
-    pub fn new(model: &'m Glm) -> Generator<'m> {
+    pub fn new(model: &'m dyn CausalLm) -> Generator<'m> {
         Generator { model, decoder: None }
     }
 
-    pub fn model(&self) -> &'m Glm {
+    pub fn model(&self) -> &'m dyn CausalLm {
         self.model
     }
 
@@ -86,7 +87,7 @@ impl<'m> Generator<'m> {
         let (mut path, mut note) = choose_path(model, opts.decode)?;
         // Positions (longest, capacity, every `as i64` of them below) are at most
         // max_position_embeddings + STATIC_CAPACITY_STEP, which the rules keep within i64.
-        let need = (longest + opts.max_new_tokens.max(1)).max(opts.min_capacity.min(model.dims.max_positions));
+        let need = (longest + opts.max_new_tokens.max(1)).max(opts.min_capacity.min(model.dims().max_positions));
         // Static-shape decoders round their capacity up, so that generations of similar
         // lengths reuse one decoder (and its CUDA graph).
         let capacity =
@@ -107,11 +108,12 @@ impl<'m> Generator<'m> {
         let need_bytes = cache.saturating_add(model.activation_bytes_on_cpu(b, longest));
         let rows = if b == 1 { "row" } else { "rows" };
         let what = || format!("a generation of {b} {rows} over {capacity} positions (KV cache and prefill)");
-        model.check_memory(what, need_bytes, "use fewer or shorter prompts, or fewer new tokens")?;
+        let advice = "use fewer or shorter prompts, or fewer new tokens";
+        check_ranks_memory(what, need_bytes, model.parallel().local_size, model.dtype(), advice)?;
         let (batch, ids) = Batch::new(model, prompts, longest, capacity)?;
         let mut rng = SampleRng::new(opts.sampling.seed);
         let mut state = if path == DecodePath::Eager {
-            let rope = Rope::new(&model.dims, capacity, model.device())?;
+            let rope = Rope::new(&model.dims(), capacity, model.device())?;
             State::Eager { rope, cache: model.new_cache(b, capacity)?, batch }
         } else {
             if self.decoder.is_none() {
@@ -123,10 +125,10 @@ impl<'m> Generator<'m> {
         };
 
         let t0 = Instant::now();
-        let comm0 = model.parallel.comm_time();
+        let comm0 = model.parallel().comm_time();
         let logits = {
             let (batch, rope, cache) = state.parts();
-            let step = batch.step(StepKind::Prefill, rope, model.dtype.kind(), model.rounding, model.device())?;
+            let step = batch.step(StepKind::Prefill, rope, model.dtype().kind(), model.rounding(), model.device())?;
             model.forward(&ids, &step, cache, true)?.f_select(1, 0)?
         };
         let mut next = select(&logits, &opts.sampling, &mut rng)?;
@@ -135,7 +137,7 @@ impl<'m> Generator<'m> {
         let mut last: Vec<i64> = Vec::<i64>::try_from(&next)?;
         out.prefill_tokens = prompts.iter().map(Vec::len).sum();
         out.prefill_seconds = t0.elapsed().as_secs_f64();
-        let comm1 = model.parallel.comm_time();
+        let comm1 = model.parallel().comm_time();
         out.prefill_comm_seconds = (comm1 - comm0).as_secs_f64();
         let _threads = opts.decode_threads.filter(|_| model.splits_weights()).map(IntraOpThreads::set);
         let t1 = Instant::now();
@@ -177,8 +179,8 @@ impl<'m> Generator<'m> {
                     let step = batch.step(
                         StepKind::Decode { slot },
                         rope,
-                        model.dtype.kind(),
-                        model.rounding,
+                        model.dtype().kind(),
+                        model.rounding(),
                         model.device(),
                     )?;
                     let ids = next.f_reshape([b as i64, 1])?;
@@ -201,7 +203,7 @@ impl<'m> Generator<'m> {
             out.decode_tokens += done.iter().filter(|&&d| !d).count();
         }
         out.decode_seconds = t1.elapsed().as_secs_f64();
-        out.decode_comm_seconds = (model.parallel.comm_time() - comm1).as_secs_f64();
+        out.decode_comm_seconds = (model.parallel().comm_time() - comm1).as_secs_f64();
         out.decode_path = path.name();
         out.decode_note = note;
         Ok(out)
@@ -220,11 +222,11 @@ impl<'m> Generator<'m> {
             .into_iter()
             .fold(if model.device() == Device::Cpu { model.logits_bytes(t) } else { 0 }, u64::saturating_add);
         let what = || format!("the KV cache, activations and logits of {t} positions");
-        model.check_memory(what, need, "give fewer ids, or free memory")?;
+        check_ranks_memory(what, need, model.parallel().local_size, model.dtype(), "give fewer ids, or free memory")?;
         let (batch, ids) = Batch::new(model, &[ids.to_vec()], t, t)?;
-        let rope = Rope::new(&model.dims, t, model.device())?;
+        let rope = Rope::new(&model.dims(), t, model.device())?;
         let mut cache = model.new_cache(1, t)?;
-        let step = batch.step(StepKind::Prefill, &rope, model.dtype.kind(), model.rounding, model.device())?;
+        let step = batch.step(StepKind::Prefill, &rope, model.dtype().kind(), model.rounding(), model.device())?;
         model.forward(&ids, &step, &mut cache, false)
     }
 }
@@ -248,7 +250,7 @@ fn keep(out: &mut Generation, opts: &GenerateOptions, logits: &Tensor) -> Result
 
 /// Resolves a decode mode for `model`, with the reason when `Auto` passes over a graph on a
 /// CUDA device.
-fn choose_path(model: &Glm, mode: DecodeMode) -> Result<(DecodePath, Option<String>)> {
+fn choose_path(model: &dyn CausalLm, mode: DecodeMode) -> Result<(DecodePath, Option<String>)> {
     let device = model.device();
     let graph_ok = || -> Result<()> {
         if !matches!(device, Device::Cuda(_)) {
@@ -256,12 +258,12 @@ fn choose_path(model: &Glm, mode: DecodeMode) -> Result<(DecodePath, Option<Stri
                 "CUDA graphs need a CUDA device, and this model is on {device:?}: use --decode eager or static"
             )));
         }
-        if model.parallel.size() > 1 {
+        if model.parallel().size() > 1 {
             return Err(Error::InvalidArgument(
                 "CUDA graphs are not captured around collectives: a run of several ranks decodes eagerly".to_owned(),
             ));
         }
-        if model.dims.moe.is_some() {
+        if model.dims().moe.is_some() {
             return Err(Error::InvalidArgument(
                 "CUDA graphs are not captured around mixture-of-experts layers (each step reads how many tokens \
                  every expert got): glm4_moe decodes eagerly"

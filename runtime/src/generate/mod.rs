@@ -19,12 +19,12 @@ pub use static_decoder::break_next_capture;
 use tch::Tensor;
 
 use crate::error::Result;
-use crate::model::Glm;
+use crate::model::CausalLm;
 
 /// One generation with a fresh [`Generator`] (no decoder kept for the next call); see
 /// [`Generator::generate`].
 pub fn generate(
-    model: &Glm,
+    model: &dyn CausalLm,
     prompts: &[Vec<i64>],
     opts: &GenerateOptions,
     on_token: impl FnMut(usize, i64),
@@ -33,6 +33,6 @@ pub fn generate(
 }
 
 /// Logits of every position of one sequence: [1, T, vocab], f32.
-pub fn logits(model: &Glm, ids: &[i64]) -> Result<Tensor> {
+pub fn logits(model: &dyn CausalLm, ids: &[i64]) -> Result<Tensor> {
     Generator::new(model).logits(ids)
 }

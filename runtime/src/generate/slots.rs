@@ -14,7 +14,7 @@
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::model::{Glm, KvCache, Rope, Step};
+use crate::model::{CausalLm, KvCache, Rope, Step};
 
 /// The operations rank 0 broadcasts (the first of a header's four numbers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,18 +41,22 @@ pub struct SlotCache {
 impl SlotCache {
     /// A cache of `rows` sequences of up to `capacity` positions each (at most the model's
     /// max_position_embeddings), its memory checked first.
-    pub fn new(model: &Glm, rows: usize, capacity: usize) -> Result<SlotCache> {
+    pub fn new(model: &dyn CausalLm, rows: usize, capacity: usize) -> Result<SlotCache> {
         if rows == 0 || capacity == 0 {
             return Err(Error::InvalidArgument(format!(
                 "a cache needs at least one row and one position, not {rows} rows of {capacity}"
             )));
         }
-        if capacity > model.dims.max_positions {
-            return Err(Error::TooLong { what: "the cache's positions", len: capacity, max: model.dims.max_positions });
+        if capacity > model.dims().max_positions {
+            return Err(Error::TooLong {
+                what: "the cache's positions",
+                len: capacity,
+                max: model.dims().max_positions,
+            });
         }
         let cache = model.new_cache(rows, capacity)?;
-        let rope = Rope::new(&model.dims, capacity, model.device())?;
-        let group = (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64;
+        let rope = Rope::new(&model.dims(), capacity, model.device())?;
+        let group = model.query_group();
         Ok(SlotCache { cache, rope, lens: vec![0; rows], group })
     }
 
@@ -71,7 +75,7 @@ impl SlotCache {
     }
 
     /// Empties row `row` (its slots are overwritten by the next sequence written there).
-    pub fn clear(&mut self, model: &Glm, row: usize) -> Result<()> {
+    pub fn clear(&mut self, model: &dyn CausalLm, row: usize) -> Result<()> {
         self.row_exists(row)?;
         tell(model, Op::Clear, row, 0, &[])?;
         self.lens[row] = 0;
@@ -87,17 +91,17 @@ impl SlotCache {
 
     /// Appends `ids` after what row `row` holds (a prompt, or the next chunk of one) and
     /// returns the f32 logits of the last of them, `[1, vocab]`.
-    pub fn extend(&mut self, model: &Glm, row: usize, ids: &[i64]) -> Result<Tensor> {
+    pub fn extend(&mut self, model: &dyn CausalLm, row: usize, ids: &[i64]) -> Result<Tensor> {
         self.append(model, row, ids, false)
     }
 
     /// [`SlotCache::extend`], returning the f32 logits of every one of `ids`, `[t, vocab]`:
     /// position i's row scores the token after it (a prompt's log probabilities).
-    pub fn extend_scored(&mut self, model: &Glm, row: usize, ids: &[i64]) -> Result<Tensor> {
+    pub fn extend_scored(&mut self, model: &dyn CausalLm, row: usize, ids: &[i64]) -> Result<Tensor> {
         self.append(model, row, ids, true)
     }
 
-    fn append(&mut self, model: &Glm, row: usize, ids: &[i64], every: bool) -> Result<Tensor> {
+    fn append(&mut self, model: &dyn CausalLm, row: usize, ids: &[i64], every: bool) -> Result<Tensor> {
         self.row_exists(row)?;
         let (start, t) = (self.lens[row], ids.len());
         if t == 0 {
@@ -109,7 +113,7 @@ impl SlotCache {
         }
         tell(model, if every { Op::ExtendScored } else { Op::Extend }, row, 0, ids)?;
         let _guard = tch::no_grad_guard();
-        let (dev, kind) = (model.device(), model.dtype.kind());
+        let (dev, kind) = (model.device(), model.dtype().kind());
         // cannot wrap: positions are below the capacity, a usize that fits i64.
         let (s, end) = (start as i64, (start + t) as i64);
         let slots = Tensor::f_arange_start(s, end, (Kind::Int64, dev))?;
@@ -129,7 +133,7 @@ impl SlotCache {
     /// padded on the right to the longest (the padding's slots lie past each row's length,
     /// where decode steps never look, and are overwritten as the row grows). Returns the
     /// f32 logits of each prompt's last token, `[k, vocab]`.
-    pub fn extend_rows(&mut self, model: &Glm, first: usize, prompts: &[&[i64]]) -> Result<Tensor> {
+    pub fn extend_rows(&mut self, model: &dyn CausalLm, first: usize, prompts: &[&[i64]]) -> Result<Tensor> {
         let k = prompts.len();
         if k == 0 || first + k > self.rows() {
             return Err(Error::InvalidArgument(format!("{k} prompts from row {first} in a cache of {}", self.rows())));
@@ -157,7 +161,7 @@ impl SlotCache {
             tell(model, Op::ExtendRows, first, k, &payload)?;
         }
         let _guard = tch::no_grad_guard();
-        let (dev, kind) = (model.device(), model.dtype.kind());
+        let (dev, kind) = (model.device(), model.dtype().kind());
         // cannot wrap: lengths are at most the capacity, a usize that fits i64.
         let (b, len) = (k as i64, longest as i64);
         let slots = Tensor::f_arange(len, (Kind::Int64, dev))?;
@@ -177,7 +181,7 @@ impl SlotCache {
 
     /// One step of rows `0..tokens.len()`: row i takes `tokens[i]` at its own next position.
     /// Returns the f32 logits `[n, vocab]`.
-    pub fn decode(&mut self, model: &Glm, tokens: &[i64]) -> Result<Tensor> {
+    pub fn decode(&mut self, model: &dyn CausalLm, tokens: &[i64]) -> Result<Tensor> {
         let n = tokens.len();
         if n == 0 || n > self.rows() {
             return Err(Error::InvalidArgument(format!("a step of {n} rows in a cache of {}", self.rows())));
@@ -192,7 +196,7 @@ impl SlotCache {
         }
         tell(model, Op::Decode, 0, 0, tokens)?;
         let _guard = tch::no_grad_guard();
-        let (dev, kind) = (model.device(), model.dtype.kind());
+        let (dev, kind) = (model.device(), model.dtype().kind());
         // Few-row products run on the project's own threads: libtorch's pool holds one
         // thread meanwhile, or its spinning threads take the cores they need (as
         // `GenerateOptions::decode_threads` does for `generate`).
@@ -203,7 +207,7 @@ impl SlotCache {
         let at: Vec<i64> = self.lens[..n].iter().map(|&l| l as i64).collect();
         let last = at.iter().copied().max().unwrap_or(0);
         let at_dev = Tensor::f_from_slice(&at)?.f_to_device(dev)?;
-        let (cos, sin, rot) = self.rope.step_tables(&at_dev, kind, model.rounding)?;
+        let (cos, sin, rot) = self.rope.step_tables(&at_dev, kind, model.rounding())?;
         // Rows of equal length attend to every key up to the step: no mask.
         let mask = if at.iter().all(|&a| a == last) {
             None
@@ -224,7 +228,7 @@ impl SlotCache {
     }
 
     /// Moves row `from`'s sequence to row `to` (whose own is dropped); `from` is then empty.
-    pub fn move_row(&mut self, model: &Glm, from: usize, to: usize) -> Result<()> {
+    pub fn move_row(&mut self, model: &dyn CausalLm, from: usize, to: usize) -> Result<()> {
         self.row_exists(from)?;
         self.row_exists(to)?;
         if from == to {
@@ -247,18 +251,18 @@ impl SlotCache {
 
     /// Rank 0 of a run with nothing to do: the other ranks hear from it, so their wait for
     /// the next operation stays within the ranks' timeout. Call it well within that timeout.
-    pub fn idle(&self, model: &Glm) -> Result<()> {
+    pub fn idle(&self, model: &dyn CausalLm) -> Result<()> {
         tell(model, Op::Idle, 0, 0, &[])
     }
 
     /// Rank 0 is done: [`SlotCache::follow`] returns on the other ranks.
-    pub fn stop(&self, model: &Glm) -> Result<()> {
+    pub fn stop(&self, model: &dyn CausalLm) -> Result<()> {
         tell(model, Op::Stop, 0, 0, &[])
     }
 
     /// On a rank other than 0: does what rank 0 does to its cache, until it stops.
-    pub fn follow(&mut self, model: &Glm) -> Result<()> {
-        let p = &model.parallel;
+    pub fn follow(&mut self, model: &dyn CausalLm) -> Result<()> {
+        let p = &model.parallel();
         if p.rank == 0 {
             return Err(Error::InvalidArgument("rank 0 leads; the other ranks follow".to_owned()));
         }
@@ -317,16 +321,16 @@ impl SlotCache {
 }
 
 /// Whether this rank tells the others what it does: rank 0 of a run of several.
-fn tells(model: &Glm) -> bool {
-    model.parallel.size() > 1 && model.parallel.rank == 0
+fn tells(model: &dyn CausalLm) -> bool {
+    model.parallel().size() > 1 && model.parallel().rank == 0
 }
 
 /// Rank 0 broadcasts an operation (header, then its numbers) to the other ranks.
-fn tell(model: &Glm, op: Op, a: usize, b: usize, payload: &[i64]) -> Result<()> {
+fn tell(model: &dyn CausalLm, op: Op, a: usize, b: usize, payload: &[i64]) -> Result<()> {
     if !tells(model) {
         return Ok(());
     }
-    let world = &model.parallel.world;
+    let world = &model.parallel().world;
     // cannot wrap: rows and lengths are usize counts that fit i64.
     let header = Tensor::f_from_slice(&[op as i64, a as i64, b as i64, payload.len() as i64])?;
     world.broadcast(&header, 0)?;
@@ -337,8 +341,8 @@ fn tell(model: &Glm, op: Op, a: usize, b: usize, payload: &[i64]) -> Result<()> 
 }
 
 /// Every id inside the vocabulary.
-fn check_ids(model: &Glm, ids: &[i64]) -> Result<()> {
-    let vocab = model.dims.vocab as i64; // cannot wrap: the rules keep vocab_size within i64
+fn check_ids(model: &dyn CausalLm, ids: &[i64]) -> Result<()> {
+    let vocab = model.dims().vocab as i64; // cannot wrap: the rules keep vocab_size within i64
     match ids.iter().position(|&id| id < 0 || id >= vocab) {
         Some(pos) => Err(Error::TokenOutOfRange { id: ids[pos], row: 0, pos, vocab }),
         None => Ok(()),

@@ -6,7 +6,7 @@ use tch::{Kind, Tensor};
 
 use super::batch::{Batch, StepKind};
 use crate::error::{Error, Result};
-use crate::model::{Glm, KvCache, Rope};
+use crate::model::{CausalLm, KvCache, Rope};
 
 static BREAK_NEXT_CAPTURE: AtomicBool = AtomicBool::new(false);
 
@@ -53,21 +53,21 @@ impl StaticDecoder {
     }
 
     /// A decoder for `batch` rows over `capacity` slots.
-    pub(super) fn new(model: &Glm, batch: usize, capacity: usize, greedy: bool) -> Result<StaticDecoder> {
+    pub(super) fn new(model: &dyn CausalLm, batch: usize, capacity: usize, greedy: bool) -> Result<StaticDecoder> {
         let device = model.device();
         let long = (Kind::Int64, device);
         Ok(StaticDecoder {
             capacity,
             greedy,
             cache: model.new_cache(batch, capacity)?,
-            rope: Rope::new(&model.dims, capacity, device)?,
+            rope: Rope::new(&model.dims(), capacity, device)?,
             batch: Batch {
                 rows: batch,
                 longest: 0,
                 pads: Tensor::f_zeros([batch as i64], long)?,
                 any_pad: true,
                 valid: Tensor::f_zeros([batch as i64, capacity as i64], (Kind::Bool, device))?,
-                group: (model.plan.heads_per_shard / model.plan.kv_per_shard) as i64,
+                group: model.query_group(),
             },
             tok: Tensor::f_zeros([batch as i64, 1], long)?,
             slot: Tensor::f_zeros([1], long)?,
@@ -97,9 +97,9 @@ impl StaticDecoder {
     /// It reads nothing from the host but `self`'s sizes, which every generation a kept
     /// decoder serves shares: a captured graph bakes in whatever else it would read. (So
     /// the key validity mask applies even when no row is padded.)
-    fn advance(&mut self, model: &Glm, host_slot: i64) -> Result<(Tensor, Option<Tensor>)> {
+    fn advance(&mut self, model: &dyn CausalLm, host_slot: i64) -> Result<(Tensor, Option<Tensor>)> {
         let kind = StepKind::Static { slot: &self.slot, host_slot };
-        let step = self.batch.step(kind, &self.rope, model.dtype.kind(), model.rounding, model.device())?;
+        let step = self.batch.step(kind, &self.rope, model.dtype().kind(), model.rounding(), model.device())?;
         let logits = model.forward(&self.tok, &step, &mut self.cache, true)?.f_select(1, 0)?;
         let _ = self.slot.shallow_clone().f_add_scalar_(1)?;
         let next = if self.greedy {
@@ -116,7 +116,7 @@ impl StaticDecoder {
     /// graph's side stream (libtorch and cuBLAS set up per-stream state on first use, which
     /// a capture cannot). Warm-ups write the cache at the current slot and the next, which
     /// the replayed steps write again before reading; the token and slot are restored.
-    pub(super) fn capture(&mut self, model: &Glm) -> Result<()> {
+    pub(super) fn capture(&mut self, model: &dyn CausalLm) -> Result<()> {
         let mut graph = crate::cuda_graph::CudaGraph::new(model.device())?;
         let (tok, slot) = (self.tok.f_detach_copy()?, self.slot.f_detach_copy()?);
         graph.on_side_stream(|| {
@@ -146,7 +146,7 @@ impl StaticDecoder {
     /// largest logit). A capture that records something else, which no CPU test can
     /// see, then falls back to eager decoding with the reason instead of decoding wrongly.
     /// The step's cache writes are idempotent, and the token and slot are restored.
-    pub(super) fn verify_capture(&mut self, model: &Glm) -> Result<()> {
+    pub(super) fn verify_capture(&mut self, model: &dyn CausalLm) -> Result<()> {
         let Some(c) = &self.graph else { return Ok(()) };
         let (tok, slot) = (self.tok.f_detach_copy()?, self.slot.f_detach_copy()?);
         c.graph.replay()?;
@@ -171,7 +171,7 @@ impl StaticDecoder {
 
     /// One decode step: the graph replayed (when `replay` and one was captured), or
     /// [`StaticDecoder::advance`] run.
-    pub(super) fn step(&mut self, model: &Glm, slot: i64, replay: bool) -> Result<(Tensor, Option<Tensor>)> {
+    pub(super) fn step(&mut self, model: &dyn CausalLm, slot: i64, replay: bool) -> Result<(Tensor, Option<Tensor>)> {
         self.cache.len = slot + 1;
         match self.graph.as_ref().filter(|_| replay) {
             Some(c) => {

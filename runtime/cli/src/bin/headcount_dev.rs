@@ -151,7 +151,7 @@ fn trace(a: &TraceArgs) -> Result<ExitCode> {
     let outcome = headcount_cli::bench::load_and_bench(b, true, |generator, report| {
         headcount_cli::bench::print_report(report);
         let model = generator.model();
-        let prompts = headcount_runtime::bench::prompts(b.batch, b.prompt_len, model.dims.vocab)?;
+        let prompts = headcount_runtime::bench::prompts(b.batch, b.prompt_len, model.dims().vocab)?;
         let opts = GenerateOptions {
             max_new_tokens: b.new_tokens.min(8),
             min_capacity: b.prompt_len + b.new_tokens,
