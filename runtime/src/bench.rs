@@ -155,7 +155,7 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     if p.rank != 0 {
         return Ok(None);
     }
-    let d = &model.dims();
+    let d = model.dims();
     let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
     // Quantized projections read their codes and scales (int8: a byte a weight and a
     // row's scale; int4: half a byte and an f16 scale per 32).

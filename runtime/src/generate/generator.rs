@@ -113,7 +113,7 @@ impl<'m> Generator<'m> {
         let (batch, ids) = Batch::new(model, prompts, longest, capacity)?;
         let mut rng = SampleRng::new(opts.sampling.seed);
         let mut state = if path == DecodePath::Eager {
-            let rope = Rope::new(&model.dims(), capacity, model.device())?;
+            let rope = Rope::new(model.dims(), capacity, model.device())?;
             State::Eager { rope, cache: model.new_cache(b, capacity)?, batch }
         } else {
             if self.decoder.is_none() {
@@ -224,7 +224,7 @@ impl<'m> Generator<'m> {
         let what = || format!("the KV cache, activations and logits of {t} positions");
         check_ranks_memory(what, need, model.parallel().local_size, model.dtype(), "give fewer ids, or free memory")?;
         let (batch, ids) = Batch::new(model, &[ids.to_vec()], t, t)?;
-        let rope = Rope::new(&model.dims(), t, model.device())?;
+        let rope = Rope::new(model.dims(), t, model.device())?;
         let mut cache = model.new_cache(1, t)?;
         let step = batch.step(StepKind::Prefill, &rope, model.dtype().kind(), model.rounding(), model.device())?;
         model.forward(&ids, &step, &mut cache, false)

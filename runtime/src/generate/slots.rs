@@ -55,7 +55,7 @@ impl SlotCache {
             });
         }
         let cache = model.new_cache(rows, capacity)?;
-        let rope = Rope::new(&model.dims(), capacity, model.device())?;
+        let rope = Rope::new(model.dims(), capacity, model.device())?;
         let group = model.query_group();
         Ok(SlotCache { cache, rope, lens: vec![0; rows], group })
     }

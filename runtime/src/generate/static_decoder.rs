@@ -60,7 +60,7 @@ impl StaticDecoder {
             capacity,
             greedy,
             cache: model.new_cache(batch, capacity)?,
-            rope: Rope::new(&model.dims(), capacity, device)?,
+            rope: Rope::new(model.dims(), capacity, device)?,
             batch: Batch {
                 rows: batch,
                 longest: 0,
