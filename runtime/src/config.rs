@@ -147,63 +147,10 @@ impl Dims {
         out
     }
 
-    /// The weights of layer `l`, named and shaped as in the checkpoint.
+    /// The weights of layer `l`, named and shaped as in the checkpoint (by its family's
+    /// file of `crate::models`).
     pub(crate) fn layer_shapes(&self, l: usize) -> Vec<(String, Vec<i64>)> {
-        let (h, i) = (self.hidden as i64, self.intermediate as i64);
-        let q = (self.heads * self.head_dim) as i64;
-        let kv = (self.kv_heads * self.head_dim) as i64;
-        let mut out = Vec::new();
-        let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
-        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
-        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
-        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
-        if self.attention_bias {
-            out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
-            out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
-            out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
-        }
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
-        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-        if self.family == Family::Glm4 {
-            out.push((format!("{p}.post_self_attn_layernorm.weight"), vec![h]));
-            out.push((format!("{p}.post_mlp_layernorm.weight"), vec![h]));
-        }
-        let Some(m) = &self.moe else {
-            out.push((format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]));
-            out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
-            return out;
-        };
-        if m.qk_norm {
-            out.push((format!("{p}.self_attn.q_norm.weight"), vec![self.head_dim as i64]));
-            out.push((format!("{p}.self_attn.k_norm.weight"), vec![self.head_dim as i64]));
-        }
-        if !m.is_moe_layer(l) {
-            out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-            out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
-            out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
-            return out;
-        }
-        let (e, w) = (m.experts as i64, m.width as i64);
-        out.push((format!("{p}.mlp.gate.weight"), vec![e, h]));
-        out.push((format!("{p}.mlp.gate.e_score_correction_bias"), vec![e]));
-        if m.fused_experts {
-            out.push((format!("{p}.mlp.experts.gate_up_proj"), vec![e, 2 * w, h]));
-            out.push((format!("{p}.mlp.experts.down_proj"), vec![e, h, w]));
-        } else {
-            for x in 0..m.experts {
-                out.push((format!("{p}.mlp.experts.{x}.gate_proj.weight"), vec![w, h]));
-                out.push((format!("{p}.mlp.experts.{x}.up_proj.weight"), vec![w, h]));
-                out.push((format!("{p}.mlp.experts.{x}.down_proj.weight"), vec![h, w]));
-            }
-        }
-        if m.shared_width > 0 {
-            let sw = m.shared_width as i64;
-            out.push((format!("{p}.mlp.shared_experts.gate_proj.weight"), vec![sw, h]));
-            out.push((format!("{p}.mlp.shared_experts.up_proj.weight"), vec![sw, h]));
-            out.push((format!("{p}.mlp.shared_experts.down_proj.weight"), vec![h, sw]));
-        }
-        out
+        crate::models::layer_tensors(self, l)
     }
 
     /// The weights after the last layer: the final norm and an untied lm_head.

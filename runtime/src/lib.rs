@@ -12,7 +12,9 @@ pub mod generate;
 pub mod hub;
 mod load;
 pub mod memory;
-pub mod model;
+/// The models' former path: `model::Glm` is [`models::Glm`].
+pub use models as model;
+pub mod models;
 pub mod moe;
 pub mod nn;
 pub mod op_count;

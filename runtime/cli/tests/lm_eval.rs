@@ -24,6 +24,7 @@ fn lm_evaluation_harness_scores_the_demo_through_the_server_as_through_transform
         ("HF_HUB_OFFLINE", OsStr::new("1")),
         ("HF_DATASETS_OFFLINE", OsStr::new("1")),
         ("TOKENIZERS_PARALLELISM", OsStr::new("false")),
+        ("TQDM_DISABLE", OsStr::new("1")),
     ];
     let args = ["--url", &server.url, "--model", "addition", "--dir", &dir, "--summary", &summary_arg];
     let status = python_script("python/lm_eval_test.py", &args, &env, 400);

@@ -1,12 +1,25 @@
-//! The GLM and GLM-4 causal language models, in the order data flows: attention, MLP,
-//! decoder layer, model, LM head (the config view is `crate::config`, the building blocks
-//! `crate::nn`).
+//! The causal language models, one file per family in the order data flows ([`glm`],
+//! [`glm4`], [`glm4_moe`]), on the building blocks of [`layers`] (and `crate::nn`,
+//! `crate::moe`): each family file names its layers' tensors and loads them, as this rank's
+//! part of them. This module holds what every family shares: the [`CausalLm`] trait that
+//! generation, serving and benchmarks use, a step's inputs and the KV cache, and [`Glm`],
+//! the loaded model: checkpoint vetting, the embedding, the decoder stack, the final norm
+//! and the LM head.
 //!
 //! A model is the part of the weights one rank holds (parallel layers, see
-//! [`crate::parallel`]); a run of one rank holds them all. Every
-//! projection keeps its weight transposed (`[in, out]`, contiguous) so a decode step is a
-//! row-vector times matrix product, the fast form on CPU (docs/PERFORMANCE.md). q, k and v
-//! are fused into one projection.
+//! [`crate::parallel`]); a run of one rank holds them all. Every projection keeps its weight
+//! transposed (`[in, out]`, contiguous) so a decode step is a row-vector times matrix
+//! product, the fast form on CPU (docs/PERFORMANCE.md). q, k and v are fused into one
+//! projection.
+//!
+//! Adding a family: its `Family` variant, defaults and rules in spec, its file here with
+//! `tensors` and `load_layer`, and its arms in `layer_tensors` and `load_layer` below (the
+//! README, "Layout").
+
+pub mod glm;
+pub mod glm4;
+pub mod glm4_moe;
+pub mod layers;
 
 use std::path::Path;
 
@@ -19,76 +32,30 @@ use crate::device::DType;
 use crate::error::{Error, Result};
 use crate::load::{Progress, RandomSource, WeightSource};
 use crate::memory::check_ranks_memory;
-use crate::moe::{ExpertMlp, Moe};
+use crate::nn::rms_norm;
 pub use crate::nn::{Linear, Quantize, Rope, Rounding, WeightLayout};
-use crate::nn::{rms_norm, rope_in_place};
-use crate::parallel::group::ProcessGroup;
-use crate::parallel::layers::{ColumnParallel, ParallelLmHead, RowParallel, VocabParallelEmbedding};
+use crate::parallel::layers::{ParallelLmHead, VocabParallelEmbedding};
 use crate::parallel::plan::ShardPlan;
 use crate::parallel::world::Parallel;
+use layers::Loader;
+pub use layers::{Attention, DecoderLayer, Ffn, Mlp};
 
-/// The `N` tensors of a split.
-fn array<const N: usize>(parts: Vec<Tensor>) -> Result<[Tensor; N]> {
-    let got = parts.len();
-    <[Tensor; N]>::try_from(parts)
-        .map_err(|_| Error::InvalidArgument(format!("a split gave {got} parts where {N} were expected")))
-}
-
-/// Multi-head attention with grouped kv heads: q/k/v one column-parallel projection (this
-/// rank's whole heads), o_proj row-parallel.
-pub struct Attention {
-    pub qkv: ColumnParallel,
-    pub o: RowParallel,
-    /// glm4_moe with `use_qk_norm`: RMSNorm weights over head_dim for queries and keys.
-    pub qk_norm: Option<(Tensor, Tensor)>,
-    /// Query and kv heads of this rank.
-    pub heads: i64,
-    pub kv_heads: i64,
-}
-
-/// The gated MLP: gate and up one column-parallel projection (matching halves), down
-/// row-parallel.
-pub struct Mlp {
-    pub gate_up: ColumnParallel,
-    pub down: RowParallel,
-    /// Intermediate channels of this rank.
-    pub intermediate: i64,
-}
-
-/// A layer's feed-forward part: a dense MLP, or (glm4_moe after its dense layers) experts.
-pub enum Ffn {
-    Dense(Mlp),
-    Moe(Moe),
-}
-
-impl Ffn {
-    /// The dense MLP, if this is one.
-    pub fn dense(&self) -> Option<&Mlp> {
-        match self {
-            Ffn::Dense(m) => Some(m),
-            Ffn::Moe(_) => None,
-        }
-    }
-
-    /// Parameters this rank holds.
-    pub fn numel(&self) -> i64 {
-        match self {
-            Ffn::Dense(m) => m.gate_up.linear.numel() + m.down.linear.numel(),
-            Ffn::Moe(m) => m.numel(),
-        }
+/// Layer `l`'s tensors, named and shaped as in a checkpoint of `dims`' family.
+pub(crate) fn layer_tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
+    match (dims.family, &dims.moe) {
+        (Family::Glm4Moe, Some(m)) => glm4_moe::tensors(dims, m, l),
+        (Family::Glm4, _) => glm4::tensors(dims, l),
+        _ => glm::tensors(dims, l),
     }
 }
 
-/// One decoder layer with its norms (replicated on every rank of its stage).
-pub struct DecoderLayer {
-    pub input_layernorm: Tensor,
-    pub self_attn: Attention,
-    /// GLM-4 only: the attention output normalized before the residual add.
-    pub post_self_attn_layernorm: Option<Tensor>,
-    pub post_attention_layernorm: Tensor,
-    pub mlp: Ffn,
-    /// GLM-4 only: the MLP output normalized before the residual add.
-    pub post_mlp_layernorm: Option<Tensor>,
+/// Layer `l` of `cx`'s family, this rank's part of it.
+fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
+    match cx.dims.family {
+        Family::Glm => glm::load_layer(cx, src, l),
+        Family::Glm4 => glm4::load_layer(cx, src, l),
+        Family::Glm4Moe => glm4_moe::load_layer(cx, src, l),
+    }
 }
 
 /// Per-step inputs shared by every layer: rotary tables gathered at the step's positions,
@@ -406,8 +373,7 @@ impl Glm {
             let advice = "use fewer layers, a smaller dtype or more ranks, or free memory";
             check_ranks_memory(|| "the weights".to_owned(), need, parallel.local_size, opts.dtype, advice)?;
         }
-        let kind = opts.dtype.kind();
-        let dev = opts.device;
+        let (kind, dev) = (opts.dtype.kind(), opts.device);
         let layout = match opts.weight_layout.resolve(opts.dtype, dev) {
             // f32 experts stack in-out blocks for one grouped product in prefill.
             WeightLayout::OutIn
@@ -419,163 +385,20 @@ impl Glm {
             }
             layout => layout,
         };
-        let shapes: std::collections::HashMap<String, Vec<i64>> = dims.weight_shapes().into_iter().collect();
-        let shape = |n: &str| shapes.get(n).cloned().unwrap_or_default();
-        let d = dims.head_dim;
-        let s = parallel.tp_rank;
-        let (qh, kvh, inter) = (plan.q_heads(s), plan.kv_heads(s), plan.intermediate(s));
         if opts.quantize != Quantize::None && dev != Device::Cpu {
             return Err(Error::InvalidArgument(format!(
                 "--quantize {} runs on the CPU (libtorch's int8 product); this model is placed on {dev:?}",
                 opts.quantize.name()
             )));
         }
-        let linear = |w: &Tensor, b: Option<Tensor>| Linear::new(w, b, opts.cpu_threads, layout, opts.quantize);
-
+        let s = parallel.tp_rank;
+        let cx = Loader::new(&dims, &plan, s, kind, dev, layout, opts.cpu_threads, opts.quantize);
         // Grown as tensors are made, not reserved for the layer count up front: on a CUDA
         // device (no memory check) an absurd layer count then ends in the device's
         // out-of-memory error, not in an aborting reservation.
         let mut layers = Vec::new();
         for l in stage_layers.clone() {
-            let p = format!("model.layers.{l}");
-            let whole = |src: &mut dyn WeightSource, n: &str| -> Result<Tensor> {
-                let name = format!("{p}.{n}");
-                src.rows(&name, &shape(&name), None, kind, dev)
-            };
-            let input_layernorm = whole(src, "input_layernorm.weight")?;
-            let post_attention_layernorm = whole(src, "post_attention_layernorm.weight")?;
-            let glm4 = dims.family == Family::Glm4;
-            let post_self_attn_layernorm =
-                if glm4 { Some(whole(src, "post_self_attn_layernorm.weight")?) } else { None };
-            let post_mlp_layernorm = if glm4 { Some(whole(src, "post_mlp_layernorm.weight")?) } else { None };
-            let rows = |src: &mut dyn WeightSource, n: &str, r: (usize, usize)| -> Result<Tensor> {
-                let name = format!("{p}.{n}");
-                src.rows(&name, &shape(&name), Some(r), kind, dev)
-            };
-            let q_rows = (qh.start * d, qh.len() * d);
-            let kv_rows = (kvh.start * d, kvh.len() * d);
-            // glm4_moe rotates halves (channel i with i + R/2) where GLM rotates neighbours
-            // (2i with 2i + 1): its q and k channels are reordered at load so that the same
-            // interleaved rotation computes it. Attention scores are sums over channels,
-            // the same in either order; values are not reordered.
-            let halves = dims.moe.is_some();
-            let perm = rotate_half_order(d, dims.rotary_dim, dev)?;
-            let qk = |t: Tensor, heads: usize| -> Result<Tensor> {
-                if !halves {
-                    return Ok(t);
-                }
-                let mut shape = t.size();
-                shape[0] = heads as i64;
-                shape.insert(1, d as i64);
-                shape.truncate(if t.dim() == 1 { 2 } else { 3 });
-                let viewed = t.f_reshape(&shape)?;
-                Ok(viewed.f_index_select(1, &perm)?.f_reshape(t.size())?)
-            };
-            let w = Tensor::f_cat(
-                &[
-                    qk(rows(src, "self_attn.q_proj.weight", q_rows)?, qh.len())?,
-                    qk(rows(src, "self_attn.k_proj.weight", kv_rows)?, kvh.len())?,
-                    rows(src, "self_attn.v_proj.weight", kv_rows)?,
-                ],
-                0,
-            )?;
-            let b = if dims.attention_bias {
-                Some(Tensor::f_cat(
-                    &[
-                        qk(rows(src, "self_attn.q_proj.bias", q_rows)?, qh.len())?,
-                        qk(rows(src, "self_attn.k_proj.bias", kv_rows)?, kvh.len())?,
-                        rows(src, "self_attn.v_proj.bias", kv_rows)?,
-                    ],
-                    0,
-                )?)
-            } else {
-                None
-            };
-            let qk_norm = match &dims.moe {
-                Some(m) if m.qk_norm => Some((
-                    whole(src, "self_attn.q_norm.weight")?.f_index_select(0, &perm)?,
-                    whole(src, "self_attn.k_norm.weight")?.f_index_select(0, &perm)?,
-                )),
-                _ => None,
-            };
-            let qkv = ColumnParallel { linear: linear(&w, b)? };
-            let o = whole(src, "self_attn.o_proj.weight")?.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
-            let o = RowParallel { linear: linear(&o, None)? };
-            let i_total = dims.intermediate;
-            // gate and up of this rank's channels `cols` (of `width`), as one projection, and
-            // down's matching columns: from one fused tensor, or from gate_proj and up_proj.
-            let gated = |src: &mut dyn WeightSource, prefix: &str, cols: std::ops::Range<usize>| {
-                let gate = rows(src, &format!("{prefix}gate_proj.weight"), (cols.start, cols.len()))?;
-                let up = rows(src, &format!("{prefix}up_proj.weight"), (cols.start, cols.len()))?;
-                let gate_up = linear(&Tensor::f_cat(&[gate, up], 0)?, None)?;
-                let down = whole(src, &format!("{prefix}down_proj.weight"))?.f_narrow(
-                    1,
-                    cols.start as i64,
-                    cols.len() as i64,
-                )?;
-                Ok::<_, Error>((gate_up, linear(&down, None)?))
-            };
-            let ffn = match &dims.moe {
-                Some(m) if m.is_moe_layer(l) => {
-                    let f32 = Kind::Float;
-                    let router = whole_as(src, &shape, &format!("{p}.mlp.gate.weight"), f32, dev)?;
-                    let correction_bias =
-                        whole_as(src, &shape, &format!("{p}.mlp.gate.e_score_correction_bias"), f32, dev)?;
-                    let w = plan.expert_width_per_shard;
-                    let cols = plan.expert_width(s);
-                    let mut experts = Vec::new();
-                    let local = plan.experts(s);
-                    for e in local.clone() {
-                        let (gate_up, down) = if m.fused_experts {
-                            let (gu, dn) = expert_from_fused(src, &shape, &p, e, m.width, cols.clone(), kind, dev)?;
-                            (linear(&gu, None)?, linear(&dn, None)?)
-                        } else {
-                            gated(src, &format!("mlp.experts.{e}."), cols.clone())?
-                        };
-                        experts.push(ExpertMlp { gate_up, down, width: w as i64 });
-                    }
-                    let shared = if m.shared_width > 0 {
-                        let sw = plan.shared_width_per_shard;
-                        let (gate_up, down) = gated(src, "mlp.shared_experts.", s * sw..(s + 1) * sw)?;
-                        Some(ExpertMlp { gate_up, down, width: sw as i64 })
-                    } else {
-                        None
-                    };
-                    let stacked = stack_experts(&mut experts, kind, layout, dev)?;
-                    Ffn::Moe(Moe { router, correction_bias, first_expert: local.start, experts, shared, stacked })
-                }
-                _ => {
-                    let (gate_up, down) = if dims.moe.is_some() {
-                        gated(src, "mlp.", inter.clone())?
-                    } else {
-                        let gate = rows(src, "mlp.gate_up_proj.weight", (inter.start, inter.len()))?;
-                        let up = rows(src, "mlp.gate_up_proj.weight", (i_total + inter.start, inter.len()))?;
-                        let gate_up = linear(&Tensor::f_cat(&[gate, up], 0)?, None)?;
-                        let down =
-                            whole(src, "mlp.down_proj.weight")?.f_narrow(1, inter.start as i64, inter.len() as i64)?;
-                        (gate_up, linear(&down, None)?)
-                    };
-                    Ffn::Dense(Mlp {
-                        gate_up: ColumnParallel { linear: gate_up },
-                        down: RowParallel { linear: down },
-                        intermediate: plan.intermediate_per_shard as i64,
-                    })
-                }
-            };
-            layers.push(DecoderLayer {
-                input_layernorm,
-                self_attn: Attention {
-                    qkv,
-                    o,
-                    qk_norm,
-                    heads: plan.heads_per_shard as i64,
-                    kv_heads: plan.kv_per_shard as i64,
-                },
-                post_self_attn_layernorm,
-                post_attention_layernorm,
-                mlp: ffn,
-                post_mlp_layernorm,
-            });
+            layers.push(load_layer(&cx, src, l)?);
         }
         // Vocabulary rows of this rank; rows past the real vocabulary are zero padding.
         let vr = plan.vocab(s);
@@ -584,7 +407,7 @@ impl Glm {
             let t = if real.is_empty() {
                 Tensor::f_zeros([0, dims.hidden as i64], (kind, dev))?
             } else {
-                src.rows(name, &shape(name), Some((real.start, real.len())), kind, dev)?
+                cx.rows(src, name, (real.start, real.len()))?
             };
             let pad = (vr.len() - real.len()) as i64; // cannot wrap: `real` is a part of `vr`
             if pad > 0 {
@@ -595,26 +418,21 @@ impl Glm {
         };
         let head_name = if dims.tie_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
         let lm_head =
-            if last { Some(ParallelLmHead { linear: linear(&vocab_rows(src, head_name)?, None)? }) } else { None };
-        let (norm, embed_tokens) = (
-            if last {
-                Some(src.rows("model.norm.weight", &shape("model.norm.weight"), None, kind, dev)?)
-            } else {
+            if last { Some(ParallelLmHead { linear: cx.linear(&vocab_rows(src, head_name)?, None)? }) } else { None };
+        let norm = if last { Some(cx.whole(src, "model.norm.weight")?) } else { None };
+        let embed_tokens = if first {
+            // Tied and on the same rank as lm_head: read lm_head's columns, no second copy
+            // (a quantized lm_head keeps the embedding's rows in the model's dtype).
+            let rows = if dims.tie_embeddings && last && opts.quantize == Quantize::None {
                 None
-            },
-            if first {
-                // Tied and on the same rank as lm_head: read lm_head's columns, no second copy
-                // (a quantized lm_head keeps the embedding's rows in the model's dtype).
-                let rows = if dims.tie_embeddings && last && opts.quantize == Quantize::None {
-                    None
-                } else {
-                    Some(vocab_rows(src, "model.embed_tokens.weight")?)
-                };
-                Some(VocabParallelEmbedding { rows, vocab_start: vr.start as i64, vocab_len: vr.len() as i64 })
             } else {
-                None
-            },
-        );
+                Some(vocab_rows(src, "model.embed_tokens.weight")?)
+            };
+            Some(VocabParallelEmbedding { rows, vocab_start: vr.start as i64, vocab_len: vr.len() as i64 })
+        } else {
+            None
+        };
+        drop(cx);
         parallel.loaded()?;
         Ok(Glm {
             weight_layout: layout,
@@ -793,129 +611,6 @@ impl Glm {
     }
 }
 
-impl DecoderLayer {
-    /// `h` through the layer: pre-norm attention and MLP, each added to the residual stream
-    /// (GLM-4 normalizes each output first).
-    #[allow(clippy::too_many_arguments)]
-    fn forward(
-        &self,
-        mut h: Tensor,
-        step: &Step,
-        kv: &Tensor,
-        dims: &Dims,
-        eps: f64,
-        rounding: Rounding,
-        fuse: bool,
-        group: &ProcessGroup,
-    ) -> Result<Tensor> {
-        let x = rms_norm(&h, &self.input_layernorm, eps, rounding)?;
-        let a = self.self_attn.forward(&x, step, kv, dims, rounding)?;
-        match &self.post_self_attn_layernorm {
-            None if fuse => self.self_attn.o.add_into(&a, &h, group)?,
-            post => {
-                let mut a = self.self_attn.o.forward(&a, group)?;
-                if let Some(w) = post {
-                    a = rms_norm(&a, w, eps, rounding)?;
-                }
-                h = h.f_add(&a)?;
-            }
-        }
-        let x = rms_norm(&h, &self.post_attention_layernorm, eps, rounding)?;
-        let mlp = match &self.mlp {
-            Ffn::Dense(mlp) => mlp,
-            Ffn::Moe(moe) => {
-                // cannot fire: a layer with experts comes from a config with MoE sizes.
-                let m =
-                    dims.moe.as_ref().ok_or_else(|| Error::InvalidArgument("an MoE layer without MoE sizes".into()))?;
-                return Ok(h.f_add(&moe.forward(&x, m, dims.act, group)?)?);
-            }
-        };
-        let m = mlp.activations(&x, dims.act)?;
-        match &self.post_mlp_layernorm {
-            None if fuse => mlp.down.add_into(&m, &h, group)?,
-            post => {
-                let mut m = mlp.down.forward(&m, group)?;
-                if let Some(w) = post {
-                    m = rms_norm(&m, w, eps, rounding)?;
-                }
-                h = h.f_add(&m)?;
-            }
-        }
-        Ok(h)
-    }
-}
-
-impl Attention {
-    /// This rank's heads' attention output, o_proj's input ([B, T, heads·D]); the step's
-    /// keys and values are written into `kv` first.
-    fn forward(&self, x: &Tensor, step: &Step, kv_cache: &Tensor, dims: &Dims, rounding: Rounding) -> Result<Tensor> {
-        let (b, t) = (x.size3()?.0, step.len);
-        let d = dims.head_dim as i64;
-        let (hl, kvl) = (self.heads, self.kv_heads);
-        let g = hl / kvl; // cannot fire: a rank holds at least one kv head (ShardPlan)
-        let qkv = self.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
-        if let Some((qn, kn)) = &self.qk_norm {
-            let (q, k) = (qkv.f_narrow(2, 0, hl)?, qkv.f_narrow(2, hl, kvl)?);
-            q.shallow_clone().f_copy_(&rms_norm(&q, qn, dims.eps, rounding)?)?;
-            k.shallow_clone().f_copy_(&rms_norm(&k, kn, dims.eps, rounding)?)?;
-        }
-        // q and k are rotated in place, so keys and values stay side by side as the
-        // projection left them and one write a step stores both in the cache.
-        let qk = qkv.f_narrow(2, 0, hl + kvl)?;
-        match &step.rot {
-            // [B, 1, n, D] -> [B, n, D] @ [B, D, D], written back (`view`: never a copy).
-            Some(m) if t == 1 => {
-                let flat = qk.f_view([b, hl + kvl, d])?;
-                flat.shallow_clone().f_copy_(&flat.f_bmm(m)?)?;
-            }
-            _ => rope_in_place(&qk, &step.cos, &step.sin, dims.rotary_dim as i64, d)?,
-        }
-        let [q, kv] = array(qkv.f_split_with_sizes([hl, 2 * kvl], 2)?)?;
-        let kv = kv.f_transpose(1, 2)?; // [B, 2 * kv, T, D]
-        let written = match (&step.slot, &step.rows_at) {
-            (Some(slot), _) => {
-                let _ = kv_cache.shallow_clone().f_index_copy_(2, slot, &kv)?;
-                kv_cache.shallow_clone()
-            }
-            (None, Some(at)) => {
-                // Row i's keys and values go to its own slot at[i].
-                let index = at.f_view([b, 1, 1, 1])?.f_expand(kv.size(), false)?;
-                let _ = kv_cache.shallow_clone().f_scatter_(2, &index, &kv)?;
-                kv_cache.f_narrow(2, 0, step.start + 1)?
-            }
-            (None, None) => {
-                kv_cache.f_narrow(2, step.start, t)?.f_copy_(&kv)?;
-                kv_cache.f_narrow(2, 0, step.start + t)?
-            }
-        };
-        let [keys, values] = array(written.f_split(kvl, 1)?)?;
-        // Grouped-query attention without copying kv heads: the g query heads of each kv
-        // head become g*t query rows against that head's keys.
-        let qg = if t == 1 {
-            q.f_reshape([b, kvl, g, d])?
-        } else {
-            q.f_reshape([b, t, kvl, g, d])?.f_permute([0, 2, 3, 1, 4])?.f_reshape([b, kvl, g * t, d])?
-        };
-        let o =
-            Tensor::f_scaled_dot_product_attention(&qg, &keys, &values, step.mask.as_ref(), 0.0, false, None, false)?;
-        let o = if t == 1 {
-            o.f_reshape([b, 1, hl * d])?
-        } else {
-            o.f_reshape([b, kvl, g, t, d])?.f_permute([0, 3, 1, 2, 4])?.f_reshape([b, t, hl * d])?
-        };
-        Ok(o)
-    }
-}
-
-impl Mlp {
-    /// This rank's channels of `act(gate) * up`, down_proj's input.
-    fn activations(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
-        let gu = self.gate_up.forward(x)?;
-        let [gate, up] = array(gu.f_split(self.intermediate, -1)?)?;
-        Ok(up.f_mul(&act.apply(&gate)?)?)
-    }
-}
-
 /// Parameters a rank holds for the layers `layers` of its stage (first and last stages add
 /// the embedding, the final norm and lm_head), from the plan: what the memory check
 /// compares before anything is allocated. Counted by the spec's memory plan
@@ -936,77 +631,4 @@ pub fn rank_parameter_count(
     };
     let spec = d.config.spec(&[], &[]);
     headcount_spec::memory::rank_parameters_of(&spec, &r, layers.start as u64, layers.end as u64, first, last)
-}
-
-/// In f32 on CPU with each expert's weights in one `[in, out]` block: the experts' gate/up
-/// and down weights stacked (`[E, hidden, 2 x width]`, `[E, width, hidden]`), each expert's
-/// projection then a view of its slice (no second copy), for one grouped product over all
-/// experts in prefill ([`Moe::forward`]).
-fn stack_experts(
-    experts: &mut [ExpertMlp],
-    kind: Kind,
-    layout: WeightLayout,
-    dev: Device,
-) -> Result<Option<(Tensor, Tensor)>> {
-    let single = experts.iter().all(|e| e.gate_up.parts.len() == 1 && e.down.parts.len() == 1);
-    // libtorch's grouped product wants rows of a multiple of 16 bytes.
-    let aligned = experts.first().is_some_and(|e| {
-        let (h, w2) = (e.gate_up.shape()[0], e.gate_up.shape()[1]);
-        h % 4 == 0 && w2 % 8 == 0
-    });
-    if kind != Kind::Float || layout != WeightLayout::InOut || dev != Device::Cpu || !single || !aligned {
-        return Ok(None);
-    }
-    let gu: Vec<&Tensor> = experts.iter().map(|e| &e.gate_up.parts[0]).collect();
-    let dn: Vec<&Tensor> = experts.iter().map(|e| &e.down.parts[0]).collect();
-    let (gu, dn) = (Tensor::f_stack(&gu, 0)?, Tensor::f_stack(&dn, 0)?);
-    for (i, e) in experts.iter_mut().enumerate() {
-        e.gate_up.parts = vec![gu.f_select(0, i as i64)?];
-        e.down.parts = vec![dn.f_select(0, i as i64)?];
-    }
-    Ok(Some((gu, dn)))
-}
-
-/// The head_dim channel order that turns glm4_moe's rotate-half rotary embedding into the
-/// interleaved one: channels `i` and `i + R/2` of the rotary part become neighbours `2i`,
-/// `2i + 1`; channels past the rotary part stay.
-fn rotate_half_order(head_dim: usize, rotary: usize, dev: Device) -> Result<Tensor> {
-    let half = rotary / 2;
-    let order: Vec<i64> =
-        (0..half).flat_map(|i| [i as i64, (i + half) as i64]).chain((rotary as i64)..head_dim as i64).collect();
-    Ok(Tensor::f_from_slice(&order)?.f_to_device(dev)?)
-}
-
-/// A whole tensor in `kind` (the router stays in f32 whatever the model's dtype).
-fn whole_as(
-    src: &mut dyn WeightSource,
-    shapes: &dyn Fn(&str) -> Vec<i64>,
-    name: &str,
-    kind: Kind,
-    dev: Device,
-) -> Result<Tensor> {
-    src.rows(name, &shapes(name), None, kind, dev)
-}
-
-/// Expert `e`'s gate/up and down weights (this rank's columns `cols` of its `width`)
-/// from transformers 5's fused `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I].
-#[allow(clippy::too_many_arguments)]
-fn expert_from_fused(
-    src: &mut dyn WeightSource,
-    shapes: &dyn Fn(&str) -> Vec<i64>,
-    prefix: &str,
-    e: usize,
-    width: usize,
-    cols: std::ops::Range<usize>,
-    kind: Kind,
-    dev: Device,
-) -> Result<(Tensor, Tensor)> {
-    let gu_name = format!("{prefix}.mlp.experts.gate_up_proj");
-    let down_name = format!("{prefix}.mlp.experts.down_proj");
-    let gu = src.rows(&gu_name, &shapes(&gu_name), Some((e, 1)), kind, dev)?.f_squeeze_dim(0)?;
-    let (start, len) = (cols.start as i64, cols.len() as i64);
-    let gate_up = Tensor::f_cat(&[gu.f_narrow(0, start, len)?, gu.f_narrow(0, width as i64 + start, len)?], 0)?;
-    let down = src.rows(&down_name, &shapes(&down_name), Some((e, 1)), kind, dev)?.f_squeeze_dim(0)?;
-    let down = down.f_narrow(1, start, len)?;
-    Ok((gate_up, down))
 }

@@ -1,0 +1,75 @@
+//! GLM (`glm`, GlmForCausalLM: GLM-4-9B's layout), a layer top to bottom as data flows:
+//! input RMSNorm; attention with grouped kv heads, q/k/v with bias, interleaved partial
+//! rotary (the layer's building blocks are [`super::layers`]); the residual add; the
+//! post-attention RMSNorm; the gated MLP, its gate and up stored as one `gate_up_proj`; the
+//! residual add.
+
+use tch::Tensor;
+
+use super::layers::{DecoderLayer, Ffn, Loader};
+use crate::config::Dims;
+use crate::error::Result;
+use crate::load::WeightSource;
+
+/// Layer `l`'s tensors, named and shaped as in the checkpoint.
+pub(crate) fn tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
+    let p = format!("model.layers.{l}");
+    let mut out = attention_tensors(dims, &p);
+    out.extend(fused_mlp_tensors(dims, &p));
+    out
+}
+
+/// Layer `l`, this rank's part of it.
+pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
+    let p = format!("model.layers.{l}");
+    Ok(DecoderLayer {
+        input_layernorm: cx.whole(src, &format!("{p}.input_layernorm.weight"))?,
+        self_attn: cx.attention(src, &p, None, false)?,
+        post_self_attn_layernorm: None,
+        post_attention_layernorm: cx.whole(src, &format!("{p}.post_attention_layernorm.weight"))?,
+        mlp: fused_mlp(cx, src, &p)?,
+        post_mlp_layernorm: None,
+    })
+}
+
+/// The attention's tensors of layer prefix `p` with the norms around it: input_layernorm,
+/// q_proj, k_proj and v_proj (with biases where the config has them), o_proj, and
+/// post_attention_layernorm.
+pub(crate) fn attention_tensors(dims: &Dims, p: &str) -> Vec<(String, Vec<i64>)> {
+    let h = dims.hidden as i64;
+    let q = (dims.heads * dims.head_dim) as i64;
+    let kv = (dims.kv_heads * dims.head_dim) as i64;
+    let mut out = vec![
+        (format!("{p}.input_layernorm.weight"), vec![h]),
+        (format!("{p}.self_attn.q_proj.weight"), vec![q, h]),
+        (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
+        (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
+    ];
+    if dims.attention_bias {
+        out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
+        out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
+        out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
+    }
+    out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+    out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+    out
+}
+
+/// gate_up_proj (`[2 x intermediate, hidden]`) and down_proj of layer prefix `p`.
+pub(crate) fn fused_mlp_tensors(dims: &Dims, p: &str) -> Vec<(String, Vec<i64>)> {
+    let (h, i) = (dims.hidden as i64, dims.intermediate as i64);
+    vec![(format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]), (format!("{p}.mlp.down_proj.weight"), vec![h, i])]
+}
+
+/// The MLP of layer prefix `p` with gate and up stored as one `mlp.gate_up_proj`
+/// (`[2 x intermediate, hidden]`): this rank's channels of each half, down_proj's columns.
+pub(crate) fn fused_mlp(cx: &Loader, src: &mut dyn WeightSource, p: &str) -> Result<Ffn> {
+    let inter = cx.plan.intermediate(cx.shard);
+    let name = format!("{p}.mlp.gate_up_proj.weight");
+    let gate = cx.rows(src, &name, (inter.start, inter.len()))?;
+    let up = cx.rows(src, &name, (cx.dims.intermediate + inter.start, inter.len()))?;
+    let gate_up = cx.linear(&Tensor::f_cat(&[gate, up], 0)?, None)?;
+    let down = cx.whole(src, &format!("{p}.mlp.down_proj.weight"))?;
+    let down = down.f_narrow(1, inter.start as i64, inter.len() as i64)?;
+    Ok(cx.mlp(gate_up, cx.linear(&down, None)?))
+}

@@ -1,0 +1,35 @@
+//! GLM-4 (`glm4`, Glm4ForCausalLM: GLM-4-0414), GLM's layer with two more norms, a layer top
+//! to bottom as data flows: input RMSNorm; attention (as GLM's); `post_self_attn_layernorm`
+//! on its output; the residual add; the post-attention RMSNorm; the gated MLP (as GLM's);
+//! `post_mlp_layernorm` on its output; the residual add.
+
+use super::glm::{attention_tensors, fused_mlp, fused_mlp_tensors};
+use super::layers::{DecoderLayer, Loader};
+use crate::config::Dims;
+use crate::error::Result;
+use crate::load::WeightSource;
+
+/// Layer `l`'s tensors, named and shaped as in the checkpoint.
+pub(crate) fn tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
+    let p = format!("model.layers.{l}");
+    let mut out = attention_tensors(dims, &p);
+    for n in ["post_self_attn_layernorm", "post_mlp_layernorm"] {
+        out.push((format!("{p}.{n}.weight"), vec![dims.hidden as i64]));
+    }
+    out.extend(fused_mlp_tensors(dims, &p));
+    out
+}
+
+/// Layer `l`, this rank's part of it.
+pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
+    let p = format!("model.layers.{l}");
+    let norm = |src: &mut dyn WeightSource, n: &str| cx.whole(src, &format!("{p}.{n}.weight"));
+    Ok(DecoderLayer {
+        input_layernorm: norm(src, "input_layernorm")?,
+        self_attn: cx.attention(src, &p, None, false)?,
+        post_self_attn_layernorm: Some(norm(src, "post_self_attn_layernorm")?),
+        post_attention_layernorm: norm(src, "post_attention_layernorm")?,
+        mlp: fused_mlp(cx, src, &p)?,
+        post_mlp_layernorm: Some(norm(src, "post_mlp_layernorm")?),
+    })
+}
