@@ -31,7 +31,7 @@ macro_rules! spec_of_const {
 }
 
 macro_rules! architecture_trait {
-    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$($d:expr),*], $req:expr, $doc:expr;)*) => {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, $req:expr, $doc:expr;)*) => {
         /// A transformer architecture declared in code. Every associated const has passed the
         /// rules of [`crate::rules`] at compile time; implement it with
         /// `#[derive(headcount::Architecture)]`, not by hand. The consts named after

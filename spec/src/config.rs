@@ -30,7 +30,7 @@ pub enum ConfigError {
     NotAnObject(&'static str),
     #[error("{field}: expected {expected}, got {got}")]
     Field { field: String, expected: &'static str, got: String },
-    #[error("model_type {0:?} is not supported: use \"glm\", \"glm4\" or \"glm4_moe\"")]
+    #[error("model_type {0:?} is not supported: use {types}", types = crate::families::model_types())]
     UnknownModelType(String),
     #[error("{field} = {value} is not supported by the runtime: {reason}")]
     Unsupported { field: String, value: String, reason: &'static str },
@@ -76,7 +76,7 @@ macro_rules! owned_ty {
 }
 
 macro_rules! config_struct {
-    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$($d:expr),*], $req:expr, $doc:expr;)*) => {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, $req:expr, $doc:expr;)*) => {
         /// A GLM, GLM-4 or GLM-4.5 (MoE) config.json, with transformers' defaults for missing
         /// keys (those of the family's config class: `GlmConfig`, `Glm4Config`,
         /// `Glm4MoeConfig`). The fields come from the field table ([`crate::fields`]); a field
@@ -284,18 +284,15 @@ macro_rules! from_spec_value {
 }
 
 macro_rules! config_impl {
-    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$g:expr, $g4:expr, $m:expr], $req:expr, $doc:expr;)*) => {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, $req:expr, $doc:expr;)*) => {
         impl Config {
             /// transformers' defaults for `family` (its config class constructed with no
             /// arguments), with the "not applicable" values for fields it does not have.
             pub fn defaults(family: Family) -> Config {
+                let d = family.row().defaults;
                 Config {
                     family,
-                    $($key: owned_default!($kind, match family {
-                        Family::Glm => $g,
-                        Family::Glm4 => $g4,
-                        Family::Glm4Moe => $m,
-                    }),)*
+                    $($key: owned_default!($kind, d.$key),)*
                     eos_is_scalar: false,
                     rope_layout: RopeLayout::Parameters,
                     extra: BTreeMap::new(),

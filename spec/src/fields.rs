@@ -5,8 +5,8 @@
 //! [`FIELDS`] table that the derive macro, `headcount declare` and the runtime's
 //! declared-versus-checkpoint comparison walk. Adding a field is one line here.
 //!
-//! A line is `key, CONST, kind, place, families, [glm, glm4, glm4_moe defaults], required,
-//! "doc"`:
+//! A line is `key, CONST, kind, place, families, required, "doc"`; each family's default of
+//! every field is its row of the family table ([`crate::families`]):
 //! - `kind`: `count` (an integer that must be at least 1), `number` (an integer, 0
 //!   allowed), `kv_heads` (a count where `null` means "as many as the attention heads"),
 //!   `opt_count` (a count where `null` or absent means "derived"), `float`, `flag`, `id` (a
@@ -29,62 +29,61 @@ pub const MOE: &[Family] = &[Family::Glm4Moe];
 macro_rules! with_fields {
     ($callback:ident) => {
         $callback! {
-            vocab_size, VOCAB_SIZE, count, top, ALL, [151_552, 151_552, 151_552], true,
+            vocab_size, VOCAB_SIZE, count, top, ALL, true,
                 "Tokens in the vocabulary: the rows of the embedding and of lm_head.";
-            hidden_size, HIDDEN_SIZE, count, top, ALL, [4096, 4096, 4096], true,
+            hidden_size, HIDDEN_SIZE, count, top, ALL, true,
                 "Width of the residual stream.";
-            intermediate_size, INTERMEDIATE_SIZE, count, top, ALL, [13_696, 13_696, 10_944], true,
+            intermediate_size, INTERMEDIATE_SIZE, count, top, ALL, true,
                 "Width of the dense MLP (in glm4_moe, of the first first_k_dense_replace layers).";
-            num_hidden_layers, NUM_HIDDEN_LAYERS, count, top, ALL, [40, 40, 46], true,
+            num_hidden_layers, NUM_HIDDEN_LAYERS, count, top, ALL, true,
                 "Decoder layers (glm4_moe's multi-token-prediction layers come after these).";
-            num_attention_heads, NUM_ATTENTION_HEADS, count, top, ALL, [32, 32, 96], true,
+            num_attention_heads, NUM_ATTENTION_HEADS, count, top, ALL, true,
                 "Query heads.";
-            num_key_value_heads, NUM_KEY_VALUE_HEADS, kv_heads, top, ALL, [2, 2, 8], true,
+            num_key_value_heads, NUM_KEY_VALUE_HEADS, kv_heads, top, ALL, true,
                 "Key and value heads (grouped-query attention); null means as many as the query heads.";
-            head_dim, HEAD_DIM, opt_count, top, ALL, [Some(128), Some(128), None], false,
+            head_dim, HEAD_DIM, opt_count, top, ALL, false,
                 "Channels of one head; absent or null: hidden_size / num_attention_heads.";
-            partial_rotary_factor, PARTIAL_ROTARY_FACTOR, float, rope, ALL, [0.5, 0.5, 0.5], false,
+            partial_rotary_factor, PARTIAL_ROTARY_FACTOR, float, rope, ALL, false,
                 "Share of each head's channels that the rotary embedding turns.";
-            rope_theta, ROPE_THETA, float, rope, ALL, [10_000.0, 10_000.0, 10_000.0], false,
+            rope_theta, ROPE_THETA, float, rope, ALL, false,
                 "Base of the rotary frequencies.";
-            rms_norm_eps, RMS_NORM_EPS, float, top, ALL, [1.5625e-7, 1.5625e-7, 1e-5], false,
+            rms_norm_eps, RMS_NORM_EPS, float, top, ALL, false,
                 "Epsilon of every RMSNorm.";
-            max_position_embeddings, MAX_POSITION_EMBEDDINGS, count, top, ALL, [131_072, 131_072, 131_072], false,
+            max_position_embeddings, MAX_POSITION_EMBEDDINGS, count, top, ALL, false,
                 "Longest sequence the rotary tables cover.";
-            hidden_act, HIDDEN_ACT, text, top, ALL, ["silu", "silu", "silu"], false,
+            hidden_act, HIDDEN_ACT, text, top, ALL, false,
                 "Activation of the MLP gate.";
-            attention_bias, ATTENTION_BIAS, flag, top, ALL, [true, true, false], false,
+            attention_bias, ATTENTION_BIAS, flag, top, ALL, false,
                 "Whether q_proj, k_proj and v_proj have a bias.";
-            tie_word_embeddings, TIE_WORD_EMBEDDINGS, flag, top, ALL, [false, false, false], false,
+            tie_word_embeddings, TIE_WORD_EMBEDDINGS, flag, top, ALL, false,
                 "Whether lm_head is the embedding matrix.";
-            pad_token_id, PAD_TOKEN_ID, id, top, ALL, [Some(151_329), Some(151_329), None], false,
+            pad_token_id, PAD_TOKEN_ID, id, top, ALL, false,
                 "The padding token.";
-            bos_token_id, BOS_TOKEN_ID, id, top, ALL, [None, None, None], false,
+            bos_token_id, BOS_TOKEN_ID, id, top, ALL, false,
                 "The beginning-of-sequence token.";
-            eos_token_id, EOS_TOKEN_IDS, ids, top, ALL,
-                [&[151_329, 151_336, 151_338], &[151_329, 151_336, 151_338], &[]], false,
+            eos_token_id, EOS_TOKEN_IDS, ids, top, ALL, false,
                 "The tokens that end generation.";
-            moe_intermediate_size, MOE_INTERMEDIATE_SIZE, count, top, MOE, [0, 0, 1408], true,
+            moe_intermediate_size, MOE_INTERMEDIATE_SIZE, count, top, MOE, true,
                 "Width of each routed expert (a shared expert's is this times n_shared_experts).";
-            n_routed_experts, N_ROUTED_EXPERTS, count, top, MOE, [0, 0, 128], true,
+            n_routed_experts, N_ROUTED_EXPERTS, count, top, MOE, true,
                 "Routed experts in each mixture-of-experts layer.";
-            n_shared_experts, N_SHARED_EXPERTS, number, top, MOE, [0, 0, 1], false,
+            n_shared_experts, N_SHARED_EXPERTS, number, top, MOE, false,
                 "Experts every token passes through (fused into one MLP).";
-            num_experts_per_tok, NUM_EXPERTS_PER_TOK, count, top, MOE, [0, 0, 8], true,
+            num_experts_per_tok, NUM_EXPERTS_PER_TOK, count, top, MOE, true,
                 "Routed experts chosen for each token.";
-            n_group, N_GROUP, count, top, MOE, [0, 0, 1], false,
+            n_group, N_GROUP, count, top, MOE, false,
                 "Groups the routed experts are split into for group-limited routing.";
-            topk_group, TOPK_GROUP, count, top, MOE, [0, 0, 1], false,
+            topk_group, TOPK_GROUP, count, top, MOE, false,
                 "Groups each token's experts may come from.";
-            first_k_dense_replace, FIRST_K_DENSE_REPLACE, number, top, MOE, [0, 0, 1], false,
+            first_k_dense_replace, FIRST_K_DENSE_REPLACE, number, top, MOE, false,
                 "Leading layers with a dense MLP instead of experts.";
-            routed_scaling_factor, ROUTED_SCALING_FACTOR, float, top, MOE, [1.0, 1.0, 1.0], false,
+            routed_scaling_factor, ROUTED_SCALING_FACTOR, float, top, MOE, false,
                 "Factor applied to the routed experts' weights.";
-            norm_topk_prob, NORM_TOPK_PROB, flag, top, MOE, [false, false, true], false,
+            norm_topk_prob, NORM_TOPK_PROB, flag, top, MOE, false,
                 "Whether the chosen experts' weights are normalised to sum to 1.";
-            use_qk_norm, USE_QK_NORM, flag, top, MOE, [false, false, false], false,
+            use_qk_norm, USE_QK_NORM, flag, top, MOE, false,
                 "Whether queries and keys pass an RMSNorm over head_dim before the rotary embedding.";
-            num_nextn_predict_layers, NUM_NEXTN_PREDICT_LAYERS, number, top, MOE, [0, 0, 1], false,
+            num_nextn_predict_layers, NUM_NEXTN_PREDICT_LAYERS, number, top, MOE, false,
                 "Multi-token-prediction layers stored after the decoder layers (not run).";
         }
     };
@@ -197,7 +196,7 @@ macro_rules! field_place {
 }
 
 macro_rules! field_table {
-    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$($d:expr),*], $req:expr, $doc:expr;)*) => {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, $req:expr, $doc:expr;)*) => {
         /// Every field, in the order config.json documentation lists them.
         pub const FIELDS: &[Field] = &[$(Field {
             key: stringify!($key),

@@ -7,7 +7,7 @@ pub const MODEL_TYPE: &str = "model_type";
 pub const ROPE_PARAMETERS: &str = "rope_parameters";
 
 macro_rules! key_consts {
-    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$($d:expr),*], $req:expr, $doc:expr;)*) => {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, $req:expr, $doc:expr;)*) => {
         $(#[doc = $doc] pub const $konst: &str = stringify!($key);)*
     };
 }

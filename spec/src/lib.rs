@@ -18,6 +18,7 @@ pub mod arch;
 pub mod config;
 pub mod declare;
 pub mod engines;
+pub mod families;
 pub mod fields;
 pub mod keys;
 pub mod memory;

@@ -26,31 +26,32 @@ pub enum Family {
 }
 
 impl Family {
+    /// The family's row of the family table.
+    pub const fn row(self) -> &'static crate::families::FamilyRow {
+        &crate::families::FAMILIES[self as usize]
+    }
+
     /// The `model_type` string of config.json.
     pub const fn model_type(self) -> &'static str {
-        match self {
-            Family::Glm => "glm",
-            Family::Glm4 => "glm4",
-            Family::Glm4Moe => "glm4_moe",
-        }
+        self.row().model_type
     }
 
     /// Whether the family has mixture-of-experts layers.
     pub const fn is_moe(self) -> bool {
-        matches!(self, Family::Glm4Moe)
+        self.row().moe
     }
 
     /// The family of a `model_type` string.
     pub const fn from_model_type(s: &str) -> Option<Family> {
-        if str_eq(s, "glm") {
-            Some(Family::Glm)
-        } else if str_eq(s, "glm4") {
-            Some(Family::Glm4)
-        } else if str_eq(s, "glm4_moe") {
-            Some(Family::Glm4Moe)
-        } else {
-            None
+        let rows = crate::families::FAMILIES;
+        let mut i = 0;
+        while i < rows.len() {
+            if str_eq(s, rows[i].model_type) {
+                return Some(rows[i].family);
+            }
+            i += 1;
         }
+        None
     }
 }
 
@@ -82,7 +83,7 @@ macro_rules! spec_ty {
 }
 
 macro_rules! arch_spec {
-    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, [$($d:expr),*], $req:expr, $doc:expr;)*) => {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, $req:expr, $doc:expr;)*) => {
         /// Every number a rule looks at: the field table's values ([`crate::fields`]) and the
         /// declaration-only sizes. Counts are `u64` so that values from any source fit;
         /// `head_dim: None` means "derive it as hidden_size / num_attention_heads".

@@ -12,7 +12,7 @@
 //! product, the fast form on CPU (docs/PERFORMANCE.md). q, k and v are fused into one
 //! projection.
 //!
-//! Adding a family: its `Family` variant, defaults and rules in spec, its file here with
+//! Adding a family: its `Family` variant and family-table row in spec, its rules, its file here with
 //! `tensors` and `load_layer`, and its arms in `layer_tensors` and `load_layer` below (the
 //! README, "Layout").
 

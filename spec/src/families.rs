@@ -1,0 +1,163 @@
+//! The one table of model families: each row names a family's `model_type`, the
+//! architectures its checkpoints declare, which rule groups apply to it, and transformers'
+//! default of every config field for it (its config class built with no arguments). The
+//! [`Family`] methods, `Config::defaults` and the error naming the supported model types
+//! read it. Adding a family is its [`Family`] variant and its row here (then its rules, its
+//! runtime file and its fixtures).
+
+use crate::fields::with_fields;
+use crate::rules::Family;
+
+macro_rules! default_ty {
+    (count) => { u64 };
+    (number) => { u64 };
+    (kv_heads) => { u64 };
+    (opt_count) => { Option<u64> };
+    (id) => { Option<u64> };
+    (float) => { f64 };
+    (flag) => { bool };
+    (ids) => { &'static [u64] };
+    (text) => { &'static str };
+}
+
+macro_rules! defaults_struct {
+    ($($key:ident, $konst:ident, $kind:ident, $place:ident, $fams:ident, $req:expr, $doc:expr;)*) => {
+        /// A family's default of every config field; a field the family's config.json does
+        /// not have holds its "not applicable" value (0 experts).
+        #[derive(Clone, Copy, Debug)]
+        pub struct Defaults {
+            $(#[doc = $doc] pub $key: default_ty!($kind),)*
+        }
+    };
+}
+with_fields!(defaults_struct);
+
+/// One row of the family table.
+#[derive(Clone, Copy, Debug)]
+pub struct FamilyRow {
+    pub family: Family,
+    /// The `model_type` string of config.json.
+    pub model_type: &'static str,
+    /// The `architectures` a checkpoint of the family declares (transformers' classes).
+    pub architectures: &'static [&'static str],
+    /// Whether the mixture-of-experts keys and rules (routed and shared experts, dense
+    /// first layers, group-limited routing, expert parallelism) apply.
+    pub moe: bool,
+    pub defaults: Defaults,
+}
+
+/// transformers' `GlmConfig()`: the GLM-4-9B shape.
+const GLM: Defaults = Defaults {
+    vocab_size: 151_552,
+    hidden_size: 4096,
+    intermediate_size: 13_696,
+    num_hidden_layers: 40,
+    num_attention_heads: 32,
+    num_key_value_heads: 2,
+    head_dim: Some(128),
+    partial_rotary_factor: 0.5,
+    rope_theta: 10_000.0,
+    rms_norm_eps: 1.5625e-7,
+    max_position_embeddings: 131_072,
+    hidden_act: "silu",
+    attention_bias: true,
+    tie_word_embeddings: false,
+    pad_token_id: Some(151_329),
+    bos_token_id: None,
+    eos_token_id: &[151_329, 151_336, 151_338],
+    moe_intermediate_size: 0,
+    n_routed_experts: 0,
+    n_shared_experts: 0,
+    num_experts_per_tok: 0,
+    n_group: 0,
+    topk_group: 0,
+    first_k_dense_replace: 0,
+    routed_scaling_factor: 1.0,
+    norm_topk_prob: false,
+    use_qk_norm: false,
+    num_nextn_predict_layers: 0,
+};
+
+/// transformers' `Glm4MoeConfig()`.
+const GLM4_MOE: Defaults = Defaults {
+    intermediate_size: 10_944,
+    num_hidden_layers: 46,
+    num_attention_heads: 96,
+    num_key_value_heads: 8,
+    head_dim: None,
+    rms_norm_eps: 1e-5,
+    attention_bias: false,
+    pad_token_id: None,
+    eos_token_id: &[],
+    moe_intermediate_size: 1408,
+    n_routed_experts: 128,
+    n_shared_experts: 1,
+    num_experts_per_tok: 8,
+    n_group: 1,
+    topk_group: 1,
+    first_k_dense_replace: 1,
+    norm_topk_prob: true,
+    num_nextn_predict_layers: 1,
+    ..GLM
+};
+
+/// Every family, in the order of [`Family`]'s variants.
+pub const FAMILIES: &[FamilyRow] = &[
+    FamilyRow { family: Family::Glm, model_type: "glm", architectures: &["GlmForCausalLM"], moe: false, defaults: GLM },
+    // transformers' Glm4Config() has GlmConfig's values.
+    FamilyRow {
+        family: Family::Glm4,
+        model_type: "glm4",
+        architectures: &["Glm4ForCausalLM"],
+        moe: false,
+        defaults: GLM,
+    },
+    FamilyRow {
+        family: Family::Glm4Moe,
+        model_type: "glm4_moe",
+        architectures: &["Glm4MoeForCausalLM"],
+        moe: true,
+        defaults: GLM4_MOE,
+    },
+];
+
+// Each family's row sits at its variant's index, so `Family::row` is one lookup.
+const _: () = {
+    let mut i = 0;
+    while i < FAMILIES.len() {
+        assert!(FAMILIES[i].family as usize == i, "FAMILIES must list the families in the order of Family's variants");
+        i += 1;
+    }
+};
+
+/// The supported model types for a message: `"glm", "glm4" or "glm4_moe"`.
+pub fn model_types() -> String {
+    let names: Vec<String> = FAMILIES.iter().map(|r| format!("{:?}", r.model_type)).collect();
+    match names.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fields::FIELDS;
+
+    #[test]
+    fn every_row_reads_back_by_its_model_type_and_builds_its_defaults() {
+        for row in FAMILIES {
+            assert_eq!(Family::from_model_type(row.model_type), Some(row.family));
+            assert_eq!(row.family.model_type(), row.model_type);
+            assert!(!row.architectures.is_empty() && model_types().contains(&format!("{:?}", row.model_type)));
+            let c = crate::Config::defaults(row.family);
+            assert_eq!(c.family, row.family);
+            assert_eq!(c.num_hidden_layers, row.defaults.num_hidden_layers);
+            // The mixture-of-experts keys are the family's exactly when its MoE rules apply.
+            let moe_keys = FIELDS.iter().filter(|f| !f.in_family(Family::Glm)).all(|f| f.in_family(row.family));
+            assert_eq!(moe_keys, row.moe, "{}", row.model_type);
+        }
+        assert_eq!(Family::from_model_type("glm5"), None);
+    }
+}
