@@ -201,7 +201,7 @@ impl<T> Shared<T> {
 /// `x @ [p0 | p1 | ..]`: x is [.., in], each part [in, out_i].
 pub fn matmul(x: &Tensor, parts: &[Tensor]) -> Result<Tensor> {
     match parts {
-        [] => Err(Error::InvalidArgument("a projection with no weights".to_owned())),
+        [] => Err(Error::Internal("a projection with no weights".to_owned())),
         [one] => Ok(x.f_matmul(one)?),
         _ => {
             let inner = x.size().last().copied().unwrap_or(1).max(1);

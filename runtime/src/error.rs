@@ -67,6 +67,9 @@ pub enum Error {
     CudaGraph(String),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// An invariant of headcount's own code broke: a bug, not the input.
+    #[error("a bug in headcount: {0} (please report it, with the command that showed it)")]
+    Internal(String),
 }
 
 impl From<tch::TchError> for Error {
@@ -143,12 +146,26 @@ pub(crate) use named_choices;
 impl Error {
     /// Whether the error is about what the user gave (exit code 1) rather than a bug.
     pub fn is_input_error(&self) -> bool {
-        !matches!(self, Error::Torch(_) | Error::CudaGraph(_))
+        !matches!(self, Error::Torch(_) | Error::CudaGraph(_) | Error::Internal(_))
+    }
+
+    /// Whether an invariant of headcount's own code broke (the `headcount` program exits 3).
+    pub fn is_bug(&self) -> bool {
+        matches!(self, Error::Internal(_))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_broken_invariant_is_a_bug_not_bad_input() {
+        let e = super::Error::Internal("a split gave 1 parts where 2 were expected".into());
+        assert!(e.is_bug() && !e.is_input_error());
+        assert!(e.to_string().starts_with("a bug in headcount: a split gave"), "{e}");
+        let bad = super::Error::InvalidArgument("--batch must be at least 1".into());
+        assert!(bad.is_input_error() && !bad.is_bug());
+    }
+
     #[test]
     fn backtraces_are_cut() {
         let raw = "Torch(\"shape mismatch\nException raised from foo at bar.cpp:1\nframe #0: x\")";

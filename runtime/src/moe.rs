@@ -150,7 +150,7 @@ impl Moe {
     /// experts, summed over the tensor-parallel group.
     pub fn forward(&self, x: &Tensor, m: &MoeDims, act: Activation, group: &ProcessGroup) -> Result<Tensor> {
         let shape = x.size();
-        let h = *shape.last().ok_or_else(|| Error::InvalidArgument("an MoE input without dimensions".into()))?;
+        let h = *shape.last().ok_or_else(|| Error::Internal("an MoE input without dimensions".into()))?;
         let flat = x.f_reshape([-1, h])?;
         let (chosen, weights) = self.route(&flat, m)?;
         let k = m.per_token as i64;

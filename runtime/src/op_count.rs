@@ -234,7 +234,7 @@ pub fn decode_profile(config: &Config, opts: &LoadOptions, decode: DecodeMode, b
         per_model.push((prefill, &three - &two));
     }
     let [(prefill1, step1), (prefill2, step2), (_, step3)] =
-        <[_; 3]>::try_from(per_model).map_err(|_| Error::InvalidArgument("three models were counted".to_owned()))?;
+        <[_; 3]>::try_from(per_model).map_err(|_| Error::Internal("three models were counted".to_owned()))?;
     let per_layer = &step2 - &step1;
     let outside_layers = &step1 - &per_layer;
     Ok(DecodeProfile {

@@ -49,13 +49,14 @@ pub fn resolve_models(command: &mut args::Command) -> Result<()> {
     Ok(())
 }
 
-/// A command's outcome as the process's exit code: 1 with one `error:` line for an error.
+/// A command's outcome as the process's exit code: 1 with one `error:` line for an error,
+/// 3 for a bug in headcount (an invariant of its own code that broke).
 pub fn exit(result: Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is_bug() { 3 } else { 1 })
         }
     }
 }

@@ -59,7 +59,7 @@ pub(crate) fn tensors(dims: &Dims, m: &MoeDims, l: usize) -> Vec<(String, Vec<i6
 /// Layer `l`, this rank's part of it.
 pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
     // cannot fire: the family's config has MoE sizes (Dims::new).
-    let m = cx.dims.moe.as_ref().ok_or_else(|| Error::InvalidArgument("glm4_moe without MoE sizes".into()))?;
+    let m = cx.dims.moe.as_ref().ok_or_else(|| Error::Internal("glm4_moe without MoE sizes".into()))?;
     let p = format!("model.layers.{l}");
     let order = rotate_half_order(cx.dims.head_dim, cx.dims.rotary_dim, cx.dev)?;
     let input_layernorm = cx.whole(src, &format!("{p}.input_layernorm.weight"))?;

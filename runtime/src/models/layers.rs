@@ -22,7 +22,7 @@ use crate::parallel::plan::ShardPlan;
 pub(crate) fn array<const N: usize>(parts: Vec<Tensor>) -> Result<[Tensor; N]> {
     let got = parts.len();
     <[Tensor; N]>::try_from(parts)
-        .map_err(|_| Error::InvalidArgument(format!("a split gave {got} parts where {N} were expected")))
+        .map_err(|_| Error::Internal(format!("a split gave {got} parts where {N} were expected")))
 }
 
 /// Multi-head attention with grouped kv heads: q/k/v one column-parallel projection (this
@@ -114,8 +114,7 @@ impl DecoderLayer {
             Ffn::Dense(mlp) => mlp,
             Ffn::Moe(moe) => {
                 // cannot fire: a layer with experts comes from a config with MoE sizes.
-                let m =
-                    dims.moe.as_ref().ok_or_else(|| Error::InvalidArgument("an MoE layer without MoE sizes".into()))?;
+                let m = dims.moe.as_ref().ok_or_else(|| Error::Internal("an MoE layer without MoE sizes".into()))?;
                 return Ok(h.f_add(&moe.forward(&x, m, dims.act, group)?)?);
             }
         };

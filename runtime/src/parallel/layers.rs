@@ -61,9 +61,9 @@ impl VocabParallelEmbedding {
             match (&self.rows, tied) {
                 (Some(e), _) => Ok(e.f_index_select(0, idx)?),
                 (None, Some(head)) => lookup_columns(&head.linear.parts, idx),
-                (None, None) => Err(crate::error::Error::InvalidArgument(
-                    "a tied embedding without its lm_head on this rank".to_owned(),
-                )),
+                (None, None) => {
+                    Err(crate::error::Error::Internal("a tied embedding without its lm_head on this rank".to_owned()))
+                }
             }
         };
         let mut shape = ids.size();
@@ -125,7 +125,7 @@ fn lookup_columns(parts: &[Tensor], idx: &Tensor) -> Result<Tensor> {
         });
         start += width;
     }
-    acc.ok_or_else(|| crate::error::Error::InvalidArgument("a projection with no weights".to_owned()))
+    acc.ok_or_else(|| crate::error::Error::Internal("a projection with no weights".to_owned()))
 }
 
 /// Rows for the ids in `[start, start + width)` of a table that holds only that range
