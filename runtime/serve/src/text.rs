@@ -2,10 +2,12 @@
 //! that span tokens come out complete), cut at the first stop string, and holding back any
 //! tail that could still become one, so a stream never sends text it must take back.
 
-use headcount_runtime::{Result, TextCodec};
+use headcount_runtime::{Result, StreamDecoder, TextCodec};
 
 pub struct TextStream {
-    ids: Vec<i64>,
+    /// Decodes the tokens whole and hands out the text that became final.
+    decoder: StreamDecoder,
+    /// That text so far.
     text: String,
     /// Bytes of `text` handed out.
     sent: usize,
@@ -15,7 +17,7 @@ pub struct TextStream {
 
 impl TextStream {
     pub fn new(stops: Vec<String>) -> TextStream {
-        TextStream { ids: Vec::new(), text: String::new(), sent: 0, stops, stopped: false }
+        TextStream { decoder: StreamDecoder::new(), text: String::new(), sent: 0, stops, stopped: false }
     }
 
     /// Adds a token; returns the text that became final and whether a stop string ended
@@ -24,14 +26,11 @@ impl TextStream {
         if self.stopped {
             return Ok((String::new(), true));
         }
-        self.ids.push(id);
-        let text = codec.decode(&self.ids)?;
-        // An unfinished character, or a decoding that rewrote text already handed out: wait
-        // for the next token.
-        if text.ends_with('\u{FFFD}') || text.len() < self.sent || !text.is_char_boundary(self.sent) {
+        let piece = self.decoder.push(codec, id)?;
+        if piece.is_empty() {
             return Ok((String::new(), false));
         }
-        self.text = text;
+        self.text.push_str(&piece);
         if let Some(at) = self.first_stop() {
             let out = self.text[self.sent..at].to_owned();
             self.text.truncate(at);
