@@ -18,7 +18,7 @@
 //!
 //! [`trace`] records a profiler trace instead (`runtime/cpp/trace.cpp`, libtorch's Kineto
 //! profiler): every operator with its CPU time and, on a GPU, every kernel with its device
-//! time, as a Chrome trace file (`headcount bench --trace`, `python/trace_summary.py`).
+//! time, as a Chrome trace file (`headcount-dev trace`, `python/trace_summary.py`).
 
 use std::collections::BTreeMap;
 use std::ops::Sub;

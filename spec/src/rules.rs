@@ -1,4 +1,5 @@
-//! The layout rules of DESIGN.md, each a `const fn` over an [`ArchSpec`].
+//! The layout rules (docs/RULES.md lists each with its code), each a `const fn` over an
+//! [`ArchSpec`].
 //!
 //! One definition serves three enforcement points: the derive macro evaluates them on
 //! literal values while expanding, generated `const _` items evaluate them in the compiler
