@@ -22,7 +22,22 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
             }
             return Ok(ExitCode::from(1));
         }
-        memory_table(&config, limit, a.memory_dtype, a.context.unwrap_or(config.max_position_embeddings));
+        let context = a.context.unwrap_or(config.max_position_embeddings);
+        if tp.is_empty() && pp.is_empty() {
+            memory_table(&config, limit, a.memory_dtype, context);
+        } else {
+            // The layouts asked for get a verdict: legal for the model, then fitting.
+            if let Err(v) = config.validate_sizes(tp, pp, ep) {
+                println!("{}: {} layout error(s)", path.display(), v.errors.len());
+                for e in &v.errors {
+                    println!("  error[{}]: {}", e.code(), e.message());
+                }
+                return Ok(ExitCode::from(1));
+            }
+            if !memory_verdict(&config, limit, a.memory_dtype, context, tp, pp, ep) {
+                return Ok(ExitCode::from(1));
+            }
+        }
         if a.engines.is_empty() {
             return Ok(ExitCode::SUCCESS);
         }
@@ -251,6 +266,41 @@ fn memory_table(config: &Config, limit_gib: u64, elt: u64, context: u64) {
             .collect();
         println!("  tp {tp:>3}{}", cells.join(""));
     }
+}
+
+/// `check --memory` with `--tp`/`--pp`/`--ep`: whether the fullest rank of each layout asked
+/// for fits the device memory (needed against available), and, for one that does not, the
+/// smallest layouts that do (HC1101, as a declaration's memory check says it). Whether all
+/// fit.
+fn memory_verdict(config: &Config, limit_gib: u64, elt: u64, context: u64, tp: &[u64], pp: &[u64], ep: &[u64]) -> bool {
+    use headcount_spec::memory::{self, RankLayout};
+    let spec = config.spec(&[], &[]);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let or_one = |v: &[u64]| if v.is_empty() { vec![1] } else { v.to_vec() };
+    let mut all_fit = true;
+    for &t in &or_one(tp) {
+        for &p in &or_one(pp) {
+            for &e in &or_one(ep) {
+                let layout = RankLayout { ep: e, ..RankLayout::new(t, p) };
+                let (w, c) = memory::rank_bytes(&spec, &layout, context, elt);
+                let mut errors = headcount_spec::Errors::new();
+                // The runtime splits layers over stages unevenly where they do not divide.
+                memory::check_fits(&spec, &layout, limit_gib, context, elt, true, &mut errors);
+                let verdict = if errors.is_empty() { "fits" } else { "does not fit" };
+                println!(
+                    "tp {t} pp {p} ep {e}: {:.1} GiB a rank (weights {:.1} GiB, KV cache of {context} tokens {:.1} GiB) against {limit_gib} GiB: {verdict}",
+                    gib(w.saturating_add(c)),
+                    gib(w),
+                    gib(c),
+                );
+                for err in errors.iter() {
+                    println!("  error[{}]: {}", err.code(), err.message());
+                    all_fit = false;
+                }
+            }
+        }
+    }
+    all_fit
 }
 
 /// `launch-args`: the engine's command for a layout its rules accept, so that the layout

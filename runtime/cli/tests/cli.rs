@@ -474,6 +474,17 @@ fn check_prints_memory_a_rank() {
     let o = headcount(&["check", &glm45, "--memory", "80GiB", "--dtype", "bf16", "--context", "131072"]);
     expect(&o, 0, "352.8B parameters (33.6B active a token), KV cache 368 KiB a token");
     expect(&o, 0, "tp   8     88.0 GiB no   45.3 GiB fits");
+    // A layout asked for gets a verdict: tp 4 does not fit (exit 1, with the smallest
+    // layouts that do), tp 16 does.
+    let memory = ["--memory", "80GiB", "--dtype", "bf16", "--context", "131072"];
+    let asked = |extra: &[&str]| headcount(&[&["check", &glm45][..], &memory, extra].concat());
+    let o = asked(&["--tp", "4"]);
+    expect(&o, 1, "tp 4 pp 1 ep 1: 175.9 GiB a rank");
+    expect(&o, 1, "does not fit");
+    expect(&o, 1, "error[HC1101]");
+    expect(&asked(&["--tp", "16"]), 0, "tp 16 pp 1 ep 1: 47.1 GiB a rank");
+    expect(&asked(&["--tp", "8", "--pp", "2"]), 0, ": fits");
+    expect(&asked(&["--tp", "3"]), 1, "error[HC05");
     expect(&headcount(&["check", &glm45, "--memory", "0"]), 2, "must be at least 1 GiB");
     expect(&headcount(&["check", &glm45, "--memory", "80", "--dtype", "int3"]), 2, "use bf16, f16, f32 or fp8");
 }
