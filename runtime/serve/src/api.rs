@@ -290,7 +290,10 @@ const CHAT_FIELDS: &[&str] = &[
 pub fn check_fields(body: &Body, chat: bool) -> Result<(), ApiError> {
     let own = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
     let endpoint = if chat { "/v1/chat/completions" } else { "/v1/completions" };
-    if let Some(key) = body.0.keys().find(|k| !SHARED_FIELDS.contains(&k.as_str()) && !own.contains(&k.as_str())) {
+    // A null field is an absent one (clients serialize unset options as null).
+    let unknown =
+        |(k, v): &(&String, &Value)| !v.is_null() && !SHARED_FIELDS.contains(&k.as_str()) && !own.contains(&k.as_str());
+    if let Some((key, _)) = body.0.iter().find(unknown) {
         return Err(ApiError::invalid(
             key.as_str(),
             format!("{key} is not a field of {endpoint} that this server reads: leave it out"),

@@ -304,7 +304,10 @@ fn fields_the_server_would_ignore_are_refused_with_their_name() {
         let chat = [
             (json!({"tool_choice": "required"}), "tool_choice"),
             (json!({"tool_choice": {"type": "function", "function": {"name": "add"}}}), "tool_choice"),
-            (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}), "response_format"),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
+                "response_format",
+            ),
             (json!({"parallel_tool_calls": false}), "parallel_tool_calls"),
             (json!({"logit_bias": {"5": -100}}), "logit_bias"),
             (json!({"echo": true}), "echo"),
@@ -317,12 +320,15 @@ fn fields_the_server_would_ignore_are_refused_with_their_name() {
             assert_eq!((status, &v["error"]["param"]), (400, &json!(field)), "{body}: {v}");
         }
         assert!(asked.try_recv().is_err(), "a refused request reached the engine");
-        // Their neutral values are what the server does anyway: accepted.
+        // Their neutral values are what the server does anyway, and a null field is an absent
+        // one: accepted.
         let neutral = json!({"messages": [{"role": "user", "content": "1+1"}], "max_tokens": 1, "logit_bias": {},
-                             "response_format": {"type": "text"}, "tool_choice": "auto", "user": "u1", "min_tokens": 0});
+                             "response_format": {"type": "text"}, "tool_choice": "auto", "user": "u1", "min_tokens": 0,
+                             "functions": null});
         let (status, v) = post(&app, "/v1/chat/completions", neutral).await;
         assert_eq!(status, 200, "{v}");
-        let (status, v) = post(&app, "/v1/completions", json!({"prompt": "1+1=", "max_tokens": 1, "best_of": 1, "suffix": ""})).await;
+        let (status, v) =
+            post(&app, "/v1/completions", json!({"prompt": "1+1=", "max_tokens": 1, "best_of": 1, "suffix": ""})).await;
         assert_eq!(status, 200, "{v}");
     });
 }
