@@ -685,15 +685,19 @@ impl Reader {
                 let prompt = &plan.prompts[c / plan.n];
                 let echo = plan.echo[c / plan.n].clone();
                 let mut logprobs = Vec::new();
+                // Text offsets: of the prompt's second token (after the first's text) when
+                // the prompt's entries lead, else of the first generated token.
+                let mut offset = echo.as_ref().map_or(0, String::len);
                 if echo.is_some() && plan.echo_logprobs && plan.logprobs.is_some() {
                     // The first prompt token has no log probability: nothing comes before it.
                     let first = piece(codec.as_deref(), prompt[0]);
                     logprobs.push(json!({"token": first, "logprob": null, "top": null, "offset": 0}));
+                    offset = codec.as_deref().and_then(|k| k.decode(&prompt[..1]).ok()).map_or(0, |t| t.len());
                 }
                 Choice {
                     text: TextStream::new(plan.stop.clone()),
-                    offset: 0,
-                    all: String::new(),
+                    offset,
+                    all: echo.clone().unwrap_or_default(),
                     echo_len: echo.as_ref().map_or(0, String::len),
                     echo,
                     tokens: 0,
@@ -704,21 +708,8 @@ impl Reader {
                     started: false,
                 }
             })
-            .collect::<Vec<_>>();
+            .collect();
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let mut choices = choices;
-        // Text offsets: of the prompt's second token (the first's text before it) with its
-        // entries, else of the first generated token (after the echo).
-        for (c, ch) in choices.iter_mut().enumerate() {
-            let echo = ch.echo.clone().unwrap_or_default();
-            ch.offset = if ch.logprobs.is_empty() {
-                echo.len()
-            } else {
-                let first = &plan.prompts[c / plan.n][..1];
-                codec.as_deref().and_then(|k| k.decode(first).ok()).map_or(0, |t| t.len())
-            };
-            ch.all = echo;
-        }
         Reader {
             s,
             rx,
