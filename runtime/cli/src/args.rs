@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// (`*`: any) [default: none; preflights are refused with 403].
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Tell chat answers' reasoning from their content: glm45 returns the text of GLM's
+    /// `<think>` ... `</think>` as `reasoning_content` (and `reasoning`) [default: none].
+    #[arg(long, value_enum)]
+    pub reasoning_parser: Option<ReasoningArg>,
     /// --model as given (before a repo id is resolved to its folder).
     #[arg(skip)]
     pub model_name: String,
@@ -355,6 +359,21 @@ impl From<EngineArg> for headcount_spec::engines::Engine {
             EngineArg::Sglang => Engine::Sglang,
             EngineArg::Megatron => Engine::Megatron,
             EngineArg::Transformers => Engine::Transformers,
+        }
+    }
+}
+
+/// How chat answers' reasoning is told from their content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReasoningArg {
+    /// GLM-4.5, 4.6 and 4.7: `<think>` ... `</think>`.
+    Glm45,
+}
+
+impl From<ReasoningArg> for headcount_serve::reasoning::ReasoningParser {
+    fn from(a: ReasoningArg) -> Self {
+        match a {
+            ReasoningArg::Glm45 => headcount_serve::reasoning::ReasoningParser::Glm45,
         }
     }
 }

@@ -19,6 +19,7 @@ pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
         model_name: a.served_model_name.clone().unwrap_or_else(|| a.model_name.clone()),
         quiet,
         allowed_origins: a.allowed_origins.clone(),
+        reasoning: a.reasoning_parser.map(Into::into),
     };
     match headcount_serve::serve(model, &a.model, &opts) {
         Ok(()) => Ok(ExitCode::SUCCESS),

@@ -25,6 +25,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use crate::api::{ApiError, Body, Prompt, check_fields, check_messages, prompts, template_messages};
 use crate::engine::{Event, Finish, Job, TokenLogprobs};
 use crate::metrics::Metrics;
+use crate::reasoning::{ReasoningParser, ReasoningSplit};
 use crate::template::ChatTemplate;
 use crate::text::TextStream;
 
@@ -51,6 +52,8 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// Origins whose browser requests are answered with CORS headers (`*`: any).
     pub allowed_origins: Vec<String>,
+    /// How chat answers' reasoning is told from their content (`None`: it is not).
+    pub reasoning: Option<ReasoningParser>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -237,6 +240,9 @@ struct Plan {
     include_usage: bool,
     /// vLLM's `stream_options.continuous_usage_stats`: every chunk carries the usage so far.
     continuous_usage: bool,
+    /// Chat with a reasoning parser: whether the rendered prompt leaves the answer inside a
+    /// `<think>` block.
+    reasoning_opened: Option<bool>,
 }
 
 impl Plan {
@@ -381,6 +387,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         if add_special { c.encode(text) } else { c.encode_plain(text) }
             .map_err(|e| ApiError::invalid(key, e.to_string()))
     };
+    let mut reasoning_opened = None;
     // The prompts as ids, and as text for echo.
     let (ids, texts): (Vec<Vec<i64>>, Vec<Option<String>>) = match ep {
         Endpoint::Completions => {
@@ -442,6 +449,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
                 .render(&messages, tools.as_ref(), gen_prompt, &extra)
                 .map_err(|e| ApiError::invalid("messages", e))?;
             let v = encode(c, &text, "messages")?;
+            reasoning_opened = s.reasoning.map(|_| ReasoningSplit::opened_by(&text));
             if v.is_empty() {
                 return Err(ApiError::invalid("messages", "the conversation renders to an empty prompt"));
             }
@@ -627,14 +635,19 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         stream,
         include_usage,
         continuous_usage,
+        reasoning_opened,
     })
 }
 
 /// One choice's state while its events arrive.
 struct Choice {
     text: TextStream,
-    /// All text so far, the echoed prompt first (non-streaming answers).
+    /// All text so far, the echoed prompt first (non-streaming answers); with a reasoning
+    /// parser, the content only.
     all: String,
+    /// With a reasoning parser: the answer's split, and its reasoning so far.
+    split: Option<ReasoningSplit>,
+    reasoning: String,
     /// The echoed prompt, until a stream has sent it.
     echo: Option<String>,
     /// Its bytes: the text offset of the first generated token.
@@ -651,6 +664,26 @@ struct Choice {
     offset: usize,
     finish: Option<&'static str>,
     started: bool,
+}
+
+impl Choice {
+    /// Adds newly final text (`last`: the answer's end): to the content, or through the
+    /// reasoning split to the reasoning and the content. Returns `(reasoning, content)` added.
+    fn take(&mut self, piece: &str, last: bool) -> (String, String) {
+        let Some(split) = &mut self.split else {
+            self.all.push_str(piece);
+            return (String::new(), piece.to_owned());
+        };
+        let (mut r, mut c) = split.push(piece);
+        if last {
+            let (r2, c2) = split.finish();
+            r.push_str(&r2);
+            c.push_str(&c2);
+        }
+        self.reasoning.push_str(&r);
+        self.all.push_str(&c);
+        (r, c)
+    }
 }
 
 /// Reads a request's events and shapes them as the endpoint answers.
@@ -698,6 +731,8 @@ impl Reader {
                     text: TextStream::new(plan.stop.clone()),
                     offset,
                     all: echo.clone().unwrap_or_default(),
+                    split: plan.reasoning_opened.map(ReasoningSplit::new),
+                    reasoning: String::new(),
                     echo_len: echo.as_ref().map_or(0, String::len),
                     echo,
                     tokens: 0,
@@ -730,9 +765,9 @@ impl Reader {
         self.choices.iter().all(|c| c.finish.is_some())
     }
 
-    /// Applies one event to its choice: the new text (`None` if the event adds none to the
-    /// answer's text), or an error.
-    fn apply(&mut self, c: usize, e: Event) -> Result<Option<String>, String> {
+    /// Applies one event to its choice: the new reasoning and content text (`None` if the
+    /// event adds none to the answer's text), or an error.
+    fn apply(&mut self, c: usize, e: Event) -> Result<Option<(String, String)>, String> {
         let codec = self.s.codec.clone();
         let (ep, top, prompt_top) = (self.ep, self.top, self.prompt_top);
         let ch = &mut self.choices[c];
@@ -773,17 +808,15 @@ impl Reader {
                     ch.finish = Some("stop");
                     self.cancels[c].store(true, Ordering::Relaxed);
                 }
-                ch.all.push_str(&piece);
-                Ok(Some(piece))
+                Ok(Some(ch.take(&piece, stopped)))
             }
             Event::Done(f) => {
                 let rest = ch.text.finish();
-                ch.all.push_str(&rest);
                 ch.finish = Some(match f {
                     Finish::Stop => "stop",
                     Finish::Length => "length",
                 });
-                Ok(Some(rest))
+                Ok(Some(ch.take(&rest, true)))
             }
             Event::Failed(msg) => Err(msg),
         }
@@ -836,8 +869,15 @@ impl Reader {
                         }
                         v
                     }
-                    Endpoint::Chat => json!({"index": i, "message": {"role": "assistant", "content": c.all},
-                                             "logprobs": lp, "finish_reason": c.finish}),
+                    Endpoint::Chat => {
+                        let mut message = json!({"role": "assistant", "content": c.all});
+                        if c.split.is_some() {
+                            let r = if c.reasoning.is_empty() { Value::Null } else { json!(c.reasoning) };
+                            message["reasoning_content"] = r.clone();
+                            message["reasoning"] = r;
+                        }
+                        json!({"index": i, "message": message, "logprobs": lp, "finish_reason": c.finish})
+                    }
                 }
             })
             .collect();
@@ -852,8 +892,9 @@ impl Reader {
         (StatusCode::OK, v)
     }
 
-    /// One streamed chunk of choice `i`: `text` and the log probability entries not sent yet.
-    fn chunk(&mut self, i: usize, text: &str, finish: Option<&str>) -> Value {
+    /// One streamed chunk of choice `i`: `text` (with a reasoning parser, `reasoning` before
+    /// it) and the log probability entries not sent yet.
+    fn chunk(&mut self, i: usize, reasoning: &str, text: &str, finish: Option<&str>) -> Value {
         let first = !self.choices[i].started;
         self.choices[i].started = true;
         let c = &self.choices[i];
@@ -862,13 +903,17 @@ impl Reader {
         let mut choice = match self.ep {
             Endpoint::Completions => json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish}),
             Endpoint::Chat => {
-                let delta = if first {
+                let mut delta = if first {
                     json!({"role": "assistant", "content": text})
-                } else if text.is_empty() && finish.is_some() {
+                } else if text.is_empty() && (finish.is_some() || !reasoning.is_empty()) {
                     json!({})
                 } else {
                     json!({"content": text})
                 };
+                if !reasoning.is_empty() {
+                    delta["reasoning_content"] = json!(reasoning);
+                    delta["reasoning"] = json!(reasoning);
+                }
                 json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish})
             }
         };
@@ -927,18 +972,18 @@ impl Reader {
                                 && r.choices[c].finish.is_none()
                                 && let Some(echo) = r.choices[c].echo.take()
                             {
-                                pending.push_back(r.chunk(c, &echo, None));
+                                pending.push_back(r.chunk(c, "", &echo, None));
                             }
                             match r.apply(c, e) {
                                 Ok(_) if prompt_event => {}
-                                Ok(Some(text)) => {
+                                Ok(Some((reasoning, text))) => {
                                     let ch = &r.choices[c];
                                     let fresh_lp = ch.logprobs.len() > ch.logprobs_sent;
-                                    if text.is_empty() && !fresh_lp && ch.finish.is_none() {
+                                    if text.is_empty() && reasoning.is_empty() && !fresh_lp && ch.finish.is_none() {
                                         continue;
                                     }
                                     let finish = ch.finish;
-                                    pending.push_back(r.chunk(c, &text, finish));
+                                    pending.push_back(r.chunk(c, &reasoning, &text, finish));
                                 }
                                 Ok(None) => {}
                                 Err(msg) => {

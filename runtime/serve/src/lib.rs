@@ -12,6 +12,7 @@ pub mod api;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod reasoning;
 pub mod template;
 pub mod text;
 
@@ -53,6 +54,8 @@ pub struct ServeOptions {
     pub quiet: bool,
     /// Origins whose browser requests get CORS headers (`*`: any); none by default.
     pub allowed_origins: Vec<String>,
+    /// How chat answers' reasoning is told from their content (`--reasoning-parser`).
+    pub reasoning: Option<reasoning::ReasoningParser>,
 }
 
 impl Default for ServeOptions {
@@ -67,6 +70,7 @@ impl Default for ServeOptions {
             model_name: "model".into(),
             quiet: false,
             allowed_origins: Vec::new(),
+            reasoning: None,
         }
     }
 }
@@ -128,6 +132,7 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         next_id: AtomicU64::new(1),
         allowed_origins: opts.allowed_origins.clone(),
+        reasoning: opts.reasoning,
     });
     // A client that closes its connection must not end the server on a write to it.
     // SAFETY: setting a signal's disposition to ignore, before the HTTP threads start.

@@ -15,6 +15,7 @@ use headcount_runtime::{Sampling, TextCodec};
 use headcount_serve::engine::{Event, Finish, Job, TokenLogprobs};
 use headcount_serve::http::{AppState, router};
 use headcount_serve::metrics::Metrics;
+use headcount_serve::reasoning::ReasoningParser;
 use headcount_serve::template::ChatTemplate;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -35,6 +36,16 @@ type Asked = Receiver<(Vec<i64>, usize, Option<usize>)>;
 /// engine: a sequence's prompt token i (from 1) scores -i/10 with rank 1, and it produces
 /// "7" up to its max_tokens.
 fn server(dir: &Path, origins: &[&str]) -> (axum::Router, Asked) {
+    scripted(dir, origins, None, vec![SEVEN])
+}
+
+/// [`server`] whose engine produces the tokens of `script` in turn, with a reasoning parser.
+fn scripted(
+    dir: &Path,
+    origins: &[&str],
+    reasoning: Option<ReasoningParser>,
+    script: Vec<i64>,
+) -> (axum::Router, Asked) {
     let (jobs, rx): (Sender<Job>, Receiver<Job>) = channel();
     let (asked_tx, asked) = channel();
     std::thread::spawn(move || {
@@ -57,14 +68,15 @@ fn server(dir: &Path, origins: &[&str]) -> (axum::Router, Asked) {
                 send(Event::Prompt(scored[..half].to_vec()));
                 send(Event::Prompt(scored[half..].to_vec()));
             }
-            for _ in 0..j.max_tokens {
+            for i in 0..j.max_tokens {
+                let id = script[i % script.len()];
                 let logprobs = j.logprobs.map(|k| TokenLogprobs {
-                    id: SEVEN,
+                    id,
                     logprob: -0.5,
                     rank: None,
-                    top: vec![(SEVEN, -0.5); k.min(1)],
+                    top: vec![(id, -0.5); k.min(1)],
                 });
-                send(Event::Token { id: SEVEN, logprobs });
+                send(Event::Token { id, logprobs });
             }
             send(Event::Done(Finish::Length));
         }
@@ -84,6 +96,7 @@ fn server(dir: &Path, origins: &[&str]) -> (axum::Router, Asked) {
         created: 0,
         next_id: AtomicU64::new(1),
         allowed_origins: origins.iter().map(|o| o.to_string()).collect(),
+        reasoning,
     });
     (router(state), asked)
 }
@@ -384,4 +397,93 @@ fn every_route_answers_errors_as_openai_error_objects() {
         let v: Value = serde_json::from_str(&text).unwrap();
         assert!(v["error"]["message"].as_str().unwrap().contains("--allowed-origins"), "{v}");
     });
+}
+
+/// A checkpoint folder whose tokenizer has GLM's `<think>` and `</think>` (ids 4 and 5, not
+/// special, so text keeps them) and a chat template that opens `<think>` when asked to.
+fn thinking_checkpoint() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let token = |id: u32, content: &str, special: bool| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+               "normalized": false, "special": special})
+    };
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "normalizer": null, "post_processor": null,
+        "added_tokens": [token(0, "<pad>", true), token(1, "<bos>", true), token(2, "<eos>", true),
+                         token(3, "<unk>", true), token(4, "<think>", false), token(5, "</think>", false)],
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "unk_token": "<unk>",
+                  "vocab": {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, "<think>": 4, "</think>": 5,
+                            "plan": 6, "46": 7, " ": 8}},
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let template = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}\
+                    {% if add_generation_prompt and think %}<think>{% endif %}";
+    let config = json!({"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": template});
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn glm_reasoning_goes_to_reasoning_content_streamed_and_not() {
+    const THINK: i64 = 4;
+    const END: i64 = 5;
+    const PLAN: i64 = 6;
+    const ANSWER: i64 = 7;
+    const SPACE: i64 = 8;
+    let dir = thinking_checkpoint();
+    let rt = runtime();
+    let ask = |app: &axum::Router, extra: Value, stream: bool| {
+        let mut body = json!({"messages": [{"role": "user", "content": "12+34"}], "max_tokens": 6, "stream": stream});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let app = app.clone();
+        rt.block_on(async move {
+            let (status, _, text) = call(&app, "POST", "/v1/chat/completions", &[], body).await;
+            assert_eq!(status, 200, "{text}");
+            text
+        })
+    };
+    // Streamed deltas joined: (reasoning_content, reasoning, content).
+    let joined = |text: &str| {
+        let mut out = (String::new(), String::new(), String::new());
+        for d in text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
+            let v: Value = serde_json::from_str(d).unwrap();
+            let delta = &v["choices"][0]["delta"];
+            out.0 += delta["reasoning_content"].as_str().unwrap_or("");
+            out.1 += delta["reasoning"].as_str().unwrap_or("");
+            out.2 += delta["content"].as_str().unwrap_or("");
+        }
+        out
+    };
+    // The model writes "<think>plan plan</think>46".
+    let (app, _asked) =
+        scripted(dir.path(), &[], Some(ReasoningParser::Glm45), vec![THINK, PLAN, SPACE, PLAN, END, ANSWER]);
+    let v: Value = serde_json::from_str(&ask(&app, json!({}), false)).unwrap();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(
+        (&m["content"], &m["reasoning_content"], &m["reasoning"]),
+        (&json!("46"), &json!("plan plan"), &json!("plan plan")),
+        "{v}"
+    );
+    let parts = joined(&ask(&app, json!({}), true));
+    assert_eq!(parts, ("plan plan".into(), "plan plan".into(), "46".into()));
+    // A template that opens <think> itself: the answer starts inside the block.
+    let (app, _asked) = scripted(dir.path(), &[], Some(ReasoningParser::Glm45), vec![PLAN, END, ANSWER]);
+    let opened = json!({"max_tokens": 3, "chat_template_kwargs": {"think": true}});
+    let v: Value = serde_json::from_str(&ask(&app, opened.clone(), false)).unwrap();
+    let m = &v["choices"][0]["message"];
+    assert_eq!((&m["content"], &m["reasoning_content"]), (&json!("46"), &json!("plan")), "{v}");
+    assert_eq!(joined(&ask(&app, opened, true)).2, "46");
+    // Thinking off (no block): all content, no reasoning.
+    let (app, _asked) = scripted(dir.path(), &[], Some(ReasoningParser::Glm45), vec![ANSWER]);
+    let v: Value = serde_json::from_str(&ask(&app, json!({"max_tokens": 1}), false)).unwrap();
+    let m = &v["choices"][0]["message"];
+    assert_eq!((&m["content"], &m["reasoning_content"]), (&json!("46"), &Value::Null), "{v}");
+    // Without a parser the markers stay in the content, as the model wrote them.
+    let (app, _asked) = scripted(dir.path(), &[], None, vec![THINK, PLAN, END, ANSWER]);
+    let v: Value = serde_json::from_str(&ask(&app, json!({"max_tokens": 4}), false)).unwrap();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["content"], "<think>plan</think>46", "{v}");
+    assert!(m.get("reasoning_content").is_none(), "{v}");
 }
