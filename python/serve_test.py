@@ -156,7 +156,7 @@ def main() -> None:
         ({"prompt": "1+1=", "logprobs": 50}, "logprobs"),
         ({"prompt": "1+1=", "n": 0}, "n"),
         ({"prompt": "1+1=", "stream": "yes"}, "stream"),
-        ({"prompt": "1+1=", "presence_penalty": 1.0}, "presence_penalty"),
+        ({"prompt": "1+1=", "presence_penalty": 2.5}, "presence_penalty"),
         ({"prompt": 12}, "prompt"),
     ]
     for body, field in bad:

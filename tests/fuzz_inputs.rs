@@ -99,7 +99,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
         float(0.0..1.0),
         any::<u64>(),
     )
-        .prop_map(|(temperature, top_k, top_p, seed)| Sampling { temperature, top_k, top_p, seed })
+        .prop_map(|(temperature, top_k, top_p, seed)| Sampling { temperature, top_k, top_p, seed, min_p: 0.0 })
 }
 
 /// A refusal must be a checked one (not libtorch's) and name one of `problems`.
@@ -225,7 +225,7 @@ fn tiny_temperatures_act_like_greedy() {
     let want = generate(&model, &prompts, &greedy, |_, _| {}).expect("greedy").tokens;
     for t in [1e-30, 1e-45, 1e-300, 5e-324] {
         for (top_k, top_p) in [(0, 1.0), (1, 1.0), (5, 0.5), (0, 1e-300)] {
-            let s = Sampling { temperature: t, top_k, top_p, seed: 3 };
+            let s = Sampling { temperature: t, top_k, top_p, seed: 3, min_p: 0.0 };
             let opts = GenerateOptions { sampling: s, ..greedy.clone() };
             let got = generate(&model, &prompts, &opts, |_, _| {}).unwrap_or_else(|e| panic!("temperature {t}: {e}"));
             assert_eq!(got.tokens, want, "temperature {t}, top-k {top_k}, top-p {top_p}");
@@ -237,7 +237,7 @@ fn tiny_temperatures_act_like_greedy() {
 fn huge_top_k_keeps_every_token() {
     let model = model();
     for top_k in [128, 129, 1 << 40, 1 << 63, usize::MAX] {
-        let s = Sampling { temperature: 1.0, top_k, top_p: 1.0, seed: 1 };
+        let s = Sampling { temperature: 1.0, top_k, top_p: 1.0, seed: 1, min_p: 0.0 };
         let opts = GenerateOptions { max_new_tokens: 3, sampling: s, eos_token_ids: vec![], ..Default::default() };
         let g = generate(&model, &[vec![1, 2]], &opts, |_, _| {}).unwrap_or_else(|e| panic!("top-k {top_k}: {e}"));
         assert!(g.tokens[0].iter().all(|&id| (0..VOCAB).contains(&id)));

@@ -155,7 +155,7 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
         // Seeded sampling gives the run of one rank's tokens.
         let sampled = GenerateOptions {
             max_new_tokens: 8,
-            sampling: Sampling { temperature: 0.9, top_k: 20, top_p: 0.95, seed: 7 },
+            sampling: Sampling { temperature: 0.9, top_k: 20, top_p: 0.95, seed: 7, min_p: 0.0 },
             eos_token_ids: vec![],
             ..Default::default()
         };

@@ -136,7 +136,7 @@ fn static_sampling_equals_eager_sampling() {
     let dir = &model_fixtures()[0];
     let model = load(dir);
     let prompts = padded_batch(dir);
-    let sampling = Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 7 };
+    let sampling = Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 7, min_p: 0.0 };
     let eager = run(&model, &prompts, DecodeMode::Eager, sampling.clone());
     let fixed = run(&model, &prompts, DecodeMode::Static, sampling);
     assert_same(&eager, &fixed, &name(dir));

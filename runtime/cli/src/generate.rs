@@ -29,7 +29,7 @@ pub fn load(dir: &Path, r: &RuntimeArgs, quiet: bool) -> Result<Glm> {
 }
 
 pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
-    let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
+    let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed, min_p: 0.0 };
     sampling.validate()?;
     let decode: DecodeMode = a.decode.into();
     let codec = TextCodec::from_dir(&a.model)?;

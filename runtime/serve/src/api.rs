@@ -270,7 +270,7 @@ pub fn template_messages(body: &Body) -> Value {
 const SHARED_FIELDS: &[&str] = &[
     "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "stop_token_ids", "ignore_eos", "stream",
     "stream_options", "logprobs", "prompt_logprobs", "seed", "user", "add_special_tokens", "presence_penalty",
-    "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "min_tokens",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "min_tokens", "min_p",
     "skip_special_tokens", "include_stop_str_in_output",
 ];
 
@@ -331,9 +331,6 @@ pub fn check_fields(body: &Body, chat: bool) -> Result<(), ApiError> {
     }
     if body.string("suffix")?.is_some_and(|s| !s.is_empty()) {
         return refuse("suffix", "is not supported by this server (no insertion after the completion): leave it out");
-    }
-    if body.int("min_tokens")?.is_some_and(|m| m != 0) {
-        return refuse("min_tokens", "is not supported by this server: leave it out or at 0");
     }
     if body.bool("skip_special_tokens")? == Some(false) {
         return refuse(

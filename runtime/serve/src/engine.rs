@@ -30,7 +30,10 @@ pub struct Job {
     /// Ids that end the sequence (the model's eos ids and the request's stop ids); the id
     /// is sent, with [`Finish::Stop`].
     pub stop_ids: Vec<i64>,
-    /// Log probabilities of each chosen token and of this many most likely ones.
+    /// How the sequence's own tokens bend the logits its next token is chosen from.
+    pub penalties: Penalties,
+    /// Log probabilities of each chosen token and of this many most likely ones (from the
+    /// model's logits, before penalties: vLLM's raw log probabilities).
     pub logprobs: Option<usize>,
     /// Log probabilities of the prompt's tokens (after the first) and of this many most
     /// likely ones at each position, sent as [`Event::Prompt`] before any token.
@@ -49,6 +52,34 @@ impl Job {
     }
     fn gone(&self) -> bool {
         self.events.is_closed() || self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+/// OpenAI's and vLLM's penalties on a sequence's own tokens, and the tokens it must produce
+/// before a stop id may end it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Penalties {
+    /// Subtracted once from the logit of every token the answer holds (presence_penalty).
+    pub presence: f64,
+    /// Subtracted from a token's logit once for each time the answer holds it
+    /// (frequency_penalty).
+    pub frequency: f64,
+    /// transformers' and vLLM's repetition_penalty: the logit of every token of the prompt or
+    /// the answer is divided by it where positive and multiplied by it where negative (1: off).
+    pub repetition: f64,
+    /// The stop ids (eos included) cannot be chosen until the answer has this many tokens.
+    pub min_tokens: usize,
+}
+
+impl Default for Penalties {
+    fn default() -> Self {
+        Penalties { presence: 0.0, frequency: 0.0, repetition: 1.0, min_tokens: 0 }
+    }
+}
+
+impl Penalties {
+    fn bends(&self, produced: usize) -> bool {
+        self.presence != 0.0 || self.frequency != 0.0 || self.repetition != 1.0 || produced < self.min_tokens
     }
 }
 
@@ -101,6 +132,8 @@ struct Running {
     /// Tokens produced so far, and the last one (the next step's input).
     produced: usize,
     last: i64,
+    /// The tokens produced, where penalties read them.
+    output: Vec<i64>,
 }
 
 impl Running {
@@ -399,7 +432,7 @@ fn prefill(
 
 fn start(job: Job) -> Running {
     let rng = SampleRng::new(job.sampling.seed);
-    Running { job, rng, prefilled: 0, produced: 0, last: 0 }
+    Running { job, rng, prefilled: 0, produced: 0, last: 0, output: Vec::new() }
 }
 
 /// Prefills whole prompts into the rows after the running ones, in one forward.
@@ -468,6 +501,9 @@ fn first_tokens(
 fn emit(r: &mut Running, id: i64, logprobs: Option<TokenLogprobs>, metrics: &Metrics) {
     r.last = id;
     r.produced += 1;
+    if r.job.penalties != Penalties::default() {
+        r.output.push(id);
+    }
     metrics.generated(1);
     r.job.send(Event::Token { id, logprobs });
 }
@@ -481,10 +517,12 @@ fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Ve
     for (i, r) in rows.iter_mut().enumerate() {
         // A greedy row without logprobs needs nothing but the argmax above.
         let row = || logits.f_narrow(0, i as i64, 1);
-        let id = if r.job.sampling.temperature == 0.0 {
-            argmax[i]
-        } else {
-            select(&row()?, &r.job.sampling, &mut r.rng)?.f_int64_value(&[0])?
+        let bent = if r.job.penalties.bends(r.produced) { Some(bend(&row()?, r)?) } else { None };
+        let id = match (&bent, r.job.sampling.temperature == 0.0) {
+            (None, true) => argmax[i],
+            (Some(l), true) => l.f_argmax(-1, false)?.f_int64_value(&[0])?,
+            (Some(l), false) => select(l, &r.job.sampling, &mut r.rng)?.f_int64_value(&[0])?,
+            (None, false) => select(&row()?, &r.job.sampling, &mut r.rng)?.f_int64_value(&[0])?,
         };
         let lp = match r.job.logprobs {
             None => None,
@@ -506,6 +544,40 @@ fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Ve
         out.push((id, lp));
     }
     Ok(out)
+}
+
+/// Row `logits` ([1, vocab] f32) with the sequence's penalties applied: repetition over the
+/// prompt's and the answer's tokens, then frequency and presence over the answer's, then the
+/// stop ids masked while the answer is shorter than min_tokens.
+fn bend(logits: &Tensor, r: &Running) -> headcount_runtime::Result<Tensor> {
+    let p = &r.job.penalties;
+    let (dev, vocab) = (logits.device(), logits.size().last().copied().unwrap_or(0));
+    let mut l = logits.f_detach_copy()?;
+    let counts = |ids: &[i64]| -> headcount_runtime::Result<Tensor> {
+        let t = Tensor::f_from_slice(ids)?.f_to_device(dev)?;
+        Ok(t.f_bincount::<Tensor>(None, vocab)?.f_narrow(0, 0, vocab)?.f_unsqueeze(0)?)
+    };
+    if p.repetition != 1.0 {
+        let seen = counts(&[r.job.prompt.as_slice(), &r.output].concat())?.f_gt(0)?.f_to_kind(Kind::Float)?;
+        // A positive logit divided by the penalty, any other multiplied by it.
+        let pos = l.f_gt(0.0)?.f_to_kind(Kind::Float)?;
+        let factor = pos.f_mul_scalar(1.0 / p.repetition - p.repetition)?.f_add_scalar(p.repetition)?;
+        let scaled = l.f_mul(&factor)?;
+        l = l.f_add(&seen.f_mul(&scaled.f_sub(&l)?)?)?;
+    }
+    if (p.frequency != 0.0 || p.presence != 0.0) && !r.output.is_empty() {
+        let n = counts(&r.output)?.f_to_kind(Kind::Float)?;
+        let present = n.f_gt(0.0)?.f_to_kind(Kind::Float)?;
+        l = l.f_sub(&n.f_mul_scalar(p.frequency)?)?.f_sub(&present.f_mul_scalar(p.presence)?)?;
+    }
+    if r.produced < p.min_tokens {
+        let stops: Vec<i64> = r.job.stop_ids.iter().copied().filter(|&t| t >= 0 && t < vocab).collect();
+        if !stops.is_empty() {
+            let idx = Tensor::f_from_slice(&stops)?.f_to_device(dev)?;
+            l = l.f_index_fill(1, &idx, f64::NEG_INFINITY)?;
+        }
+    }
+    Ok(l)
 }
 
 /// The log probability of each of `targets` under the row of `logits` ([t, vocab] f32)

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::api::{ApiError, Body, Prompt, check_fields, check_messages, prompts, template_messages};
-use crate::engine::{Event, Finish, Job, TokenLogprobs};
+use crate::engine::{Event, Finish, Job, Penalties, TokenLogprobs};
 use crate::metrics::Metrics;
 use crate::reasoning::{ReasoningParser, ReasoningSplit};
 use crate::template::ChatTemplate;
@@ -232,6 +232,7 @@ struct Plan {
     stop: Vec<String>,
     stop_ids: Vec<i64>,
     logprobs: Option<usize>,
+    penalties: Penalties,
     /// Completions' `echo` with `logprobs`: the prompt's tokens lead `logprobs`.
     echo_logprobs: bool,
     /// vLLM's `prompt_logprobs`: this many most likely tokens at each prompt position.
@@ -306,6 +307,7 @@ fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
                 max_tokens: plan.max_tokens[p],
                 sampling,
                 stop_ids: plan.stop_ids.clone(),
+                penalties: plan.penalties.clone(),
                 logprobs: plan.logprobs,
                 prompt_logprobs: plan.prompt_top(),
                 choice: c,
@@ -548,22 +550,39 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
             ));
         }
     };
-    for key in ["presence_penalty", "frequency_penalty", "repetition_penalty"] {
-        let neutral = if key == "repetition_penalty" { 1.0 } else { 0.0 };
-        if let Some(v) = b.number(key)?
-            && v != neutral
-        {
-            return Err(ApiError::invalid(
-                key,
-                format!("{key} is not supported by this server: leave it out or at {neutral}"),
-            ));
+    // OpenAI's range for presence and frequency, vLLM's for repetition.
+    let penalty = |key: &str, neutral: f64, ok: fn(f64) -> bool, legal: &str| -> Result<f64, ApiError> {
+        match b.number(key)? {
+            None => Ok(neutral),
+            Some(v) if v.is_finite() && ok(v) => Ok(v),
+            Some(v) => Err(ApiError::invalid(key, format!("{key} must be {legal}, not {v}"))),
         }
+    };
+    let in_two = |v: f64| (-2.0..=2.0).contains(&v);
+    let min_tokens = b.int("min_tokens")?.unwrap_or(0);
+    let most = max_tokens.iter().copied().min().unwrap_or(0) as i64;
+    if min_tokens < 0 || min_tokens > most {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            format!("min_tokens must be between 0 and max_tokens ({most}), not {min_tokens}"),
+        ));
+    }
+    let penalties = Penalties {
+        presence: penalty("presence_penalty", 0.0, in_two, "between -2 and 2")?,
+        frequency: penalty("frequency_penalty", 0.0, in_two, "between -2 and 2")?,
+        repetition: penalty("repetition_penalty", 1.0, |v| v > 0.0, "a number above 0 (1: off)")?,
+        min_tokens: min_tokens as usize,
+    };
+    let min_p = b.number("min_p")?.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::invalid("min_p", format!("min_p must be in [0, 1] (0: off), not {min_p}")));
     }
     let seed = b.int("seed")?;
     let sampling = Sampling {
         temperature,
         top_k,
         top_p,
+        min_p,
         seed: seed.map(|x| x as u64).unwrap_or_else(|| {
             // An unseeded request draws its own seed.
             let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
@@ -630,6 +649,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         stop,
         stop_ids,
         logprobs,
+        penalties,
         echo_logprobs: echo_asked,
         prompt_logprobs,
         stream,

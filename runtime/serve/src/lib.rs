@@ -239,7 +239,10 @@ struct Generation {
 }
 
 fn read_generation_config(dir: &Path) -> Result<Generation, ServeError> {
-    let mut g = Generation { sampling: Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 }, eos: Vec::new() };
+    let mut g = Generation {
+        sampling: Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0, min_p: 0.0 },
+        eos: Vec::new(),
+    };
     let path = dir.join("generation_config.json");
     let Ok(text) = std::fs::read_to_string(&path) else { return Ok(g) };
     let v: serde_json::Value = serde_json::from_str(&text)

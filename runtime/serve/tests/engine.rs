@@ -10,7 +10,7 @@ use std::time::Instant;
 use headcount_runtime::generate::SlotCache;
 use headcount_runtime::generate::logits;
 use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, generate};
-use headcount_serve::engine::{EngineOptions, Event, Finish, Job, run};
+use headcount_serve::engine::{EngineOptions, Event, Finish, Job, Penalties, run};
 use headcount_serve::metrics::Metrics;
 use tch::Kind;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -25,6 +25,7 @@ fn job(prompt: Vec<i64>, max_tokens: usize) -> (Job, UnboundedReceiver<(usize, E
         prompt,
         max_tokens,
         sampling: Sampling::greedy(),
+        penalties: Penalties::default(),
         stop_ids: Vec::new(),
         logprobs: None,
         prompt_logprobs: None,
@@ -141,6 +142,70 @@ fn prompt_log_probabilities_equal_the_full_forward_in_chunks_and_beside_other_re
     }
     let (tokens, end) = drain(rother);
     assert_eq!((tokens.len(), end), (3, Ok(Finish::Length)));
+    drop(tx);
+    engine.join().unwrap();
+}
+
+/// The greedy choice over `row` (a vocabulary's f32 logits) after `bend` changes them.
+fn argmax_after(row: &[f32], bend: impl Fn(usize, f32) -> f32) -> i64 {
+    let bent: Vec<f32> = row.iter().enumerate().map(|(t, &l)| bend(t, l)).collect();
+    (0..bent.len()).max_by(|&a, &b| bent[a].total_cmp(&bent[b]).then(b.cmp(&a))).unwrap() as i64
+}
+
+#[test]
+fn penalties_bend_the_logits_as_openai_and_vllm_define_them() {
+    let model = Glm::load(&fixture(), &LoadOptions::default()).unwrap();
+    let prompt: Vec<i64> = vec![5, 6, 7, 9, 1];
+    // The library's logits of the prompt's last position, and of the next one after `t`.
+    let last_row = |ids: &[i64]| -> Vec<f32> {
+        let l = logits(&model, ids).unwrap().squeeze_dim(0);
+        Vec::<f32>::try_from(&l.get(ids.len() as i64 - 1)).unwrap()
+    };
+    let first = last_row(&prompt);
+    // Repetition 1.5 over the prompt's tokens: positive logits divided, others multiplied.
+    let rep = 1.5f32;
+    let want_rep = argmax_after(&first, |t, l| {
+        if !prompt.contains(&(t as i64)) {
+            l
+        } else if l > 0.0 {
+            l / rep
+        } else {
+            l * rep
+        }
+    });
+    let plain = argmax_after(&first, |_, l| l);
+    // Frequency 0.7 and presence 0.4 on the second token, over the answer's first.
+    let second = last_row(&[prompt.clone(), vec![plain]].concat());
+    let want_freq = argmax_after(&second, |t, l| if t as i64 == plain { l - 0.7 - 0.4 } else { l });
+    let cache = SlotCache::new(&model, 4, 32).unwrap();
+    let (tx, jobs) = std::sync::mpsc::channel();
+    let opts = EngineOptions { max_batch: 4, max_model_len: 32, prefill_chunk: 64 };
+    let engine = std::thread::spawn(move || run(model, cache, jobs, opts, Arc::new(Metrics::default())));
+    let (mut r, rr) = job(prompt.clone(), 1);
+    r.penalties = Penalties { repetition: rep as f64, ..Penalties::default() };
+    let (mut f, rf) = job(prompt.clone(), 2);
+    f.penalties = Penalties { frequency: 0.7, presence: 0.4, ..Penalties::default() };
+    // The first choice is a stop id: with min_tokens 1 it cannot be the first token.
+    let (mut m, rm) = job(prompt.clone(), 1);
+    m.stop_ids = vec![plain];
+    m.penalties = Penalties { min_tokens: 1, ..Penalties::default() };
+    let want_min = argmax_after(&first, |t, l| if t as i64 == plain { f32::NEG_INFINITY } else { l });
+    // A huge presence penalty: no token twice.
+    let (mut p, rp) = job(prompt.clone(), 10);
+    p.penalties = Penalties { presence: 1e4, ..Penalties::default() };
+    for j in [r, f, m, p] {
+        tx.send(j).unwrap();
+    }
+    assert_eq!(drain(rr).0, vec![want_rep], "repetition_penalty");
+    let (tokens, _) = drain(rf);
+    assert_eq!(tokens, vec![plain, want_freq], "frequency and presence penalties");
+    assert_eq!(drain(rm).0, vec![want_min], "min_tokens");
+    assert_ne!(want_min, plain);
+    let (tokens, _) = drain(rp);
+    let mut distinct = tokens.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!((tokens.len(), distinct.len()), (10, 10), "{tokens:?}");
     drop(tx);
     engine.join().unwrap();
 }

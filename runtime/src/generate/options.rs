@@ -15,6 +15,9 @@ pub struct Sampling {
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches p (1 = all).
     pub top_p: f64,
+    /// Keep only the tokens at least this likely relative to the most likely one (0 = all;
+    /// vLLM's and transformers' min_p).
+    pub min_p: f64,
     /// Seeds this generation's own random stream (no process-wide generator is touched):
     /// the same seed and logits give the same tokens.
     pub seed: u64,
@@ -22,7 +25,7 @@ pub struct Sampling {
 
 impl Default for Sampling {
     fn default() -> Self {
-        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, min_p: 0.0 }
     }
 }
 
@@ -42,6 +45,9 @@ impl Sampling {
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(Error::InvalidArgument(format!("top-p must be in (0, 1], got {}", self.top_p)));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(Error::InvalidArgument(format!("min-p must be in [0, 1], got {}", self.min_p)));
         }
         Ok(())
     }

@@ -64,6 +64,11 @@ pub fn select(logits: &Tensor, s: &Sampling, rng: &mut SampleRng) -> Result<Tens
     let (max, _) = l.f_max_dim(-1, true)?;
     let mut l = l.f_sub(&max)?.f_div_scalar(s.temperature)?;
     let v = l.size2()?.1;
+    // min_p: a token's probability over the most likely one's is exp(l), the largest l
+    // being 0 here.
+    if s.min_p > 0.0 {
+        l = l.f_masked_fill(&l.f_lt(s.min_p.ln())?, f64::NEG_INFINITY)?;
+    }
     // A k at or above the vocabulary keeps every token (and a k beyond i64 never reaches
     // libtorch as a negative number).
     if let Ok(k) = i64::try_from(s.top_k)
@@ -112,9 +117,24 @@ mod tests {
     }
 
     #[test]
+    fn min_p_keeps_the_tokens_likely_enough_beside_the_most_likely() {
+        // Probabilities over the most likely: 1, e^-0.5 (0.61), e^-3 (0.05).
+        let logits = Tensor::from_slice(&[3f32, 2.5, 0.]).reshape([1, 3]);
+        let mut rng = SampleRng::new(5);
+        let mut seen = [false; 3];
+        for _ in 0..300 {
+            let s = Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0, min_p: 0.1 };
+            seen[select(&logits, &s, &mut rng).unwrap().int64_value(&[0]) as usize] = true;
+        }
+        assert_eq!(seen, [true, true, false]);
+        let s = Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0, min_p: 0.7 };
+        assert!((0..100).all(|_| select(&logits, &s, &mut rng).unwrap().int64_value(&[0]) == 0));
+    }
+
+    #[test]
     fn select_samples_within_top_k() {
         let logits = Tensor::from_slice(&[1f32, 5., 4., -2., 3.]).reshape([1, 5]);
-        let s = Sampling { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 0 };
+        let s = Sampling { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 0, min_p: 0.0 };
         let mut rng = SampleRng::new(1);
         for _ in 0..200 {
             let t = select(&logits, &s, &mut rng).unwrap().int64_value(&[0]);

@@ -122,7 +122,7 @@ fn main() -> ExitCode {
     let outcome = Glm::load(dir, &LoadOptions { device, ..Default::default() })
         .and_then(|m| {
             let prompts = vec![reference(dir).input_ids[0].clone()];
-            let sampling = headcount_runtime::Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 11 };
+            let sampling = headcount_runtime::Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 11, min_p: 0.0 };
             let opts = |decode| GenerateOptions {
                 max_new_tokens: 12,
                 sampling: sampling.clone(),
