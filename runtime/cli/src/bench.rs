@@ -3,11 +3,11 @@
 use std::process::ExitCode;
 
 use headcount_runtime::bench::{BenchOptions, BenchReport, bench};
-use headcount_runtime::{Error, Generator, Glm, LoadOptions, Result, parse_device};
+use headcount_runtime::{Error, Generator, Glm, Result};
 use headcount_spec::Config;
 
 use crate::args::BenchArgs;
-use crate::ranks::{join, rank_device};
+use crate::ranks::join;
 
 /// Sets the threads, loads the model (a checkpoint, or random weights of a config) as this
 /// rank's part, measures it, and hands `then` the generator the measurement used and the
@@ -43,16 +43,7 @@ pub fn load(b: &BenchArgs, quiet: bool) -> Result<Glm> {
         return Err(Error::InvalidArgument("--batch, --prompt-len and --repeat must be at least 1".to_owned()));
     }
     let parallel = join(&r.parallel)?;
-    let opts = LoadOptions {
-        dtype: r.dtype.into(),
-        device: rank_device(parse_device(&r.device)?, &parallel),
-        progress_above_bytes: if quiet || parallel.rank != 0 { None } else { Some(200 << 20) },
-        weight_layout: r.weight_layout.into(),
-        expert_parallel: r.parallel.expert_parallel,
-        rounding: r.rounding.into(),
-        quantize: r.quantize.into(),
-        ..Default::default()
-    };
+    let opts = crate::generate::load_options(r, &parallel, quiet)?;
     match (&b.model, &b.config) {
         (Some(dir), _) => Glm::load_rank(dir, &opts, parallel),
         (None, Some(path)) => Glm::random_rank(&config_of(path, b.layers)?, &opts, parallel, 0),

@@ -16,10 +16,7 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
     let config = Config::from_file(path)?;
     if let Some(limit) = a.memory {
         if let Err(v) = config.validate() {
-            println!("{}: {} layout error(s)", path.display(), v.errors.len());
-            for e in &v.errors {
-                println!("  error[{}]: {}", e.code(), e.message());
-            }
+            print_errors(&path.display().to_string(), &v.errors);
             return Ok(ExitCode::from(1));
         }
         let context = a.context.unwrap_or(config.max_position_embeddings);
@@ -28,10 +25,7 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
         } else {
             // The layouts asked for get a verdict: legal for the model, then fitting.
             if let Err(v) = config.validate_sizes(tp, pp, ep) {
-                println!("{}: {} layout error(s)", path.display(), v.errors.len());
-                for e in &v.errors {
-                    println!("  error[{}]: {}", e.code(), e.message());
-                }
+                print_errors(&path.display().to_string(), &v.errors);
                 return Ok(ExitCode::from(1));
             }
             if !memory_verdict(&config, limit, a.memory_dtype, context, tp, pp, ep) {
@@ -45,11 +39,7 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
     if !a.engines.is_empty() {
         // The engines' rules read the layout: check it against the model's rules first.
         if let Err(v) = config.validate() {
-            let n = v.errors.len();
-            println!("{}: {n} layout error{}", path.display(), if n == 1 { "" } else { "s" });
-            for e in &v.errors {
-                println!("  error[{}]: {}", e.code(), e.message());
-            }
+            print_errors(&path.display().to_string(), &v.errors);
             return Ok(ExitCode::from(1));
         }
         return engines(a, &config);
@@ -90,17 +80,22 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(v) => {
-            let n = v.errors.len();
-            println!("{shown}: {n} layout error{}", if n == 1 { "" } else { "s" });
-            for e in &v.errors {
-                println!("  error[{}]: {}", e.code(), e.message());
-            }
+            print_errors(&shown.to_string(), &v.errors);
             // Sizes asked for with --tp can fail on their own; then the layout itself is
             // fine and its legal sizes still help.
             let layout_ok = config.validate().is_ok();
             print_legal(&config, if layout_ok { &legal } else { &[] });
             Ok(ExitCode::from(1))
         }
+    }
+}
+
+/// `what: N layout errors`, then each error with its code.
+fn print_errors(what: &str, errors: &[headcount_spec::LayoutError]) {
+    let n = errors.len();
+    println!("{what}: {n} layout error{}", if n == 1 { "" } else { "s" });
+    for e in errors {
+        println!("  error[{}]: {}", e.code(), e.message());
     }
 }
 

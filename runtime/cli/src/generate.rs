@@ -15,17 +15,22 @@ use crate::ranks::{join, rank_device};
 /// Loads this rank's part of the checkpoint in `dir` with `r`'s options.
 pub fn load(dir: &Path, r: &RuntimeArgs, quiet: bool) -> Result<Glm> {
     let parallel = join(&r.parallel)?;
-    let opts = LoadOptions {
+    let opts = load_options(r, &parallel, quiet)?;
+    Glm::load_rank(dir, &opts, parallel)
+}
+
+/// How `r`'s flags load a model on this rank (progress shown on rank 0 unless `quiet`).
+pub fn load_options(r: &RuntimeArgs, parallel: &headcount_runtime::Parallel, quiet: bool) -> Result<LoadOptions> {
+    Ok(LoadOptions {
         dtype: r.dtype.into(),
-        device: rank_device(parse_device(&r.device)?, &parallel),
-        progress_above_bytes: if quiet { None } else { Some(200 << 20) },
+        device: rank_device(parse_device(&r.device)?, parallel),
+        progress_above_bytes: if quiet || parallel.rank != 0 { None } else { Some(200 << 20) },
         rounding: r.rounding.into(),
         weight_layout: r.weight_layout.into(),
         expert_parallel: r.parallel.expert_parallel,
         quantize: r.quantize.into(),
         ..Default::default()
-    };
-    Glm::load_rank(dir, &opts, parallel)
+    })
 }
 
 pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
