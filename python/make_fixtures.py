@@ -28,7 +28,16 @@ from pathlib import Path
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import Glm4Config, Glm4ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM, GlmConfig, GlmForCausalLM
+from transformers import (
+    Glm4Config,
+    Glm4ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
+    GlmConfig,
+    GlmForCausalLM,
+)
 
 FIXTURES = Path("tests/fixtures")
 BATCH = 2
@@ -93,7 +102,29 @@ FIXTURE_SPECS.update({
         n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False,
         routed_scaling_factor=2.5, use_qk_norm=False, num_nextn_predict_layers=0)),
 })
-FUSED_EXPERTS = {"glm4moe-tied-fused"}
+# glm4_moe_lite (GLM-4.7-Flash): multi-head latent attention over glm4_moe's experts. One
+# with queries of low rank, interleaved rotary pairs, a dense first layer and an untied
+# head; one with a single q_proj, rotate-half rotary, every layer sparse, a tied head,
+# attention biases and fused experts.
+FIXTURE_SPECS.update({
+    "glm4moelite-qlora": ("glm4_moe_lite", 111, dict(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12,
+        v_head_dim=10, partial_rotary_factor=1.0, rope_theta=10000.0, rope_interleave=True,
+        tie_word_embeddings=False, attention_bias=False, rms_norm_eps=1e-5, num_hidden_layers=3,
+        mlp_layer_types=["dense", "sparse", "sparse"], moe_intermediate_size=16, n_routed_experts=8,
+        n_shared_experts=1, num_experts_per_tok=3, n_group=2, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=1.8)),
+    "glm4moelite-halves-tied": ("glm4_moe_lite", 112, dict(
+        vocab_size=112, hidden_size=48, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=20, qk_rope_head_dim=6, qk_nope_head_dim=10,
+        v_head_dim=12, partial_rotary_factor=1.0, rope_theta=20000.0, rope_interleave=False,
+        tie_word_embeddings=True, attention_bias=True, rms_norm_eps=1e-6, num_hidden_layers=2,
+        mlp_layer_types=["sparse", "sparse"], moe_intermediate_size=12, n_routed_experts=6,
+        n_shared_experts=2, num_experts_per_tok=2, n_group=1, topk_group=1, norm_topk_prob=False,
+        routed_scaling_factor=2.5)),
+})
+FUSED_EXPERTS = {"glm4moe-tied-fused", "glm4moelite-halves-tied"}
 SHARD_SIZE = {"glm-sharded": "20KB"}
 LEGACY = {"glm-legacy-config"}
 
@@ -101,6 +132,7 @@ FAMILIES = {
     "glm": (GlmConfig, GlmForCausalLM),
     "glm4": (Glm4Config, Glm4ForCausalLM),
     "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
+    "glm4_moe_lite": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM),
 }
 
 

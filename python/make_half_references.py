@@ -3,9 +3,13 @@ paths are compared with transformers' own half-precision forward, not only with 
 
 Run from the repository root after python/make_fixtures.py:
 
-    .venv/bin/python python/make_half_references.py
+    .venv/bin/python python/make_half_references.py --out DIR [NAME ...]
 
-For each tests/fixtures/<name>/ with a reference.safetensors, writes reference-half.safetensors:
+Half-precision products round differently on different CPUs (oneDNN picks its kernels by
+instruction set: bf16 logits of one fixture differ by a bf16 step between an AVX2 and an
+AMX machine), so the references are made on the machine that compares with them: the
+parity tests run this script into their own folder. For each tests/fixtures/<name>/ with a
+reference.safetensors (or the NAMEs given), writes DIR/<name>/reference-half.safetensors:
   logits_bf16        float32 [2, T, V]  model(input_ids).logits with the checkpoint loaded as bfloat16
   greedy_bf16        int64   [1, T + N] generate(row 0, max_new_tokens=N, greedy, no eos stop)
   step_logits_bf16   float32 [N, V]     the logits each of those N tokens was chosen from
@@ -31,7 +35,11 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
-    only = set(sys.argv[1:])  # fixture names; none: every fixture
+    args = sys.argv[1:]
+    if len(args) < 2 or args[0] != "--out":
+        sys.exit("usage: make_half_references.py --out DIR [NAME ...]")
+    out_root = Path(args[1])
+    only = set(args[2:])  # fixture names; none: every fixture
     for ref in sorted(FIXTURES.glob("*/reference.safetensors")):
         folder = ref.parent
         if only and folder.name not in only:
@@ -39,10 +47,10 @@ def main() -> None:
         input_ids = load_file(str(ref))["input_ids"]
         out = {}
         for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
-            # glm4_moe: transformers' own expert loop (Glm4MoeExperts.forward), whose rounding
+            # glm4_moe(_lite): transformers' own expert loop (Glm4MoeExperts.forward), whose rounding
             # the runtime follows; its default grouped_mm kernel accumulates differently in
             # half precision (the difference is printed below).
-            moe = transformers.AutoConfig.from_pretrained(folder).model_type == "glm4_moe"
+            moe = transformers.AutoConfig.from_pretrained(folder).model_type in ("glm4_moe", "glm4_moe_lite")
             extra = {"experts_implementation": "eager"} if moe else {}
             model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra).eval()
             # No eos: every row runs N tokens, and no token is suppressed.
@@ -68,7 +76,8 @@ def main() -> None:
             )
             out[f"greedy_{name}"] = gen.sequences.contiguous()
             out[f"step_logits_{name}"] = torch.cat([l.float() for l in gen.logits], 0).contiguous()
-        save_file(out, str(folder / "reference-half.safetensors"))
+        (out_root / folder.name).mkdir(parents=True, exist_ok=True)
+        save_file(out, str(out_root / folder.name / "reference-half.safetensors"))
         print(f"{folder.name}: max |logit| bf16 {out['logits_bf16'].abs().max():.3f}", flush=True)
 
 

@@ -6,7 +6,7 @@
 //! Each test runs itself again as its ranks (`as_ranks`); the asserts run in every rank.
 
 use headcount_integration::{as_ranks, join, load, max_abs_diff, model_fixtures, name, reference};
-use headcount_runtime::model::Ffn;
+use headcount_runtime::model::{Ffn, SelfAttention};
 use headcount_runtime::{
     Error, GenerateOptions, Glm, LoadOptions, Parallel, RankEnv, Sampling, ShardPlan, generate, logits,
     rank_parameter_count,
@@ -52,9 +52,22 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
         assert_eq!(m.layers.len(), m.stage_layers.len(), "{what}");
         let hd = d.head_dim as i64;
         for l in &m.layers {
-            let cols = l.self_attn.qkv.linear.shape()[1];
-            assert_eq!(cols, (p.heads_per_shard as i64 + 2 * p.kv_per_shard as i64) * hd, "{what}");
-            assert_eq!(l.self_attn.o.linear.shape(), vec![p.heads_per_shard as i64 * hd, d.hidden as i64]);
+            match (&l.self_attn, &d.mla) {
+                (SelfAttention::Grouped(a), None) => {
+                    let cols = a.qkv.linear.shape()[1];
+                    assert_eq!(cols, (p.heads_per_shard as i64 + 2 * p.kv_per_shard as i64) * hd, "{what}");
+                    assert_eq!(a.o.linear.shape(), vec![p.heads_per_shard as i64 * hd, d.hidden as i64]);
+                }
+                // This rank's query heads of kv_b_proj and o_proj; the latent projection whole.
+                (SelfAttention::Latent(a), Some(mla)) => {
+                    let heads = p.heads_per_shard as i64;
+                    assert_eq!(a.w_k.size(), vec![heads, mla.nope as i64, mla.kv_lora as i64], "{what}");
+                    assert_eq!(a.w_v.size(), vec![heads, mla.kv_lora as i64, mla.v as i64], "{what}");
+                    assert_eq!(a.o.linear.shape(), vec![heads * mla.v as i64, d.hidden as i64], "{what}");
+                    assert_eq!(a.a.shape()[1], a.q_width + mla.latent_width() as i64, "{what}");
+                }
+                _ => panic!("{what}: the attention is not the family's"),
+            }
             match &l.mlp {
                 Ffn::Dense(mlp) => {
                     assert_eq!(mlp.gate_up.linear.shape(), vec![d.hidden as i64, 2 * p.intermediate_per_shard as i64]);
@@ -84,8 +97,21 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
         // (tied, over several stages) the embedding again.
         let all = m.parallel.world.all_gather(&tch::Tensor::from_slice(&[held]), 0).unwrap();
         let total: i64 = Vec::<i64>::try_from(&all).unwrap().iter().sum();
-        let kv_params = 2 * (d.kv_heads * d.head_dim * d.hidden) as i64
-            + if d.attention_bias { 2 * (d.kv_heads * d.head_dim) as i64 } else { 0 };
+        // Latent attention: every rank holds the latent projection, its norm and (with a low
+        // rank) the queries' down-projection and norm whole, and o_proj's bias.
+        let kv_params = match &d.mla {
+            None => {
+                2 * (d.kv_heads * d.head_dim * d.hidden) as i64
+                    + if d.attention_bias { 2 * (d.kv_heads * d.head_dim) as i64 } else { 0 }
+            }
+            Some(_) => 0,
+        };
+        let replicated_latent = d.mla.as_ref().map_or(0, |mla| {
+            let bias = d.attention_bias as usize;
+            let q = mla.q_lora.map_or(0, |r| r * d.hidden + r * bias + r);
+            let latent = mla.latent_width() * (d.hidden + bias) + mla.kv_lora + bias * d.hidden;
+            (tp as i64 - 1) * ((q + latent) * d.layers) as i64
+        });
         let replicated = (p.kv_replicas as i64 - 1) * kv_params * d.layers as i64;
         let norms_per_layer: i64 = if d.family == headcount::Family::Glm4 { 4 } else { 2 };
         let replicated_norms = (tp as i64 - 1) * (norms_per_layer * d.layers as i64 + 1) * d.hidden as i64;
@@ -101,7 +127,7 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
         let vocab_extra = ((tables_held * p.padded_vocab - tables * d.vocab) * d.hidden) as i64;
         assert_eq!(
             total,
-            d.parameter_count() + replicated + replicated_norms + replicated_moe + vocab_extra,
+            d.parameter_count() + replicated + replicated_norms + replicated_moe + replicated_latent + vocab_extra,
             "{what}: parameters over all ranks"
         );
 

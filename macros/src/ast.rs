@@ -68,6 +68,8 @@ pub(crate) enum Value {
     Engines(Vec<(headcount_spec::engines::Engine, TokenStream)>),
     /// `quantization = fp8_block(128, 128)`.
     Quant(headcount_spec::engines::BlockQuant),
+    /// `mlp_layer_types = ["dense", "sparse"]`.
+    Layers(Vec<headcount_spec::MlpLayer>),
     /// An optional value left out: no pad or bos token, head_dim derived.
     Absent,
 }

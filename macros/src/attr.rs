@@ -18,8 +18,12 @@ use crate::ctxt::Ctxt;
 /// What a key accepts.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Kind {
-    /// `glm`, `glm4` or `glm4_moe`.
+    /// A model_type of the family table (`glm`, `glm4`, `glm4_moe`, `glm4_moe_lite`).
     Family,
+    /// A positive integer, or `None` (config.json's `null`).
+    Rank,
+    /// A list of `"dense"` and `"sparse"`, one a decoder layer.
+    Layers,
     /// A positive integer: a literal or any expression of the key's integer type.
     Count,
     /// A token id (a non-negative integer), literal or expression.
@@ -51,8 +55,10 @@ fn field_kind(kind: FieldKind) -> Kind {
         FieldKind::Float => Kind::Float,
         FieldKind::Flag => Kind::Bool,
         FieldKind::Id => Kind::TokenId,
+        FieldKind::Rank => Kind::Rank,
         FieldKind::Ids => Kind::TokenIds,
         FieldKind::Text => Kind::Str,
+        FieldKind::Layers => Kind::Layers,
     }
 }
 
@@ -252,6 +258,11 @@ fn typed(key: &'static str, raw: RawEntry, cx: &Ctxt) -> Option<Entry> {
         Kind::Family => family(key, &expr),
         Kind::Count => integer(key, &expr, Sign::Count).map(|n| Some(Value::Int(n))),
         Kind::TokenId => integer(key, &expr, Sign::TokenId).map(|n| Some(Value::Int(n))),
+        Kind::Rank => match &expr {
+            Expr::Path(p) if p.path.is_ident("None") => Ok(Some(Value::Absent)),
+            _ => integer(key, &expr, Sign::Count).map(|n| Some(Value::Int(n))),
+        },
+        Kind::Layers => layer_types(key, &expr),
         Kind::Float => float(key, &expr).map(|n| Some(Value::Float(n))),
         Kind::Bool => boolean(key, &expr),
         Kind::Str => string(key, &expr),
@@ -392,15 +403,50 @@ fn family(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
         Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Some(s.value()),
         _ => None,
     };
+    let rows = headcount_spec::families::FAMILIES;
+    let listed = |with_class: bool| {
+        let names: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                if with_class {
+                    format!("`{}` ({})", r.model_type, r.architectures.join(", "))
+                } else {
+                    format!("`{}`", r.model_type)
+                }
+            })
+            .collect();
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
+    };
     match name.as_deref().and_then(Family::from_model_type) {
         Some(f) => Ok(Some(Value::Family(f))),
         None => Err(match name {
-            Some(n) => format!(
-                "unknown {key} `{n}`: use `glm` (GlmForCausalLM), `glm4` (Glm4ForCausalLM) or `glm4_moe` (Glm4MoeForCausalLM)"
-            ),
-            None => format!("{key} expects `glm`, `glm4` or `glm4_moe`, found {}", found(expr)),
+            Some(n) => format!("unknown {key} `{n}`: use {}", listed(true)),
+            None => format!("{key} expects {}, found {}", listed(false), found(expr)),
         }),
     }
+}
+
+/// `mlp_layer_types = ["dense", "sparse", ..]`.
+fn layer_types(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    let Expr::Array(a) = expr else {
+        return Err(format!("{key} expects a list such as [\"dense\", \"sparse\"], found {}", found(expr)));
+    };
+    let mut out = Vec::new();
+    for e in &a.elems {
+        match ungroup(e.clone()) {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match headcount_spec::MlpLayer::from_name(&s.value()) {
+                Some(t) => out.push(t),
+                None => {
+                    return Err(format!("{key}: unknown layer type \"{}\": use \"dense\" or \"sparse\"", s.value()));
+                }
+            },
+            other => return Err(format!("{key} lists \"dense\" and \"sparse\", found {}", found(&other))),
+        }
+    }
+    Ok(Some(Value::Layers(out)))
 }
 
 /// `eos_token_id = 2` or `eos_token_id = [2, 3]`; elements may be const expressions.

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use headcount_spec::{FIELDS, Family, FieldKind, keys};
+use headcount_spec::{FIELDS, FieldKind, keys};
 use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::DeriveInput;
@@ -41,11 +41,8 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
     }
     let ident = input.ident;
     let name = ident.unraw().to_string();
-    let family = match layout.family {
-        Family::Glm => quote!(::headcount::Family::Glm),
-        Family::Glm4 => quote!(::headcount::Family::Glm4),
-        Family::Glm4Moe => quote!(::headcount::Family::Glm4Moe),
-    };
+    let family = format_ident!("{}", format!("{:?}", layout.family));
+    let family = quote!(::headcount::Family::#family);
     let list = |key: &str| {
         let items: Vec<TokenStream> = match layout.value(key) {
             Some(Value::List(items)) => items.iter().map(|e| num_tokens(&e.num)).collect(),
@@ -63,6 +60,29 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
             FieldKind::Flag => {
                 let b = matches!(layout.value(f.key), Some(Value::Bool(true)));
                 (quote!(bool), quote!(#b))
+            }
+            FieldKind::Rank => (
+                quote!(::core::option::Option<u64>),
+                match layout.value(f.key) {
+                    Some(Value::Int(n)) => {
+                        let n = num_tokens(n);
+                        quote!(::core::option::Option::Some(#n as u64))
+                    }
+                    _ => quote!(::core::option::Option::None),
+                },
+            ),
+            FieldKind::Layers => {
+                let items: Vec<TokenStream> = match layout.value(f.key) {
+                    Some(Value::Layers(l)) => l
+                        .iter()
+                        .map(|t| {
+                            let v = format_ident!("{}", format!("{t:?}"));
+                            quote!(::headcount::__private::MlpLayer::#v)
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                (quote!(&'static [::headcount::__private::MlpLayer]), quote!(&[#(#items),*]))
             }
             FieldKind::Id => (
                 quote!(::core::option::Option<u64>),
@@ -301,6 +321,8 @@ fn head_dim(layout: &Layout, key: &str) -> TokenStream {
     match (layout.value(key), layout.head_dim) {
         (Some(Value::Int(n)), _) => num_tokens(n),
         (_, Some(d)) => lit_u64(d),
+        // transformers' head_dim of a latent-attention config is qk_rope_head_dim.
+        _ if layout.family.is_mla() => quote!(<Self as ::headcount::Architecture>::QK_ROPE_HEAD_DIM),
         (Some(Value::Absent), None) => quote! {
             if <Self as ::headcount::Architecture>::NUM_ATTENTION_HEADS == 0 {
                 0

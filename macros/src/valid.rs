@@ -185,11 +185,18 @@ pub(crate) fn check(input: &Input, cx: &Ctxt, locate: Locate) -> Layout {
             // value (no experts), which every rule reads as known.
             if let Some(e) = given.get(key) {
                 let families: Vec<&str> = f.families.iter().map(|f| f.model_type()).collect();
+                let (of, layout) = match families.split_last() {
+                    Some((last, rest)) if !rest.is_empty() => {
+                        (format!("families {} and {last}", rest.join(", ")), "a layout with this key")
+                    }
+                    _ => (format!("family {}", families.join("")), "a layout with this key"),
+                };
+                let layout =
+                    if f.families == headcount_spec::fields::MOE { "a mixture-of-experts layout" } else { layout };
                 cx.error_spanned_by(
                     &e.tokens,
                     format!(
-                        "`{key}` is a key of family {}, not of {}: use `family = {}` for a mixture-of-experts layout, or remove `{key}`",
-                        families.join(", "),
+                        "`{key}` is a key of {of}, not of {}: use `family = {}` for {layout}, or remove `{key}`",
                         family.model_type(),
                         families[0],
                     ),
@@ -294,6 +301,7 @@ fn from_field(v: FieldValue) -> Value {
         FieldValue::Ids(ids) => {
             Value::List(ids.into_iter().map(|v| Elem { num: Num::Lit(v), tokens: TokenStream::new() }).collect())
         }
+        FieldValue::Layers(l) => Value::Layers(l),
         FieldValue::Absent => Value::Absent,
     }
 }
@@ -340,6 +348,7 @@ fn to_field(v: &Value) -> Option<FieldValue> {
         Value::Bool(b) => FieldValue::Bool(*b),
         Value::Str(s) => FieldValue::Text(s.clone()),
         Value::List(items) => FieldValue::Ids(items.iter().filter_map(|e| e.num.lit()).collect()),
+        Value::Layers(l) => FieldValue::Layers(l.clone()),
         Value::Absent => FieldValue::Absent,
         Value::Family(_) | Value::Path(_) | Value::Engines(_) | Value::Quant(_) => return None,
     })
@@ -369,9 +378,13 @@ fn run_rules(layout: &mut Layout, input: &Input, from_config: Option<&LitStr>, c
         ..config.spec(&tp, &pp)
     };
     let known = |keys: &[&str]| keys.iter().all(|k| layout.literal(k) == Some(true));
-    let dims = [keys::HEAD_DIM, keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS];
-    let head_dim = if known(&dims) { spec.resolved_head_dim() } else { None };
-    let rotary_dim = if known(&dims) && known(&[keys::PARTIAL_ROTARY_FACTOR]) { spec.rotary_dim() } else { None };
+    let dims: &[&str] = if layout.family.is_mla() {
+        &[keys::QK_ROPE_HEAD_DIM]
+    } else {
+        &[keys::HEAD_DIM, keys::HIDDEN_SIZE, keys::NUM_ATTENTION_HEADS]
+    };
+    let head_dim = if known(dims) { spec.resolved_head_dim() } else { None };
+    let rotary_dim = if known(dims) && known(&[keys::PARTIAL_ROTARY_FACTOR]) { spec.rotary_dim() } else { None };
     layout.head_dim = head_dim;
     layout.rotary_dim = rotary_dim;
 

@@ -56,6 +56,34 @@ pub struct Dims {
     pub act: Activation,
     /// glm4_moe: the experts' shape and routing; `None` for a dense family.
     pub moe: Option<MoeDims>,
+    /// Multi-head latent attention's sizes (glm4_moe_lite); `None` for grouped kv heads.
+    /// `head_dim` and `rotary_dim` are then its `rope`.
+    pub mla: Option<MlaDims>,
+}
+
+/// Multi-head latent attention's sizes: each query head has `nope + rope` channels, one
+/// compressed latent of `kv_lora` channels and one rotary key of `rope` channels a token
+/// are cached, and `kv_b_proj` expands the latent into each head's `nope` key and `v` value
+/// channels.
+#[derive(Clone, Debug)]
+pub struct MlaDims {
+    /// `None`: queries through one q_proj.
+    pub q_lora: Option<usize>,
+    pub kv_lora: usize,
+    pub rope: usize,
+    pub nope: usize,
+    pub v: usize,
+    /// Whether the rotary channels are interleaved pairs (else two halves).
+    pub interleave: bool,
+    /// The attention's softmax scale, `(nope + rope)^-0.5`.
+    pub scale: f64,
+}
+
+impl MlaDims {
+    /// What the cache holds a token a layer: the latent and the rotary key.
+    pub fn latent_width(&self) -> usize {
+        self.kv_lora + self.rope
+    }
 }
 
 /// A glm4_moe config's mixture-of-experts sizes.
@@ -69,8 +97,12 @@ pub struct MoeDims {
     pub per_token: usize,
     pub groups: usize,
     pub topk_group: usize,
-    /// Layers `0..dense_layers` have a dense MLP.
+    /// How many layers have a dense MLP (the first ones, in glm4_moe).
     pub dense_layers: usize,
+    /// Whether each decoder layer has experts, as `mlp_layer_types` lists them; empty: the
+    /// layers from `dense_first` on have.
+    pub sparse: Vec<bool>,
+    pub dense_first: usize,
     pub norm_topk_prob: bool,
     pub scaling: f64,
     pub qk_norm: bool,
@@ -85,7 +117,7 @@ pub struct MoeDims {
 impl MoeDims {
     /// Whether layer `l` has experts.
     pub fn is_moe_layer(&self, l: usize) -> bool {
-        l >= self.dense_layers
+        if self.sparse.is_empty() { l >= self.dense_first } else { self.sparse.get(l).copied().unwrap_or(false) }
     }
 }
 
@@ -101,6 +133,10 @@ impl Dims {
         config.validate()?;
         // cannot fire: a valid config has a head_dim (given, or derived by rule 3).
         let hd = config.resolved_head_dim().unwrap_or(0) as usize;
+        let spec = config.spec(&[], &[]);
+        let sparse: Vec<bool> = config.mlp_layer_types.iter().map(|t| *t == headcount_spec::MlpLayer::Sparse).collect();
+        // Without a list: glm4_moe's first_k_dense_replace, glm4_moe_lite's one dense layer.
+        let dense_first = if config.family.is_mla() { 1 } else { config.first_k_dense_replace as usize };
         let act = Activation::from_name(&config.hidden_act)
             .ok_or_else(|| Error::InvalidArgument(format!("hidden_act {:?} is not implemented", config.hidden_act)))?;
         Ok(Dims {
@@ -127,12 +163,26 @@ impl Dims {
                 per_token: config.num_experts_per_tok as usize,
                 groups: config.n_group as usize,
                 topk_group: config.topk_group as usize,
-                dense_layers: config.first_k_dense_replace as usize,
+                dense_layers: spec.dense_layers_in(0, config.num_hidden_layers) as usize,
+                sparse,
+                dense_first,
                 norm_topk_prob: config.norm_topk_prob,
                 scaling: config.routed_scaling_factor,
                 qk_norm: config.use_qk_norm,
                 mtp_layers: config.num_nextn_predict_layers as usize,
                 fused_experts: false,
+            }),
+            mla: config.family.is_mla().then(|| {
+                let (nope, rope) = (config.qk_nope_head_dim as usize, config.qk_rope_head_dim as usize);
+                MlaDims {
+                    q_lora: config.q_lora_rank.map(|r| r as usize),
+                    kv_lora: config.kv_lora_rank as usize,
+                    rope,
+                    nope,
+                    v: config.v_head_dim as usize,
+                    interleave: config.rope_interleave,
+                    scale: ((nope + rope) as f64).powf(-0.5),
+                }
             }),
         })
     }

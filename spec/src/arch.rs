@@ -6,6 +6,8 @@ macro_rules! const_ty {
     (ids) => { &'static [u64] };
     (text) => { &'static str };
     (id) => { Option<u64> };
+    (rank) => { Option<u64> };
+    (layers) => { &'static [crate::fields::MlpLayer] };
     (float) => { f64 };
     (flag) => { bool };
     ($other:ident) => { usize };

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Number, Value};
 
-use crate::fields::{ALIASES, ALL, FieldValue, MOE, family_in, with_fields};
+use crate::fields::{ALIASES, ALL, FieldValue, GLM4_MOE, GQA, MLA, MOE, family_in, with_fields};
 use crate::keys;
 use crate::rules::{self, ArchSpec, Family, LayoutError};
 
@@ -70,6 +70,8 @@ macro_rules! owned_ty {
     (text) => { String };
     (opt_count) => { Option<u64> };
     (id) => { Option<u64> };
+    (rank) => { Option<u64> };
+    (layers) => { Vec<crate::fields::MlpLayer> };
     (float) => { f64 };
     (flag) => { bool };
     ($other:ident) => { u64 };
@@ -108,6 +110,9 @@ macro_rules! owned_default {
         let v: &[u64] = $v;
         v.to_vec()
     }};
+    (layers, $v:expr) => {
+        $v.to_vec()
+    };
     (text, $v:expr) => {
         String::from($v)
     };
@@ -119,6 +124,12 @@ macro_rules! owned_default {
 macro_rules! to_field_value {
     (ids, $v:expr) => {
         FieldValue::Ids($v.clone())
+    };
+    (layers, $v:expr) => {
+        if $v.is_empty() { FieldValue::Absent } else { FieldValue::Layers($v.clone()) }
+    };
+    (rank, $v:expr) => {
+        $v.map_or(FieldValue::Absent, FieldValue::Int)
     };
     (text, $v:expr) => {
         FieldValue::Text($v.clone())
@@ -169,6 +180,20 @@ macro_rules! from_field_value {
             _ => None,
         }
     };
+    (rank, $v:expr) => {
+        match $v {
+            FieldValue::Int(n) => Some(Some(n)),
+            FieldValue::Absent => Some(None),
+            _ => None,
+        }
+    };
+    (layers, $v:expr) => {
+        match $v {
+            FieldValue::Layers(l) => Some(l),
+            FieldValue::Absent => Some(Vec::new()),
+            _ => None,
+        }
+    };
     (float, $v:expr) => {
         match $v {
             FieldValue::Float(x) => Some(x),
@@ -215,6 +240,15 @@ macro_rules! read_json {
     (id, $k:expr, $v:expr) => {
         get_opt_id($k, $v)
     };
+    (rank, $k:expr, $v:expr) => {
+        match $v {
+            Value::Null => Ok(None),
+            v => v.as_u64().map(Some).ok_or_else(|| field_err($k, "a non-negative integer or null", v)),
+        }
+    };
+    (layers, $k:expr, $v:expr) => {
+        get_layers($k, $v)
+    };
     (ids, $k:expr, $v:expr) => {
         get_ids($k, $v).map(|(ids, _)| ids)
     };
@@ -242,6 +276,12 @@ macro_rules! write_json {
     (id, $c:expr, $v:expr) => {
         $v.map(Value::from).unwrap_or(Value::Null)
     };
+    (rank, $c:expr, $v:expr) => {
+        $v.map(Value::from).unwrap_or(Value::Null)
+    };
+    (layers, $c:expr, $v:expr) => {
+        if $v.is_empty() { Value::Null } else { Value::from($v.iter().map(|l| l.name()).collect::<Vec<_>>()) }
+    };
     (float, $c:expr, $v:expr) => {
         Number::from_f64($v).map(Value::Number).unwrap_or(Value::Null)
     };
@@ -263,6 +303,9 @@ macro_rules! as_spec {
     (ids, $v:expr) => {
         &$v
     };
+    (layers, $v:expr) => {
+        &$v
+    };
     (text, $v:expr) => {
         &$v
     };
@@ -273,6 +316,9 @@ macro_rules! as_spec {
 
 macro_rules! from_spec_value {
     (ids, $v:expr) => {
+        $v.to_vec()
+    };
+    (layers, $v:expr) => {
         $v.to_vec()
     };
     (text, $v:expr) => {
@@ -422,6 +468,18 @@ fn get_opt_id(field: &str, v: &Value) -> Result<Option<u64>, ConfigError> {
     match v {
         Value::Null => Ok(None),
         _ => v.as_u64().map(Some).ok_or_else(|| field_err(field, "a token id (non-negative integer) or null", v)),
+    }
+}
+
+/// mlp_layer_types: a list of "dense" and "sparse", or null (the family's default pattern).
+fn get_layers(field: &str, v: &Value) -> Result<Vec<crate::fields::MlpLayer>, ConfigError> {
+    let bad = || field_err(field, "a list of \"dense\" and \"sparse\"", v);
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(items) => {
+            items.iter().map(|i| i.as_str().and_then(crate::fields::MlpLayer::from_name).ok_or_else(bad)).collect()
+        }
+        _ => Err(bad()),
     }
 }
 

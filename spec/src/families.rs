@@ -14,6 +14,8 @@ macro_rules! default_ty {
     (kv_heads) => { u64 };
     (opt_count) => { Option<u64> };
     (id) => { Option<u64> };
+    (rank) => { Option<u64> };
+    (layers) => { &'static [crate::fields::MlpLayer] };
     (float) => { f64 };
     (flag) => { bool };
     (ids) => { &'static [u64] };
@@ -43,6 +45,9 @@ pub struct FamilyRow {
     /// Whether the mixture-of-experts keys and rules (routed and shared experts, dense
     /// first layers, group-limited routing, expert parallelism) apply.
     pub moe: bool,
+    /// Whether the attention is multi-head latent attention: its keys and rules (one latent
+    /// a token in the cache, query heads the only heads) apply instead of grouped kv heads.
+    pub mla: bool,
     pub defaults: Defaults,
 }
 
@@ -76,6 +81,13 @@ const GLM: Defaults = Defaults {
     norm_topk_prob: false,
     use_qk_norm: false,
     num_nextn_predict_layers: 0,
+    q_lora_rank: None,
+    kv_lora_rank: 0,
+    qk_rope_head_dim: 0,
+    qk_nope_head_dim: 0,
+    v_head_dim: 0,
+    rope_interleave: false,
+    mlp_layer_types: &[],
 };
 
 /// transformers' `Glm4MoeConfig()`.
@@ -101,15 +113,54 @@ const GLM4_MOE: Defaults = Defaults {
     ..GLM
 };
 
+/// transformers' `Glm4MoeLiteConfig()`: the GLM-4.7-Flash shape. Its `head_dim` is
+/// `qk_rope_head_dim` (an alias in transformers), its rotary factor 1 (rope_parameters'
+/// default), and an absent `mlp_layer_types` makes the first layer dense and the rest sparse.
+const GLM4_MOE_LITE: Defaults = Defaults {
+    vocab_size: 154_880,
+    hidden_size: 2048,
+    intermediate_size: 10_240,
+    num_hidden_layers: 47,
+    num_attention_heads: 20,
+    num_key_value_heads: 20,
+    head_dim: None,
+    partial_rotary_factor: 1.0,
+    max_position_embeddings: 202_752,
+    bos_token_id: Some(0),
+    eos_token_id: &[1],
+    moe_intermediate_size: 1536,
+    n_routed_experts: 64,
+    n_shared_experts: 1,
+    num_experts_per_tok: 4,
+    first_k_dense_replace: 0,
+    routed_scaling_factor: 1.8,
+    num_nextn_predict_layers: 0,
+    q_lora_rank: Some(768),
+    kv_lora_rank: 512,
+    qk_rope_head_dim: 64,
+    qk_nope_head_dim: 192,
+    v_head_dim: 256,
+    rope_interleave: true,
+    ..GLM4_MOE
+};
+
 /// Every family, in the order of [`Family`]'s variants.
 pub const FAMILIES: &[FamilyRow] = &[
-    FamilyRow { family: Family::Glm, model_type: "glm", architectures: &["GlmForCausalLM"], moe: false, defaults: GLM },
+    FamilyRow {
+        family: Family::Glm,
+        model_type: "glm",
+        architectures: &["GlmForCausalLM"],
+        moe: false,
+        mla: false,
+        defaults: GLM,
+    },
     // transformers' Glm4Config() has GlmConfig's values.
     FamilyRow {
         family: Family::Glm4,
         model_type: "glm4",
         architectures: &["Glm4ForCausalLM"],
         moe: false,
+        mla: false,
         defaults: GLM,
     },
     FamilyRow {
@@ -117,7 +168,16 @@ pub const FAMILIES: &[FamilyRow] = &[
         model_type: "glm4_moe",
         architectures: &["Glm4MoeForCausalLM"],
         moe: true,
+        mla: false,
         defaults: GLM4_MOE,
+    },
+    FamilyRow {
+        family: Family::Glm4MoeLite,
+        model_type: "glm4_moe_lite",
+        architectures: &["Glm4MoeLiteForCausalLM"],
+        moe: true,
+        mla: true,
+        defaults: GLM4_MOE_LITE,
     },
 ];
 
@@ -154,9 +214,12 @@ mod tests {
             let c = crate::Config::defaults(row.family);
             assert_eq!(c.family, row.family);
             assert_eq!(c.num_hidden_layers, row.defaults.num_hidden_layers);
-            // The mixture-of-experts keys are the family's exactly when its MoE rules apply.
-            let moe_keys = FIELDS.iter().filter(|f| !f.in_family(Family::Glm)).all(|f| f.in_family(row.family));
-            assert_eq!(moe_keys, row.moe, "{}", row.model_type);
+            // The mixture-of-experts keys are the family's exactly when its MoE rules apply,
+            // the latent-attention keys exactly when the MLA rules do.
+            let has = |set: &[Family]| FIELDS.iter().filter(|f| f.families == set).all(|f| f.in_family(row.family));
+            assert_eq!(has(crate::fields::MOE), row.moe, "{}", row.model_type);
+            assert_eq!(has(crate::fields::MLA), row.mla, "{}", row.model_type);
+            assert_eq!(has(crate::fields::GQA), !row.mla, "{}", row.model_type);
         }
         assert_eq!(Family::from_model_type("glm5"), None);
     }

@@ -10,20 +10,55 @@
 //! - `kind`: `count` (an integer that must be at least 1), `number` (an integer, 0
 //!   allowed), `kv_heads` (a count where `null` means "as many as the attention heads"),
 //!   `opt_count` (a count where `null` or absent means "derived"), `float`, `flag`, `id` (a
-//!   token id or `null`), `ids` (one token id or a list), `text`.
+//!   token id or `null`), `rank` (a count, or `null` for none), `ids` (one token id or a list),
+//!   `text`, `layers` (one [`MlpLayer`] name a decoder layer: `["dense", "sparse", ..]`).
 //! - `place`: `top` (a top-level key) or `rope` (inside `rope_parameters` in transformers 5,
 //!   top level in older files).
-//! - `families`: [`ALL`] or [`MOE`]: the model types whose config.json has the key. For the
-//!   others the value is the "not applicable" default (0 experts) and is neither read nor
-//!   written.
+//! - `families`: [`ALL`], [`GQA`], [`MOE`], [`GLM4_MOE`] or [`MLA`]: the model types whose
+//!   config.json has the key. For the others the value is the "not applicable" default (0
+//!   experts) and is neither read nor written.
 //! - `required`: whether a declaration without `from_config` must give it.
 
 use crate::rules::Family;
 
 /// Every family.
-pub const ALL: &[Family] = &[Family::Glm, Family::Glm4, Family::Glm4Moe];
-/// The mixture-of-experts family only.
-pub const MOE: &[Family] = &[Family::Glm4Moe];
+pub const ALL: &[Family] = &[Family::Glm, Family::Glm4, Family::Glm4Moe, Family::Glm4MoeLite];
+/// The families with grouped-query attention (a head_dim of their own).
+pub const GQA: &[Family] = &[Family::Glm, Family::Glm4, Family::Glm4Moe];
+/// The mixture-of-experts families.
+pub const MOE: &[Family] = &[Family::Glm4Moe, Family::Glm4MoeLite];
+/// glm4_moe only: its dense first layers by count, and its q/k norms.
+pub const GLM4_MOE: &[Family] = &[Family::Glm4Moe];
+/// The families with multi-head latent attention.
+pub const MLA: &[Family] = &[Family::Glm4MoeLite];
+
+/// What the MLP of one decoder layer is, in `mlp_layer_types`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpLayer {
+    /// A dense gated MLP of intermediate_size.
+    Dense,
+    /// The mixture of experts.
+    Sparse,
+}
+
+impl MlpLayer {
+    /// The name config.json writes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            MlpLayer::Dense => "dense",
+            MlpLayer::Sparse => "sparse",
+        }
+    }
+
+    /// The layer type of a config.json name.
+    pub fn from_name(s: &str) -> Option<MlpLayer> {
+        match s {
+            "dense" => Some(MlpLayer::Dense),
+            "sparse" => Some(MlpLayer::Sparse),
+            _ => None,
+        }
+    }
+}
 
 /// Calls `$callback! { line; line; ... }` with every field line.
 macro_rules! with_fields {
@@ -41,7 +76,7 @@ macro_rules! with_fields {
                 "Query heads.";
             num_key_value_heads, NUM_KEY_VALUE_HEADS, kv_heads, top, ALL, true,
                 "Key and value heads (grouped-query attention); null means as many as the query heads.";
-            head_dim, HEAD_DIM, opt_count, top, ALL, false,
+            head_dim, HEAD_DIM, opt_count, top, GQA, false,
                 "Channels of one head; absent or null: hidden_size / num_attention_heads.";
             partial_rotary_factor, PARTIAL_ROTARY_FACTOR, float, rope, ALL, false,
                 "Share of each head's channels that the rotary embedding turns.";
@@ -75,16 +110,30 @@ macro_rules! with_fields {
                 "Groups the routed experts are split into for group-limited routing.";
             topk_group, TOPK_GROUP, count, top, MOE, false,
                 "Groups each token's experts may come from.";
-            first_k_dense_replace, FIRST_K_DENSE_REPLACE, number, top, MOE, false,
+            first_k_dense_replace, FIRST_K_DENSE_REPLACE, number, top, GLM4_MOE, false,
                 "Leading layers with a dense MLP instead of experts.";
             routed_scaling_factor, ROUTED_SCALING_FACTOR, float, top, MOE, false,
                 "Factor applied to the routed experts' weights.";
             norm_topk_prob, NORM_TOPK_PROB, flag, top, MOE, false,
                 "Whether the chosen experts' weights are normalised to sum to 1.";
-            use_qk_norm, USE_QK_NORM, flag, top, MOE, false,
+            use_qk_norm, USE_QK_NORM, flag, top, GLM4_MOE, false,
                 "Whether queries and keys pass an RMSNorm over head_dim before the rotary embedding.";
             num_nextn_predict_layers, NUM_NEXTN_PREDICT_LAYERS, number, top, MOE, false,
                 "Multi-token-prediction layers stored after the decoder layers (not run).";
+            q_lora_rank, Q_LORA_RANK, rank, top, MLA, false,
+                "Rank of the queries' low-rank projection (q_a_proj, q_a_layernorm, q_b_proj); null: one q_proj.";
+            kv_lora_rank, KV_LORA_RANK, count, top, MLA, true,
+                "Width of the compressed key/value latent that the KV cache holds.";
+            qk_rope_head_dim, QK_ROPE_HEAD_DIM, count, top, MLA, true,
+                "Channels of each query head, and of the one key shared by all heads, that the rotary embedding turns.";
+            qk_nope_head_dim, QK_NOPE_HEAD_DIM, count, top, MLA, true,
+                "Channels of each query and key head without rotary embedding.";
+            v_head_dim, V_HEAD_DIM, count, top, MLA, true,
+                "Channels of each value head.";
+            rope_interleave, ROPE_INTERLEAVE, flag, top, MLA, false,
+                "Whether the rotary channels are rotated as interleaved pairs (else as two halves).";
+            mlp_layer_types, MLP_LAYER_TYPES, layers, top, MLA, false,
+                "Each decoder layer's MLP, dense or sparse; absent: the first dense, the rest sparse.";
         }
     };
 }
@@ -104,14 +153,24 @@ pub enum FieldKind {
     Float,
     Flag,
     Id,
+    Rank,
     Ids,
     Text,
+    Layers,
 }
 
 impl FieldKind {
     /// Whether the value is an integer count (every kind but float, flag, ids and text).
     pub const fn is_integer(self) -> bool {
-        matches!(self, FieldKind::Count | FieldKind::Number | FieldKind::KvHeads | FieldKind::OptCount | FieldKind::Id)
+        matches!(
+            self,
+            FieldKind::Count
+                | FieldKind::Number
+                | FieldKind::KvHeads
+                | FieldKind::OptCount
+                | FieldKind::Id
+                | FieldKind::Rank
+        )
     }
 }
 
@@ -178,8 +237,14 @@ macro_rules! field_kind {
     (id) => {
         FieldKind::Id
     };
+    (rank) => {
+        FieldKind::Rank
+    };
     (ids) => {
         FieldKind::Ids
+    };
+    (layers) => {
+        FieldKind::Layers
     };
     (text) => {
         FieldKind::Text
@@ -224,6 +289,8 @@ pub enum FieldValue {
     Bool(bool),
     Text(String),
     Ids(Vec<u64>),
+    /// `mlp_layer_types`.
+    Layers(Vec<MlpLayer>),
     /// An optional value left out (no pad token, head_dim derived).
     Absent,
 }
@@ -236,6 +303,10 @@ impl std::fmt::Display for FieldValue {
             FieldValue::Bool(b) => write!(f, "{b}"),
             FieldValue::Text(s) => write!(f, "{s:?}"),
             FieldValue::Ids(ids) => write!(f, "{ids:?}"),
+            FieldValue::Layers(l) => {
+                let names: Vec<String> = l.iter().map(|t| format!("{:?}", t.name())).collect();
+                write!(f, "[{}]", names.join(", "))
+            }
             FieldValue::Absent => write!(f, "none"),
         }
     }

@@ -56,9 +56,27 @@ const fn head_dim(s: &ArchSpec) -> u64 {
     }
 }
 
-/// Whether layer `l` has experts.
-const fn is_moe_layer(s: &ArchSpec, l: u64) -> bool {
-    s.family.is_moe() && l >= s.first_k_dense_replace
+/// Parameters one rank holds of a multi-head latent attention with its two norms: its query
+/// heads of q_b_proj (or q_proj), kv_b_proj and o_proj, and the low-rank projections and
+/// their norms whole (every rank holds them).
+const fn latent_attention_parameters(s: &ArchSpec, tp: u64) -> u64 {
+    let h = s.hidden_size;
+    let heads = s.num_attention_heads / tp;
+    let qk = s.qk_nope_head_dim.saturating_add(s.qk_rope_head_dim);
+    let bias = s.attention_bias;
+    let q = match s.q_lora_rank {
+        Some(r) => r
+            .saturating_mul(h)
+            .saturating_add(if bias { r } else { 0 })
+            .saturating_add(r)
+            .saturating_add(heads.saturating_mul(qk).saturating_mul(r)),
+        None => heads.saturating_mul(qk).saturating_mul(h),
+    };
+    let latent = s.kv_lora_rank.saturating_add(s.qk_rope_head_dim);
+    let kv_a = latent.saturating_mul(h).saturating_add(if bias { latent } else { 0 }).saturating_add(s.kv_lora_rank);
+    let kv_b = heads.saturating_mul(s.qk_nope_head_dim.saturating_add(s.v_head_dim)).saturating_mul(s.kv_lora_rank);
+    let o = heads.saturating_mul(s.v_head_dim).saturating_mul(h).saturating_add(if bias { h } else { 0 });
+    q.saturating_add(kv_a).saturating_add(kv_b).saturating_add(o).saturating_add(2 * h)
 }
 
 /// Parameters one rank holds of layer `l` (saturating).
@@ -68,9 +86,13 @@ const fn layer_parameters(s: &ArchSpec, r: &RankLayout, l: u64) -> u64 {
     let kv = kv_per_rank(s, tp).saturating_mul(hd);
     let norms = if matches!(s.family, Family::Glm4) { 4 } else { 2 };
     let bias = if s.attention_bias { q + 2 * kv } else { 0 };
-    let qk_norm = if s.family.is_moe() && s.use_qk_norm { 2 * hd } else { 0 };
-    let attention = (q + 2 * kv).saturating_mul(h).saturating_add(q.saturating_mul(h)) + bias + norms * h + qk_norm;
-    if !is_moe_layer(s, l) {
+    let qk_norm = if matches!(s.family, Family::Glm4Moe) && s.use_qk_norm { 2 * hd } else { 0 };
+    let attention = if s.family.is_mla() {
+        latent_attention_parameters(s, tp)
+    } else {
+        (q + 2 * kv).saturating_mul(h).saturating_add(q.saturating_mul(h)) + bias + norms * h + qk_norm
+    };
+    if !s.is_sparse_layer(l) {
         return attention.saturating_add((3 * (s.intermediate_size / tp)).saturating_mul(h));
     }
     let experts = s.n_routed_experts;
@@ -79,6 +101,24 @@ const fn layer_parameters(s: &ArchSpec, r: &RankLayout, l: u64) -> u64 {
     let routed = (experts / ep).saturating_mul(3 * (s.moe_intermediate_size / sharing)).saturating_mul(h);
     let shared = (3 * (s.moe_intermediate_size * s.n_shared_experts / tp)).saturating_mul(h);
     attention.saturating_add(experts * h + experts).saturating_add(routed).saturating_add(shared)
+}
+
+/// [`layer_parameters`] of a layer with a dense MLP.
+const fn dense_layer_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
+    let mut l = 0;
+    while l < s.num_hidden_layers && s.is_sparse_layer(l) {
+        l += 1;
+    }
+    layer_parameters(s, r, l)
+}
+
+/// [`layer_parameters`] of a layer with experts (its attention and its experts).
+const fn sparse_layer_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
+    let mut l = 0;
+    while l < s.num_hidden_layers && !s.is_sparse_layer(l) {
+        l += 1;
+    }
+    layer_parameters(s, r, l)
 }
 
 /// The vocabulary rows one rank holds (after the declaration's padding).
@@ -106,15 +146,14 @@ pub const fn rank_parameters_of(s: &ArchSpec, r: &RankLayout, start: u64, end: u
         return 0;
     }
     // Layers with experts and without are counted once each, times how many there are.
-    let dense_end = if s.family.is_moe() { s.first_k_dense_replace } else { u64::MAX };
-    let dense = min(end, dense_end).saturating_sub(min(start, dense_end));
-    let moe = (end - start).saturating_sub(dense);
+    let dense = s.dense_layers_in(start, end);
+    let moe = end.saturating_sub(start).saturating_sub(dense);
     let mut n = 0u64;
     if dense > 0 {
-        n = n.saturating_add(layer_parameters(s, r, start).saturating_mul(dense));
+        n = n.saturating_add(dense_layer_parameters(s, r).saturating_mul(dense));
     }
     if moe > 0 {
-        n = n.saturating_add(layer_parameters(s, r, end - 1).saturating_mul(moe));
+        n = n.saturating_add(sparse_layer_parameters(s, r).saturating_mul(moe));
     }
     let rows = vocab_rows(s, r).saturating_mul(s.hidden_size);
     if first && !(s.tie_word_embeddings && last) {
@@ -160,7 +199,7 @@ pub const fn read_parameter_count(s: &ArchSpec, rows: u64) -> u64 {
     }
     let read = min(rows.saturating_mul(s.num_experts_per_tok), s.n_routed_experts);
     let idle = s.n_routed_experts - read;
-    let moe_layers = s.num_hidden_layers.saturating_sub(s.first_k_dense_replace);
+    let moe_layers = s.num_hidden_layers.saturating_sub(s.dense_layers_in(0, s.num_hidden_layers));
     let per_expert = (3 * s.moe_intermediate_size).saturating_mul(s.hidden_size);
     total.saturating_sub(idle.saturating_mul(per_expert).saturating_mul(moe_layers))
 }
@@ -171,7 +210,13 @@ pub const fn rank_cache_bytes_per_token(s: &ArchSpec, r: &RankLayout, stage: u64
         return 0;
     }
     let (start, end) = stage_layers(s.num_hidden_layers, r.pp, stage);
-    (end - start).saturating_mul(2 * kv_per_rank(s, r.tp)).saturating_mul(head_dim(s)).saturating_mul(elt)
+    let per_layer = if s.family.is_mla() {
+        // One compressed latent and one rotary key a token, replicated on every rank.
+        s.kv_lora_rank.saturating_add(s.qk_rope_head_dim)
+    } else {
+        (2 * kv_per_rank(s, r.tp)).saturating_mul(head_dim(s))
+    };
+    (end - start).saturating_mul(per_layer).saturating_mul(elt)
 }
 
 /// KV-cache bytes one token takes in the whole model.

@@ -269,10 +269,60 @@ pub const RULES: &[RuleDoc] = &[
         code: "HC1003",
         rule: 10,
         title: "expert parallel without experts",
-        condition: "expert_parallel sizes above 1 need family glm4_moe",
+        condition: "expert_parallel sizes above 1 need a family with experts (glm4_moe, glm4_moe_lite)",
         failing: &[("expert_parallel", "[2]")],
         fix: &[("expert_parallel", "[1]")],
     },
+    RuleDoc {
+        code: "HC1201",
+        rule: 12,
+        title: "latent attention with grouped kv heads",
+        condition: "num_key_value_heads == num_attention_heads under multi-head latent attention (transformers \
+                    crashes at the first forward otherwise)",
+        failing: &[("family", "glm4_moe_lite"), ("num_key_value_heads", "2")],
+        fix: &[("family", "glm4_moe_lite"), ("num_key_value_heads", "8")],
+    },
+    RuleDoc {
+        code: "HC1202",
+        rule: 12,
+        title: "an odd qk_rope_head_dim",
+        condition: "qk_rope_head_dim % 2 == 0",
+        failing: &[("family", "glm4_moe_lite"), ("qk_rope_head_dim", "5")],
+        fix: &[("family", "glm4_moe_lite"), ("qk_rope_head_dim", "4")],
+    },
+    RuleDoc {
+        code: "HC1203",
+        rule: 12,
+        title: "a partial rotary factor under latent attention",
+        condition: "partial_rotary_factor == 1 (the rotary embedding turns all qk_rope_head_dim channels)",
+        failing: &[("family", "glm4_moe_lite"), ("partial_rotary_factor", "0.5")],
+        fix: &[("family", "glm4_moe_lite"), ("partial_rotary_factor", "1.0")],
+    },
+    RuleDoc {
+        code: "HC1204",
+        rule: 12,
+        title: "mlp_layer_types of another length than the layers",
+        condition: "mlp_layer_types has num_hidden_layers entries, or is left out (transformers fails while \
+                    building otherwise)",
+        failing: &[("family", "glm4_moe_lite"), ("mlp_layer_types", "[\"dense\", \"sparse\"]")],
+        fix: &[("family", "glm4_moe_lite"), ("mlp_layer_types", "[\"dense\", \"sparse\", \"sparse\", \"sparse\"]")],
+    },
+];
+
+/// The keys every glm4_moe_lite example changes in `BASE`: no head_dim of its own, one kv
+/// head a query head, the latent sizes, and the experts (dense or sparse layers by
+/// mlp_layer_types, no first_k_dense_replace).
+pub const MLA_BASE: &[(&str, &str)] = &[
+    ("head_dim", "null"),
+    ("num_key_value_heads", "8"),
+    ("q_lora_rank", "64"),
+    ("kv_lora_rank", "32"),
+    ("qk_rope_head_dim", "16"),
+    ("qk_nope_head_dim", "32"),
+    ("v_head_dim", "32"),
+    ("moe_intermediate_size", "128"),
+    ("n_routed_experts", "16"),
+    ("num_experts_per_tok", "4"),
 ];
 
 /// The keys every glm4_moe example adds to `BASE` (an example that sets `family =
@@ -297,6 +347,14 @@ pub fn with_changes(changes: &[(&'static str, &'static str)]) -> Vec<(&'static s
     let mut out: Vec<(&str, &str)> = BASE.to_vec();
     if changes.contains(&("family", "glm4_moe")) {
         out.extend(MOE_BASE);
+    }
+    if changes.contains(&("family", "glm4_moe_lite")) {
+        for &(k, v) in MLA_BASE {
+            match out.iter_mut().find(|(key, _)| *key == k) {
+                Some(slot) => slot.1 = v,
+                None => out.push((k, v)),
+            }
+        }
     }
     for &(k, v) in changes {
         match out.iter_mut().find(|(key, _)| *key == k) {

@@ -24,6 +24,9 @@ pub enum Family {
     /// `Glm4MoeForCausalLM` (`model_type = "glm4_moe"`, GLM-4.5, 4.6 and 4.7): routed and
     /// shared experts after `first_k_dense_replace` dense layers, rotate-half rotary.
     Glm4Moe,
+    /// `Glm4MoeLiteForCausalLM` (`model_type = "glm4_moe_lite"`, GLM-4.7-Flash): glm4_moe's
+    /// experts under multi-head latent attention, dense or sparse by `mlp_layer_types`.
+    Glm4MoeLite,
 }
 
 impl Family {
@@ -40,6 +43,12 @@ impl Family {
     /// Whether the family has mixture-of-experts layers.
     pub const fn is_moe(self) -> bool {
         self.row().moe
+    }
+
+    /// Whether the family's attention is multi-head latent attention (MLA): queries and
+    /// one compressed key/value latent a token, no grouped kv heads.
+    pub const fn is_mla(self) -> bool {
+        self.row().mla
     }
 
     /// The family of a `model_type` string.
@@ -78,6 +87,8 @@ macro_rules! spec_ty {
     (text, $l:lifetime) => { &$l str };
     (opt_count, $l:lifetime) => { Option<u64> };
     (id, $l:lifetime) => { Option<u64> };
+    (rank, $l:lifetime) => { Option<u64> };
+    (layers, $l:lifetime) => { &$l [crate::fields::MlpLayer] };
     (float, $l:lifetime) => { f64 };
     (flag, $l:lifetime) => { bool };
     ($other:ident, $l:lifetime) => { u64 };
@@ -122,6 +133,9 @@ macro_rules! count_entry {
     (opt_count, $fams:ident, $family:expr, $key:expr, $v:expr) => {
         Some(($key, $v))
     };
+    (rank, $fams:ident, $family:expr, $key:expr, $v:expr) => {
+        if crate::fields::family_in($family, crate::fields::$fams) { Some(($key, $v)) } else { None }
+    };
     ($other:ident, $fams:ident, $family:expr, $key:expr, $v:expr) => {
         None
     };
@@ -132,6 +146,10 @@ crate::fields::with_fields!(arch_spec);
 impl<'a> ArchSpec<'a> {
     /// head_dim as given, or derived when it divides; `None` when it cannot be derived.
     pub const fn resolved_head_dim(&self) -> Option<u64> {
+        if self.family.is_mla() {
+            // transformers' head_dim of an MLA config is qk_rope_head_dim (an alias).
+            return Some(self.qk_rope_head_dim);
+        }
         match self.head_dim {
             Some(d) => Some(d),
             None => {
@@ -175,7 +193,8 @@ impl<'a> ArchSpec<'a> {
         if self.family.is_moe() && !self.moe_intermediate_size.is_multiple_of(tp) {
             return false;
         }
-        if !(kv % tp == 0 || (self.kv_replication && kv != 0 && tp.is_multiple_of(kv))) {
+        // Under latent attention the latent is replicated on every rank: kv heads do not bound tp.
+        if !(self.family.is_mla() || kv % tp == 0 || (self.kv_replication && kv != 0 && tp.is_multiple_of(kv))) {
             return false;
         }
         match self.padded_vocab() {
@@ -185,9 +204,51 @@ impl<'a> ArchSpec<'a> {
     }
 
     /// Whether some layer has a dense MLP of intermediate_size (every layer of a dense
-    /// family; the first first_k_dense_replace layers of glm4_moe).
+    /// family; the first first_k_dense_replace layers of glm4_moe; the "dense" entries of
+    /// glm4_moe_lite's mlp_layer_types).
     pub const fn has_dense_layers(&self) -> bool {
-        !self.family.is_moe() || self.first_k_dense_replace > 0
+        self.dense_layers_in(0, self.num_hidden_layers) > 0
+    }
+
+    /// Whether decoder layer `l` has experts rather than a dense MLP.
+    pub const fn is_sparse_layer(&self, l: u64) -> bool {
+        if !self.family.is_moe() {
+            return false;
+        }
+        if !self.family.is_mla() {
+            return l >= self.first_k_dense_replace;
+        }
+        let types = self.mlp_layer_types;
+        if types.is_empty() {
+            // transformers' default: the first layer dense, the rest sparse.
+            return l >= 1;
+        }
+        l < types.len() as u64 && matches!(types[l as usize], crate::fields::MlpLayer::Sparse)
+    }
+
+    /// How many of the layers `start..end` have a dense MLP.
+    pub const fn dense_layers_in(&self, start: u64, end: u64) -> u64 {
+        if !self.family.is_moe() {
+            return end.saturating_sub(start);
+        }
+        if !self.family.is_mla() {
+            let k = self.first_k_dense_replace;
+            let (a, b) = (if start < k { start } else { k }, if end < k { end } else { k });
+            return b.saturating_sub(a);
+        }
+        if self.mlp_layer_types.is_empty() {
+            return if start == 0 && end > 0 { 1 } else { 0 };
+        }
+        let mut n = 0;
+        let mut l = start;
+        let stop = if end < self.mlp_layer_types.len() as u64 { end } else { self.mlp_layer_types.len() as u64 };
+        while l < stop {
+            if !self.is_sparse_layer(l) {
+                n += 1;
+            }
+            l += 1;
+        }
+        n
     }
 
     /// Every expert-parallel size this architecture allows: the divisors of
@@ -414,6 +475,14 @@ pub enum LayoutError {
     ExpertParallelExperts { ep: u64, experts: u64, legal: SizeList },
     /// Rule 10: expert parallelism on a family without experts.
     ExpertParallelDense { ep: u64, family: Family },
+    /// Rule 12: latent attention with fewer (or more) kv heads than query heads.
+    MlaKvHeads { heads: u64, kv: u64 },
+    /// Rule 12: an odd qk_rope_head_dim.
+    MlaRopeOdd { rope: u64 },
+    /// Rule 12: a partial rotary factor under latent attention.
+    MlaRotaryFactor { factor: f64 },
+    /// Rule 12: mlp_layer_types with other than one entry a layer.
+    LayerTypesLength { given: u64, layers: u64 },
     /// An engine profile refuses a layout ([`crate::engines`]).
     Engine(crate::engines::EngineError),
     /// A declared layout's ranks do not fit the declared device memory ([`crate::memory`]).
@@ -453,6 +522,10 @@ impl LayoutError {
             LayoutError::ExpertParallelZero
             | LayoutError::ExpertParallelExperts { .. }
             | LayoutError::ExpertParallelDense { .. } => keys::EXPERT_PARALLEL,
+            LayoutError::MlaKvHeads { .. } => keys::NUM_KEY_VALUE_HEADS,
+            LayoutError::MlaRopeOdd { .. } => keys::QK_ROPE_HEAD_DIM,
+            LayoutError::MlaRotaryFactor { .. } => keys::PARTIAL_ROTARY_FACTOR,
+            LayoutError::LayerTypesLength { .. } => keys::MLP_LAYER_TYPES,
             LayoutError::Engine(e) => e.rule.dimension().key(),
             LayoutError::Memory(_) => keys::DEVICE_MEMORY_GIB,
         }
@@ -510,6 +583,10 @@ impl LayoutError {
             LayoutError::ExpertParallelZero => "HC1001",
             LayoutError::ExpertParallelExperts { .. } => "HC1002",
             LayoutError::ExpertParallelDense { .. } => "HC1003",
+            LayoutError::MlaKvHeads { .. } => "HC1201",
+            LayoutError::MlaRopeOdd { .. } => "HC1202",
+            LayoutError::MlaRotaryFactor { .. } => "HC1203",
+            LayoutError::LayerTypesLength { .. } => "HC1204",
             LayoutError::Engine(e) => e.rule.code(),
             LayoutError::Memory(_) => "HC1101",
         }
@@ -748,6 +825,32 @@ impl LayoutError {
                     .num(experts)
                     .push("): each rank holds the same number of whole experts; legal expert_parallel sizes are "),
             ),
+            LayoutError::MlaKvHeads { heads, kv } => m
+                .push("num_key_value_heads (")
+                .num(kv)
+                .push(") must equal num_attention_heads (")
+                .num(heads)
+                .push(") under multi-head latent attention: each query head reads its own key and value, expanded from the one latent a token; set it to ")
+                .num(heads),
+            LayoutError::MlaRopeOdd { rope } => {
+                let below = rope - rope % 2;
+                let m = m
+                    .push("qk_rope_head_dim (")
+                    .num(rope)
+                    .push(") must be even: the rotary embedding turns channel pairs; use ");
+                if below >= 2 { m.num(below).push(" or ").num(rope + 1) } else { m.num(rope + 1) }
+            }
+            LayoutError::MlaRotaryFactor { factor } => m
+                .push("partial_rotary_factor (")
+                .float(factor)
+                .push(") must be 1 under multi-head latent attention: the rotary embedding turns all qk_rope_head_dim channels; change qk_rope_head_dim instead"),
+            LayoutError::LayerTypesLength { given, layers } => m
+                .push("mlp_layer_types has ")
+                .num(given)
+                .push(if given == 1 { " entry" } else { " entries" })
+                .push(" but num_hidden_layers is ")
+                .num(layers)
+                .push(": give one \"dense\" or \"sparse\" a layer, or leave it out (the first layer dense, the rest sparse)"),
             LayoutError::Engine(e) => e.write(m),
             LayoutError::Memory(e) => e.write(m),
             LayoutError::ExpertParallelDense { ep, family } => m
@@ -910,7 +1013,7 @@ pub const fn counts(s: &ArchSpec, out: &mut Errors) {
 /// Rule 2: grouped-query attention needs kv heads that divide the query heads.
 pub const fn grouped_query(s: &ArchSpec, out: &mut Errors) {
     let (h, kv) = (s.num_attention_heads, s.num_key_value_heads);
-    if h == 0 || kv == 0 {
+    if h == 0 || kv == 0 || s.family.is_mla() {
         return;
     }
     if kv > h {
@@ -922,13 +1025,20 @@ pub const fn grouped_query(s: &ArchSpec, out: &mut Errors) {
 
 /// Rule 3: head_dim is given, or hidden_size divides by the heads.
 pub const fn head_dim(s: &ArchSpec, out: &mut Errors) {
-    if s.head_dim.is_none() && s.num_attention_heads != 0 && !s.hidden_size.is_multiple_of(s.num_attention_heads) {
+    if !s.family.is_mla()
+        && s.head_dim.is_none()
+        && s.num_attention_heads != 0
+        && !s.hidden_size.is_multiple_of(s.num_attention_heads)
+    {
         out.push(LayoutError::HiddenNotMultipleOfHeads { hidden: s.hidden_size, heads: s.num_attention_heads });
     }
 }
 
 /// Rule 4: the rotary dimension is a positive, even, whole number of channels.
 pub const fn rotary(s: &ArchSpec, out: &mut Errors) {
+    if s.family.is_mla() {
+        return; // rule 12
+    }
     let f = s.partial_rotary_factor;
     if !(f > 0.0 && f <= 1.0) {
         out.push(LayoutError::RotaryFactorRange { factor: f });
@@ -1005,7 +1115,7 @@ pub const fn tensor_parallel(s: &ArchSpec, out: &mut Errors) {
         if h % tp != 0 {
             out.push(LayoutError::TensorParallelHeads { tp, heads: h, legal });
         }
-        if !(kv % tp == 0 || (s.kv_replication && tp.is_multiple_of(kv))) {
+        if !(s.family.is_mla() || kv % tp == 0 || (s.kv_replication && tp.is_multiple_of(kv))) {
             out.push(LayoutError::TensorParallelKv { tp, kv, replication: s.kv_replication, legal });
         }
         if s.has_dense_layers() && !s.intermediate_size.is_multiple_of(tp) {
@@ -1053,7 +1163,7 @@ pub const fn experts(s: &ArchSpec, out: &mut Errors) {
         return;
     }
     let (e, g, t, k) = (s.n_routed_experts, s.n_group, s.topk_group, s.num_experts_per_tok);
-    if s.first_k_dense_replace > s.num_hidden_layers && s.num_hidden_layers != 0 {
+    if !s.family.is_mla() && s.first_k_dense_replace > s.num_hidden_layers && s.num_hidden_layers != 0 {
         out.push(LayoutError::DenseLayersExceedLayers { dense: s.first_k_dense_replace, layers: s.num_hidden_layers });
     }
     if e == 0 || g == 0 || t == 0 || k == 0 {
@@ -1102,6 +1212,28 @@ pub const fn expert_parallel(s: &ArchSpec, out: &mut Errors) {
     }
 }
 
+/// Rule 12: multi-head latent attention has one kv head a query head, rotates an even
+/// qk_rope_head_dim whole, and names one MLP kind a layer.
+pub const fn latent_attention(s: &ArchSpec, out: &mut Errors) {
+    if !s.family.is_mla() {
+        return;
+    }
+    let (h, kv) = (s.num_attention_heads, s.num_key_value_heads);
+    if h != 0 && kv != 0 && kv != h {
+        out.push(LayoutError::MlaKvHeads { heads: h, kv });
+    }
+    if s.qk_rope_head_dim != 0 && !s.qk_rope_head_dim.is_multiple_of(2) {
+        out.push(LayoutError::MlaRopeOdd { rope: s.qk_rope_head_dim });
+    }
+    if s.partial_rotary_factor != 1.0 {
+        out.push(LayoutError::MlaRotaryFactor { factor: s.partial_rotary_factor });
+    }
+    let n = s.mlp_layer_types.len() as u64;
+    if n != 0 && n != s.num_hidden_layers {
+        out.push(LayoutError::LayerTypesLength { given: n, layers: s.num_hidden_layers });
+    }
+}
+
 /// Rule 8: rope_theta and rms_norm_eps are positive numbers; the activation is implemented.
 pub const fn scalars(s: &ArchSpec, out: &mut Errors) {
     if s.family.is_moe() && !(s.routed_scaling_factor > 0.0 && s.routed_scaling_factor < f64::INFINITY) {
@@ -1131,7 +1263,24 @@ pub const fn scalars(s: &ArchSpec, out: &mut Errors) {
 pub const fn sizes(s: &ArchSpec, out: &mut Errors) {
     const LIMIT: u64 = i64::MAX as u64;
     let experts = if s.family.is_moe() { s.n_routed_experts } else { 0 };
-    let checks: [(&'static str, u64, u64); 5] = [
+    let heads = s.num_attention_heads;
+    let (q_lora, mla) = match (s.q_lora_rank, s.family.is_mla()) {
+        (Some(r), true) => (r, true),
+        (None, true) => (s.hidden_size, true),
+        _ => (0, false),
+    };
+    let (qk, kv_b) = if mla {
+        (
+            s.qk_nope_head_dim.saturating_add(s.qk_rope_head_dim),
+            s.qk_nope_head_dim.saturating_add(s.v_head_dim).saturating_mul(heads),
+        )
+    } else {
+        (0, 0)
+    };
+    let checks: [(&'static str, u64, u64); 8] = [
+        (keys::QK_NOPE_HEAD_DIM, qk.saturating_mul(heads), q_lora),
+        (keys::V_HEAD_DIM, kv_b, s.kv_lora_rank),
+        (keys::KV_LORA_RANK, s.kv_lora_rank.saturating_add(s.qk_rope_head_dim), s.hidden_size),
         (keys::VOCAB_SIZE, s.vocab_size, s.hidden_size),
         (keys::N_ROUTED_EXPERTS, experts.saturating_mul(s.moe_intermediate_size).saturating_mul(2), s.hidden_size),
         (keys::INTERMEDIATE_SIZE, s.intermediate_size.saturating_mul(2), s.hidden_size),
@@ -1182,7 +1331,7 @@ pub struct Rule {
 }
 
 /// Every rule, in the order messages are reported.
-pub const RULES: [Rule; 11] = [
+pub const RULES: [Rule; 12] = [
     Rule {
         name: "counts",
         run: counts,
@@ -1201,6 +1350,11 @@ pub const RULES: [Rule; 11] = [
             keys::N_GROUP,
             keys::TOPK_GROUP,
             keys::VOCAB_PADDING,
+            keys::Q_LORA_RANK,
+            keys::KV_LORA_RANK,
+            keys::QK_ROPE_HEAD_DIM,
+            keys::QK_NOPE_HEAD_DIM,
+            keys::V_HEAD_DIM,
         ],
     },
     Rule { name: "grouped_query", run: grouped_query, fields: &[keys::NUM_ATTENTION_HEADS, keys::NUM_KEY_VALUE_HEADS] },
@@ -1224,6 +1378,7 @@ pub const RULES: [Rule; 11] = [
             keys::INTERMEDIATE_SIZE,
             keys::MOE_INTERMEDIATE_SIZE,
             keys::FIRST_K_DENSE_REPLACE,
+            keys::MLP_LAYER_TYPES,
             keys::VOCAB_SIZE,
             keys::TENSOR_PARALLEL,
             keys::KV_REPLICATION,
@@ -1252,6 +1407,11 @@ pub const RULES: [Rule; 11] = [
             keys::MAX_POSITION_EMBEDDINGS,
             keys::N_ROUTED_EXPERTS,
             keys::MOE_INTERMEDIATE_SIZE,
+            keys::Q_LORA_RANK,
+            keys::KV_LORA_RANK,
+            keys::QK_ROPE_HEAD_DIM,
+            keys::QK_NOPE_HEAD_DIM,
+            keys::V_HEAD_DIM,
         ],
     },
     Rule {
@@ -1267,6 +1427,18 @@ pub const RULES: [Rule; 11] = [
         ],
     },
     Rule { name: "expert_parallel", run: expert_parallel, fields: &[keys::N_ROUTED_EXPERTS, keys::EXPERT_PARALLEL] },
+    Rule {
+        name: "latent_attention",
+        run: latent_attention,
+        fields: &[
+            keys::NUM_ATTENTION_HEADS,
+            keys::NUM_KEY_VALUE_HEADS,
+            keys::QK_ROPE_HEAD_DIM,
+            keys::PARTIAL_ROTARY_FACTOR,
+            keys::MLP_LAYER_TYPES,
+            keys::NUM_HIDDEN_LAYERS,
+        ],
+    },
 ];
 
 /// Runs every rule; the complete list of violations.
@@ -1283,6 +1455,7 @@ pub const fn validate(s: &ArchSpec) -> Errors {
     sizes(s, &mut out);
     experts(s, &mut out);
     expert_parallel(s, &mut out);
+    latent_attention(s, &mut out);
     out
 }
 

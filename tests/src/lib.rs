@@ -32,6 +32,34 @@ pub fn model_fixtures() -> Vec<PathBuf> {
     out
 }
 
+/// transformers' half-precision outputs for every fixture, made on this machine (oneDNN's
+/// half-precision kernels differ between CPUs) by python/make_half_references.py into
+/// `dir`, once a process: the folder holding `<fixture>/reference-half.safetensors`.
+pub fn half_references(dir: &Path) -> PathBuf {
+    static MADE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let made = MADE.get_or_init(|| {
+        let out = dir.join("half-references");
+        let root = repo_root();
+        let python = root.join(".venv").join("bin").join("python");
+        let status = std::process::Command::new(&python)
+            .arg("python/make_half_references.py")
+            .arg("--out")
+            .arg(&out)
+            .current_dir(&root)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .map_err(|e| format!("cannot run {} (scripts/setup --test installs it): {e}", python.display()))?;
+        if !status.success() {
+            return Err(format!("python/make_half_references.py failed: {status}"));
+        }
+        Ok(out)
+    });
+    match made {
+        Ok(p) => p.clone(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// transformers' outputs for one fixture.
 pub struct Reference {
     pub input_ids: Vec<Vec<i64>>,

@@ -6,7 +6,7 @@
 
 use tch::Tensor;
 
-use super::layers::{DecoderLayer, Ffn, Loader};
+use super::layers::{DecoderLayer, Ffn, Loader, SelfAttention};
 use crate::config::Dims;
 use crate::error::Result;
 use crate::load::WeightSource;
@@ -24,7 +24,7 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
     let p = format!("model.layers.{l}");
     Ok(DecoderLayer {
         input_layernorm: cx.whole(src, &format!("{p}.input_layernorm.weight"))?,
-        self_attn: cx.attention(src, &p, None, false)?,
+        self_attn: SelfAttention::Grouped(cx.attention(src, &p, None, false)?),
         post_self_attn_layernorm: None,
         post_attention_layernorm: cx.whole(src, &format!("{p}.post_attention_layernorm.weight"))?,
         mlp: fused_mlp(cx, src, &p)?,

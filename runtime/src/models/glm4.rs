@@ -4,7 +4,7 @@
 //! `post_mlp_layernorm` on its output; the residual add.
 
 use super::glm::{attention_tensors, fused_mlp, fused_mlp_tensors};
-use super::layers::{DecoderLayer, Loader};
+use super::layers::{DecoderLayer, Loader, SelfAttention};
 use crate::config::Dims;
 use crate::error::Result;
 use crate::load::WeightSource;
@@ -26,7 +26,7 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
     let norm = |src: &mut dyn WeightSource, n: &str| cx.whole(src, &format!("{p}.{n}.weight"));
     Ok(DecoderLayer {
         input_layernorm: norm(src, "input_layernorm")?,
-        self_attn: cx.attention(src, &p, None, false)?,
+        self_attn: SelfAttention::Grouped(cx.attention(src, &p, None, false)?),
         post_self_attn_layernorm: Some(norm(src, "post_self_attn_layernorm")?),
         post_attention_layernorm: norm(src, "post_attention_layernorm")?,
         mlp: fused_mlp(cx, src, &p)?,

@@ -12,7 +12,7 @@ use std::ops::Range;
 use tch::{Device, Kind, Tensor};
 
 use super::glm::attention_tensors;
-use super::layers::{DecoderLayer, Ffn, Loader};
+use super::layers::{DecoderLayer, Ffn, Loader, SelfAttention, rotate_half_order};
 use crate::config::{Dims, MoeDims};
 use crate::error::{Error, Result};
 use crate::load::WeightSource;
@@ -21,13 +21,21 @@ use crate::nn::WeightLayout;
 
 /// Layer `l`'s tensors, named and shaped as in the checkpoint.
 pub(crate) fn tensors(dims: &Dims, m: &MoeDims, l: usize) -> Vec<(String, Vec<i64>)> {
-    let (h, i) = (dims.hidden as i64, dims.intermediate as i64);
     let p = format!("model.layers.{l}");
     let mut out = attention_tensors(dims, &p);
     if m.qk_norm {
         out.push((format!("{p}.self_attn.q_norm.weight"), vec![dims.head_dim as i64]));
         out.push((format!("{p}.self_attn.k_norm.weight"), vec![dims.head_dim as i64]));
     }
+    out.extend(expert_tensors(dims, m, &p, l));
+    out
+}
+
+/// The MLP tensors of layer `l` (prefix `p`): a dense gated MLP, or the router, the routed
+/// experts (fused or one by one) and the shared experts.
+pub(crate) fn expert_tensors(dims: &Dims, m: &MoeDims, p: &str, l: usize) -> Vec<(String, Vec<i64>)> {
+    let (h, i) = (dims.hidden as i64, dims.intermediate as i64);
+    let mut out = Vec::new();
     if !m.is_moe_layer(l) {
         out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
         out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
@@ -63,7 +71,7 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
     let p = format!("model.layers.{l}");
     let order = rotate_half_order(cx.dims.head_dim, cx.dims.rotary_dim, cx.dev)?;
     let input_layernorm = cx.whole(src, &format!("{p}.input_layernorm.weight"))?;
-    let self_attn = cx.attention(src, &p, Some(&order), m.qk_norm)?;
+    let self_attn = SelfAttention::Grouped(cx.attention(src, &p, Some(&order), m.qk_norm)?);
     let post_attention_layernorm = cx.whole(src, &format!("{p}.post_attention_layernorm.weight"))?;
     let mlp = if m.is_moe_layer(l) {
         experts(cx, src, m, &p)?
@@ -83,7 +91,7 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
 
 /// The mixture of experts of layer prefix `p`: the router (f32) with its correction bias,
 /// this rank's routed experts (its columns of each), and its columns of the shared experts.
-fn experts(cx: &Loader, src: &mut dyn WeightSource, m: &MoeDims, p: &str) -> Result<Ffn> {
+pub(crate) fn experts(cx: &Loader, src: &mut dyn WeightSource, m: &MoeDims, p: &str) -> Result<Ffn> {
     let (plan, s) = (cx.plan, cx.shard);
     let router = cx.whole_as(src, &format!("{p}.mlp.gate.weight"), Kind::Float)?;
     let correction_bias = cx.whole_as(src, &format!("{p}.mlp.gate.e_score_correction_bias"), Kind::Float)?;
@@ -138,16 +146,6 @@ fn stack_experts(
         e.down.parts = vec![dn.f_select(0, i as i64)?];
     }
     Ok(Some((gu, dn)))
-}
-
-/// The head_dim channel order that turns glm4_moe's rotate-half rotary embedding into the
-/// interleaved one: channels `i` and `i + R/2` of the rotary part become neighbours `2i`,
-/// `2i + 1`; channels past the rotary part stay.
-fn rotate_half_order(head_dim: usize, rotary: usize, dev: Device) -> Result<Tensor> {
-    let half = rotary / 2;
-    let order: Vec<i64> =
-        (0..half).flat_map(|i| [i as i64, (i + half) as i64]).chain((rotary as i64)..head_dim as i64).collect();
-    Ok(Tensor::f_from_slice(&order)?.f_to_device(dev)?)
 }
 
 /// Expert `e`'s gate/up and down weights (this rank's columns `cols` of its `width`)

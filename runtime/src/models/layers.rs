@@ -1,5 +1,6 @@
 //! The building blocks the family files assemble, in the order data flows: attention with
-//! grouped kv heads, the gated MLP, a layer's feed-forward part, the decoder layer; and the
+//! grouped kv heads or with a latent (MLA), the gated MLP, a layer's feed-forward part, the
+//! decoder layer; and the
 //! [`Loader`] through which each family reads its layers' weights by their Hugging Face
 //! names, as this rank's part of them.
 
@@ -9,7 +10,7 @@ use std::ops::Range;
 use tch::{Device, Kind, Tensor};
 
 use super::Step;
-use crate::config::{Activation, Dims};
+use crate::config::{Activation, Dims, MlaDims};
 use crate::error::{Error, Result};
 use crate::load::WeightSource;
 use crate::moe::Moe;
@@ -36,6 +37,194 @@ pub struct Attention {
     pub heads: i64,
     pub kv_heads: i64,
 }
+
+/// Multi-head latent attention (glm4_moe_lite), this rank's query heads of it. The cache
+/// holds, a token, the normalized latent (`kv_lora`) and the rotated key shared by every
+/// head (`rope`), replicated on every rank. A one-token step absorbs `kv_b_proj` into the
+/// query and the output, so it reads the latent only; a longer step expands the latent into
+/// each head's keys and values.
+pub struct LatentAttention {
+    /// The projections of the layer's input whole on every rank, fused: q_a_proj (when the
+    /// queries have a low rank), then kv_a_proj_with_mqa (latent, then rotary key).
+    pub a: Linear,
+    /// How the queries are made.
+    pub q: LatentQuery,
+    /// kv_a_layernorm.
+    pub kv_norm: Tensor,
+    /// kv_b_proj's key rows, `[heads, nope, kv_lora]`.
+    pub w_k: Tensor,
+    /// kv_b_proj's value rows, transposed: `[heads, kv_lora, v]`.
+    pub w_v: Tensor,
+    pub o: RowParallel,
+    /// Query heads of this rank.
+    pub heads: i64,
+    /// Width of `a`'s query part (q_lora_rank, or 0).
+    pub q_width: i64,
+}
+
+/// The queries of a latent attention: from `a`'s q_a_proj part through q_a_layernorm and
+/// q_b_proj (this rank's heads), or one q_proj of the input.
+pub enum LatentQuery {
+    LowRank(Tensor, Linear),
+    Proj(Linear),
+}
+
+/// A decoder layer's attention: grouped kv heads or a latent.
+pub enum SelfAttention {
+    Grouped(Attention),
+    Latent(LatentAttention),
+}
+
+impl SelfAttention {
+    /// o_proj.
+    pub fn o(&self) -> &RowParallel {
+        match self {
+            SelfAttention::Grouped(a) => &a.o,
+            SelfAttention::Latent(a) => &a.o,
+        }
+    }
+
+    /// The grouped-kv-head attention, if this is one.
+    pub fn grouped(&self) -> Option<&Attention> {
+        match self {
+            SelfAttention::Grouped(a) => Some(a),
+            SelfAttention::Latent(_) => None,
+        }
+    }
+
+    /// Parameters this rank holds.
+    pub fn numel(&self) -> i64 {
+        match self {
+            SelfAttention::Grouped(a) => {
+                a.qkv.linear.numel()
+                    + a.o.numel()
+                    + a.qk_norm.as_ref().map_or(0, |(q, k)| (q.numel() + k.numel()) as i64)
+            }
+            SelfAttention::Latent(a) => {
+                let q = match &a.q {
+                    LatentQuery::LowRank(n, l) => n.numel() as i64 + l.numel(),
+                    LatentQuery::Proj(l) => l.numel(),
+                };
+                a.a.numel() + q + (a.kv_norm.numel() + a.w_k.numel() + a.w_v.numel()) as i64 + a.o.numel()
+            }
+        }
+    }
+
+    /// This rank's heads' attention output, o_proj's input; the step's keys and values (or
+    /// latents) are written into the cache first.
+    fn forward(&self, x: &Tensor, step: &Step, cache: &Tensor, dims: &Dims, rounding: Rounding) -> Result<Tensor> {
+        match self {
+            SelfAttention::Grouped(a) => a.forward(x, step, cache, dims, rounding),
+            SelfAttention::Latent(a) => {
+                // cannot fire: a latent attention comes from a config with MLA sizes.
+                let m =
+                    dims.mla.as_ref().ok_or_else(|| Error::Internal("a latent attention without MLA sizes".into()))?;
+                a.forward(x, step, cache, m, rounding)
+            }
+        }
+    }
+}
+
+/// Writes a step's `[B, n, T, D]` entries into a layer's cache (`[B, n, capacity, D]`) where
+/// the step says, and returns the cache's entries the step attends to.
+fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
+    let (b, t) = (new.size()[0], step.len); // cannot fire: a 4-dimensional tensor
+    Ok(match (&step.slot, &step.rows_at) {
+        (Some(slot), _) => {
+            let _ = cache.shallow_clone().f_index_copy_(2, slot, new)?;
+            cache.shallow_clone()
+        }
+        (None, Some(at)) => {
+            // Row i's entries go to its own slot at[i].
+            let index = at.f_view([b, 1, 1, 1])?.f_expand(new.size(), false)?;
+            let _ = cache.shallow_clone().f_scatter_(2, &index, new)?;
+            cache.f_narrow(2, 0, step.start + 1)?
+        }
+        (None, None) => {
+            cache.f_narrow(2, step.start, t)?.f_copy_(new)?;
+            cache.f_narrow(2, 0, step.start + t)?
+        }
+    })
+}
+
+/// Rotates `x` (`[B, T, n, R]`, a view into the step's projection) in place by the step's
+/// rotary tables: one product by its rotation matrices in a one-token step that has them.
+fn rotate_in_place(x: &Tensor, step: &Step, rope: i64) -> Result<()> {
+    match &step.rot {
+        Some(m) if step.len == 1 => {
+            let rotated = x.f_matmul(&m.f_unsqueeze(1)?)?;
+            x.shallow_clone().f_copy_(&rotated)?;
+        }
+        _ => rope_in_place(x, &step.cos, &step.sin, rope, rope)?,
+    }
+    Ok(())
+}
+
+impl LatentAttention {
+    /// This rank's heads' attention output ([B, T, heads·v]); the step's latents are written
+    /// into `cache` ([B, 1, capacity, kv_lora + rope]) first.
+    fn forward(&self, x: &Tensor, step: &Step, cache: &Tensor, m: &MlaDims, rounding: Rounding) -> Result<Tensor> {
+        let (b, t) = (x.size3()?.0, step.len);
+        let (n, nope, rope, lora, v) = (self.heads, m.nope as i64, m.rope as i64, m.kv_lora as i64, m.v as i64);
+        let a = self.a.forward(x)?;
+        let [q_in, latent, k_rot] = array(a.f_split_with_sizes([self.q_width, lora, rope], -1)?)?;
+        let q = match &self.q {
+            LatentQuery::LowRank(norm, q_b) => q_b.forward(&rms_norm(&q_in, norm, LATENT_EPS, rounding)?)?,
+            LatentQuery::Proj(q) => q.forward(x)?,
+        };
+        let q = q.f_view([b, t, n, nope + rope])?;
+        let q_rot = q.f_narrow(3, nope, rope)?;
+        let k_rot = k_rot.f_unsqueeze(2)?; // [B, T, 1, R]
+        rotate_in_place(&q_rot, step, rope)?;
+        rotate_in_place(&k_rot, step, rope)?;
+        let latent = rms_norm(&latent, &self.kv_norm, LATENT_EPS, rounding)?;
+        let entry = Tensor::f_cat(&[latent, k_rot.f_squeeze_dim(2)?], -1)?.f_unsqueeze(1)?; // [B, 1, T, L + R]
+        let cached = write_cache(cache, &entry, step)?; // [B, 1, S, L + R]
+        let q_nope = q.f_narrow(3, 0, nope)?;
+        if t == 1 {
+            // Absorbed: q_nope · (W_k c) = (q_nope W_k) · c, and the values' W_v after the
+            // weighted sum of latents; the heads are query rows against one latent "head".
+            let q_lat = q_nope.f_view([b, n, nope])?.f_transpose(0, 1)?.f_bmm(&self.w_k)?.f_transpose(0, 1)?; // [B, n, L]
+            let query = Tensor::f_cat(&[q_lat, q_rot.f_view([b, n, rope])?], -1)?.f_unsqueeze(1)?; // [B, 1, n, L + R]
+            let values = cached.f_narrow(3, 0, lora)?;
+            let o = Tensor::f_scaled_dot_product_attention(
+                &query,
+                &cached,
+                &values,
+                step.mask.as_ref(),
+                0.0,
+                false,
+                Some(m.scale),
+                false,
+            )?; // [B, 1, n, L]
+            let o = o.f_view([b, n, lora])?.f_transpose(0, 1)?.f_bmm(&self.w_v)?; // [n, B, v]
+            return Ok(o.f_transpose(0, 1)?.f_reshape([b, 1, n * v])?);
+        }
+        // Expanded: each head's keys and values from the cached latents.
+        let latents = cached.f_narrow(3, 0, lora)?; // [B, 1, S, L]
+        let s = latents.size()[2]; // cannot fire: 4 dimensions
+        let k_nope = latents.f_matmul(&self.w_k.f_transpose(1, 2)?.f_unsqueeze(0)?)?; // [B, n, S, nope]
+        let values = latents.f_matmul(&self.w_v.f_unsqueeze(0)?)?; // [B, n, S, v]
+        let k_rope = cached.f_narrow(3, lora, rope)?.f_expand([b, n, s, rope], false)?;
+        let keys = Tensor::f_cat(&[k_nope, k_rope], -1)?;
+        let query = q.f_transpose(1, 2)?; // [B, n, T, nope + rope]
+        let o = Tensor::f_scaled_dot_product_attention(
+            &query,
+            &keys,
+            &values,
+            step.mask.as_ref(),
+            0.0,
+            false,
+            Some(m.scale),
+            false,
+        )?; // [B, n, T, v]
+        Ok(o.f_transpose(1, 2)?.f_reshape([b, t, n * v])?)
+    }
+}
+
+/// The epsilon of q_a_layernorm and kv_a_layernorm: transformers' RMSNorm default, not the
+/// config's rms_norm_eps.
+const LATENT_EPS: f64 = 1e-6;
 
 /// The gated MLP: gate and up one column-parallel projection (matching halves), down
 /// row-parallel.
@@ -73,7 +262,7 @@ impl Ffn {
 /// One decoder layer with its norms (replicated on every rank of its stage).
 pub struct DecoderLayer {
     pub input_layernorm: Tensor,
-    pub self_attn: Attention,
+    pub self_attn: SelfAttention,
     /// GLM-4 only: the attention output normalized before the residual add.
     pub post_self_attn_layernorm: Option<Tensor>,
     pub post_attention_layernorm: Tensor,
@@ -100,9 +289,9 @@ impl DecoderLayer {
         let x = rms_norm(&h, &self.input_layernorm, eps, rounding)?;
         let a = self.self_attn.forward(&x, step, kv, dims, rounding)?;
         match &self.post_self_attn_layernorm {
-            None if fuse => self.self_attn.o.add_into(&a, &h, group)?,
+            None if fuse => self.self_attn.o().add_into(&a, &h, group)?,
             post => {
-                let mut a = self.self_attn.o.forward(&a, group)?;
+                let mut a = self.self_attn.o().forward(&a, group)?;
                 if let Some(w) = post {
                     a = rms_norm(&a, w, eps, rounding)?;
                 }
@@ -160,22 +349,7 @@ impl Attention {
         }
         let [q, kv] = array(qkv.f_split_with_sizes([hl, 2 * kvl], 2)?)?;
         let kv = kv.f_transpose(1, 2)?; // [B, 2 * kv, T, D]
-        let written = match (&step.slot, &step.rows_at) {
-            (Some(slot), _) => {
-                let _ = kv_cache.shallow_clone().f_index_copy_(2, slot, &kv)?;
-                kv_cache.shallow_clone()
-            }
-            (None, Some(at)) => {
-                // Row i's keys and values go to its own slot at[i].
-                let index = at.f_view([b, 1, 1, 1])?.f_expand(kv.size(), false)?;
-                let _ = kv_cache.shallow_clone().f_scatter_(2, &index, &kv)?;
-                kv_cache.f_narrow(2, 0, step.start + 1)?
-            }
-            (None, None) => {
-                kv_cache.f_narrow(2, step.start, t)?.f_copy_(&kv)?;
-                kv_cache.f_narrow(2, 0, step.start + t)?
-            }
-        };
+        let written = write_cache(kv_cache, &kv, step)?;
         let [keys, values] = array(written.f_split(kvl, 1)?)?;
         // Grouped-query attention without copying kv heads: the g query heads of each kv
         // head become g*t query rows against that head's keys.
@@ -314,10 +488,93 @@ impl<'a> Loader<'a> {
             self.whole(src, &format!("{p}.self_attn.o_proj.weight"))?.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
         Ok(Attention {
             qkv: ColumnParallel { linear: self.linear(&w, b)? },
-            o: RowParallel { linear: self.linear(&o, None)? },
+            o: RowParallel { linear: self.linear(&o, None)?, bias: None },
             qk_norm,
             heads: plan.heads_per_shard as i64,
             kv_heads: plan.kv_per_shard as i64,
+        })
+    }
+
+    /// The multi-head latent attention of layer prefix `p`: q_a_proj (or this rank's heads
+    /// of q_proj) fused with kv_a_proj_with_mqa, q_a_layernorm, this rank's heads of q_b_proj
+    /// and kv_b_proj, kv_a_layernorm, and o_proj's matching columns row-parallel (its bias,
+    /// if any, on the first rank only: the ranks' parts are summed). Without interleaved
+    /// rotary pairs, each head's rotary channels of q and the shared rotary key are reordered
+    /// so that the interleaved rotation computes the rotate-half one.
+    pub fn latent_attention(&self, src: &mut dyn WeightSource, p: &str, m: &MlaDims) -> Result<LatentAttention> {
+        let (dims, plan) = (self.dims, self.plan);
+        let heads = plan.q_heads(self.shard);
+        let (n, qk, kv_out) = (heads.len(), m.nope + m.rope, m.nope + m.v);
+        let order = if m.interleave { None } else { Some(rotate_half_order(m.rope, m.rope, self.dev)?) };
+        // Rows `[.., qk]` a head: its rotary channels reordered.
+        let reorder_heads = |t: Tensor| -> Result<Tensor> {
+            let Some(order) = &order else { return Ok(t) };
+            let cols = t.size()[1]; // cannot fire: a 2-dimensional weight
+            let h = t.f_reshape([n as i64, qk as i64, cols])?;
+            let rot = h.f_narrow(1, m.nope as i64, m.rope as i64)?.f_index_select(1, order)?;
+            Ok(Tensor::f_cat(&[h.f_narrow(1, 0, m.nope as i64)?, rot], 1)?.f_reshape([-1, cols])?)
+        };
+        let attn = format!("{p}.self_attn");
+        let q_rows = (heads.start * qk, n * qk);
+        // With a low rank, q_a_proj joins kv_a_proj_with_mqa in one product of the input;
+        // without, q_proj (this rank's heads, no bias) is a projection of its own.
+        let (q_a, q_a_bias, q) = match m.q_lora {
+            Some(_) => {
+                let w = self.whole(src, &format!("{attn}.q_a_proj.weight"))?;
+                let bias =
+                    if dims.attention_bias { Some(self.whole(src, &format!("{attn}.q_a_proj.bias"))?) } else { None };
+                let norm = self.whole(src, &format!("{attn}.q_a_layernorm.weight"))?;
+                let q_b = reorder_heads(self.rows(src, &format!("{attn}.q_b_proj.weight"), q_rows)?)?;
+                (Some(w), bias, LatentQuery::LowRank(norm, self.linear(&q_b, None)?))
+            }
+            None => {
+                let w = reorder_heads(self.rows(src, &format!("{attn}.q_proj.weight"), q_rows)?)?;
+                (None, None, LatentQuery::Proj(self.linear(&w, None)?))
+            }
+        };
+        let q_width = q_a.as_ref().map_or(0, |w| w.size()[0]); // cannot fire: a 2-dimensional weight
+        let reorder_rope = |t: Tensor| -> Result<Tensor> {
+            let Some(order) = &order else { return Ok(t) };
+            let rot = t.f_narrow(0, m.kv_lora as i64, m.rope as i64)?.f_index_select(0, order)?;
+            Ok(Tensor::f_cat(&[t.f_narrow(0, 0, m.kv_lora as i64)?, rot], 0)?)
+        };
+        let kv_a = reorder_rope(self.whole(src, &format!("{attn}.kv_a_proj_with_mqa.weight"))?)?;
+        let bias = if dims.attention_bias {
+            let kv_bias = reorder_rope(self.whole(src, &format!("{attn}.kv_a_proj_with_mqa.bias"))?)?;
+            Some(match q_a_bias {
+                Some(q_bias) => Tensor::f_cat(&[q_bias, kv_bias], 0)?,
+                None => kv_bias,
+            })
+        } else {
+            None
+        };
+        let a = match q_a {
+            Some(q_a) => Tensor::f_cat(&[q_a, kv_a], 0)?,
+            None => kv_a,
+        };
+        let a = self.linear(&a, bias)?;
+        let kv_norm = self.whole(src, &format!("{attn}.kv_a_layernorm.weight"))?;
+        let kv_b = self.rows(src, &format!("{attn}.kv_b_proj.weight"), (heads.start * kv_out, n * kv_out))?;
+        let kv_b = kv_b.f_reshape([n as i64, kv_out as i64, m.kv_lora as i64])?;
+        let w_k = kv_b.f_narrow(1, 0, m.nope as i64)?.f_contiguous()?;
+        let w_v = kv_b.f_narrow(1, m.nope as i64, m.v as i64)?.f_transpose(1, 2)?.f_contiguous()?;
+        let o = self.whole(src, &format!("{attn}.o_proj.weight"))?.f_narrow(
+            1,
+            (heads.start * m.v) as i64,
+            (n * m.v) as i64,
+        )?;
+        let o_bias = if dims.attention_bias { Some(self.whole(src, &format!("{attn}.o_proj.bias"))?) } else { None };
+        // Several ranks: the bias after their sum, not in each rank's product.
+        let (o_bias, after) = if plan.size > 1 { (None, o_bias) } else { (o_bias, None) };
+        Ok(LatentAttention {
+            a,
+            q,
+            kv_norm,
+            w_k,
+            w_v,
+            o: RowParallel { linear: self.linear(&o, o_bias)?, bias: after },
+            heads: n as i64,
+            q_width,
         })
     }
 
@@ -337,8 +594,18 @@ impl<'a> Loader<'a> {
     pub fn mlp(&self, gate_up: Linear, down: Linear) -> Ffn {
         Ffn::Dense(Mlp {
             gate_up: ColumnParallel { linear: gate_up },
-            down: RowParallel { linear: down },
+            down: RowParallel { linear: down, bias: None },
             intermediate: self.plan.intermediate_per_shard as i64,
         })
     }
+}
+
+/// The head_dim channel order that turns a rotate-half rotary embedding into the interleaved
+/// one: channels `i` and `i + R/2` of the rotary part become neighbours `2i`, `2i + 1`;
+/// channels past the rotary part stay.
+pub(crate) fn rotate_half_order(head_dim: usize, rotary: usize, dev: Device) -> Result<Tensor> {
+    let half = rotary / 2;
+    let order: Vec<i64> =
+        (0..half).flat_map(|i| [i as i64, (i + half) as i64]).chain((rotary as i64)..head_dim as i64).collect();
+    Ok(Tensor::f_from_slice(&order)?.f_to_device(dev)?)
 }

@@ -19,6 +19,7 @@
 pub mod glm;
 pub mod glm4;
 pub mod glm4_moe;
+pub mod glm4_moe_lite;
 pub mod layers;
 
 use std::path::Path;
@@ -38,13 +39,14 @@ use crate::parallel::layers::{ParallelLmHead, VocabParallelEmbedding};
 use crate::parallel::plan::ShardPlan;
 use crate::parallel::world::Parallel;
 use layers::Loader;
-pub use layers::{Attention, DecoderLayer, Ffn, Mlp};
+pub use layers::{Attention, DecoderLayer, Ffn, LatentAttention, LatentQuery, Mlp, SelfAttention};
 
 /// Layer `l`'s tensors, named and shaped as in a checkpoint of `dims`' family.
 pub(crate) fn layer_tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
-    match (dims.family, &dims.moe) {
-        (Family::Glm4Moe, Some(m)) => glm4_moe::tensors(dims, m, l),
-        (Family::Glm4, _) => glm4::tensors(dims, l),
+    match (dims.family, &dims.moe, &dims.mla) {
+        (Family::Glm4MoeLite, Some(moe), Some(m)) => glm4_moe_lite::tensors(dims, m, moe, l),
+        (Family::Glm4Moe, Some(m), _) => glm4_moe::tensors(dims, m, l),
+        (Family::Glm4, _, _) => glm4::tensors(dims, l),
         _ => glm::tensors(dims, l),
     }
 }
@@ -55,6 +57,7 @@ fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<Decod
         Family::Glm => glm::load_layer(cx, src, l),
         Family::Glm4 => glm4::load_layer(cx, src, l),
         Family::Glm4Moe => glm4_moe::load_layer(cx, src, l),
+        Family::Glm4MoeLite => glm4_moe_lite::load_layer(cx, src, l),
     }
 }
 
@@ -182,6 +185,9 @@ impl CausalLm for Glm {
         self.quantize
     }
     fn query_group(&self) -> i64 {
+        if self.dims.mla.is_some() {
+            return 1; // a prefill's keys and values are expanded to every query head
+        }
         (self.plan.heads_per_shard / self.plan.kv_per_shard) as i64 // cannot fire: a rank holds a kv head
     }
     fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
@@ -276,8 +282,8 @@ impl Glm {
         let layers = dims.layers;
         if let Some(m) = &mut dims.moe {
             // transformers 5 saves experts fused unless asked for the published layout.
-            m.fused_experts = (m.dense_layers..layers)
-                .next()
+            m.fused_experts = (0..layers)
+                .find(|&l| m.is_moe_layer(l))
                 .is_some_and(|l| ckpt.tensors.contains_key(&format!("model.layers.{l}.mlp.experts.gate_up_proj")));
         }
         // No rule bounds num_hidden_layers: before listing every weight, name the first layer
@@ -476,9 +482,8 @@ impl Glm {
             + self.embed_tokens.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64)
             + self.norm.as_ref().map_or(0, |t| t.numel() as i64);
         for l in &self.layers {
-            n += l.self_attn.qkv.linear.numel() + l.self_attn.o.linear.numel();
+            n += l.self_attn.numel();
             n += l.mlp.numel();
-            n += l.self_attn.qk_norm.as_ref().map_or(0, |(q, k)| (q.numel() + k.numel()) as i64);
             let norms = [Some(&l.input_layernorm), Some(&l.post_attention_layernorm)];
             let more = [l.post_self_attn_layernorm.as_ref(), l.post_mlp_layernorm.as_ref()];
             n += norms.into_iter().chain(more).flatten().map(|t| t.numel() as i64).sum::<i64>();
@@ -490,11 +495,20 @@ impl Glm {
     /// kv heads).
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
         self.check_cache_memory(batch, capacity)?;
-        let d = self.dims.head_dim as i64;
-        let shape = [batch as i64, 2 * self.plan.kv_per_shard as i64, capacity as i64, d];
+        let shape = self.cache_shape(batch, capacity);
         let opts = (self.dtype.kind(), self.device);
         let kv = self.layers.iter().map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?;
         Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
+    }
+
+    /// One layer's cache on this rank: `[batch, 2 × kv heads, capacity, head_dim]` (keys
+    /// then values), or under latent attention `[batch, 1, capacity, kv_lora + rope]`.
+    fn cache_shape(&self, batch: usize, capacity: usize) -> [i64; 4] {
+        let (b, c) = (batch as i64, capacity as i64);
+        match &self.dims.mla {
+            Some(m) => [b, 1, c, m.latent_width() as i64],
+            None => [b, 2 * self.plan.kv_per_shard as i64, c, self.dims.head_dim as i64],
+        }
     }
 
     /// Whether a cache for `batch` rows and `capacity` positions fits in the memory the CPU
@@ -519,11 +533,8 @@ impl Glm {
         if self.device != Device::Cpu {
             return 0;
         }
-        let d = self.dims.head_dim as u64;
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let per_layer = [batch as u64, 2 * self.plan.kv_per_shard as u64, capacity as u64, d, elt]
-            .into_iter()
-            .fold(1u64, u64::saturating_mul);
+        let per_layer = self.cache_shape(batch, capacity).into_iter().fold(elt, |n, d| n.saturating_mul(d as u64));
         per_layer.saturating_mul(self.layers.len() as u64)
     }
 

@@ -24,19 +24,30 @@ impl ColumnParallel {
 /// partial sum, all-reduced over the group inside the layer.
 pub struct RowParallel {
     pub linear: Linear,
+    /// A bias added once, after the ranks' parts are summed (every rank holds it); a run of
+    /// one rank keeps its bias in `linear` instead, added within the product.
+    pub bias: Option<Tensor>,
 }
 
 impl RowParallel {
     pub fn forward(&self, x: &Tensor, group: &ProcessGroup) -> Result<Tensor> {
         let y = self.linear.forward(x)?;
         group.all_reduce_sum(&y)?;
-        Ok(y)
+        match &self.bias {
+            Some(b) => Ok(y.f_add(b)?),
+            None => Ok(y),
+        }
+    }
+
+    /// Parameters this rank holds.
+    pub fn numel(&self) -> i64 {
+        self.linear.numel() + self.bias.as_ref().map_or(0, |b| b.numel() as i64)
     }
 
     /// `acc += forward(x)`, in place; with a group of one, accumulated by the product
     /// itself (one kernel, one rounding).
     pub fn add_into(&self, x: &Tensor, acc: &Tensor, group: &ProcessGroup) -> Result<()> {
-        if group.size() == 1 {
+        if group.size() == 1 && self.bias.is_none() {
             return self.linear.add_into(x, acc);
         }
         let _ = acc.shallow_clone().f_add_(&self.forward(x, group)?)?;
