@@ -12,12 +12,12 @@ forward of 4 tokens, and writes what happened to tests/fixtures/mla-configs/READ
 """
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoConfig, Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+from make_moe_samples import measure, save, short
+from transformers import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
 
 OUT = Path("tests/fixtures/mla-configs")
 
@@ -36,37 +36,6 @@ BAD = {
 }
 
 
-def save(config, path: Path) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        config.save_pretrained(tmp)
-        shutil.copyfile(Path(tmp) / "config.json", path)
-
-
-def short(exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {msg[:140]}"
-
-
-def measure(path: Path) -> tuple[str, str, str]:
-    with tempfile.TemporaryDirectory() as tmp:
-        shutil.copyfile(path, Path(tmp) / "config.json")
-        try:
-            config = AutoConfig.from_pretrained(tmp)
-        except Exception as e:  # noqa: BLE001
-            return short(e), "-", "-"
-    try:
-        torch.manual_seed(0)
-        model = Glm4MoeLiteForCausalLM(config).eval()
-    except Exception as e:  # noqa: BLE001
-        return "ok", short(e), "-"
-    try:
-        with torch.no_grad():
-            out = model(torch.tensor([[3, 4, 5, 6]])).logits
-        return "ok", "ok", "ok" if torch.isfinite(out).all() else "non-finite logits"
-    except Exception as e:  # noqa: BLE001
-        return "ok", "ok", short(e)
-
-
 def main() -> None:
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
@@ -83,7 +52,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001
             rows.append((stem, what, f"not written: {short(e)}", "-", "-"))
             continue
-        rows.append((stem, what, *measure(path)))
+        rows.append((stem, what, *measure(path, Glm4MoeLiteForCausalLM)))
     lines = [
         "# glm4_moe_lite config.json samples",
         "",

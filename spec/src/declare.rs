@@ -46,6 +46,8 @@ pub fn declaration(config: &Config, name: &str) -> String {
     for f in FIELDS.iter().filter(|f| f.in_family(c.family)) {
         let Some(value) = c.get(f.key) else { continue };
         let text = match value {
+            // null q_lora_rank (one q_proj) is written out: left out, the family's default stands.
+            FieldValue::Absent if f.kind == crate::fields::FieldKind::Rank => "None".to_owned(),
             FieldValue::Absent => continue,
             FieldValue::Ids(ids) if ids.is_empty() => continue,
             FieldValue::Ids(ids) => {

@@ -105,20 +105,36 @@ const fn layer_parameters(s: &ArchSpec, r: &RankLayout, l: u64) -> u64 {
 
 /// [`layer_parameters`] of a layer with a dense MLP.
 const fn dense_layer_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
-    let mut l = 0;
-    while l < s.num_hidden_layers && s.is_sparse_layer(l) {
-        l += 1;
-    }
-    layer_parameters(s, r, l)
+    layer_parameters(s, r, first_layer(s, false))
 }
 
 /// [`layer_parameters`] of a layer with experts (its attention and its experts).
 const fn sparse_layer_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
+    layer_parameters(s, r, first_layer(s, true))
+}
+
+/// The first layer with experts (`sparse`) or without; 0 when there is none (then no layer
+/// of the kind is counted). Never a walk over num_hidden_layers, which no rule bounds: only
+/// over an mlp_layer_types list.
+const fn first_layer(s: &ArchSpec, sparse: bool) -> u64 {
+    if !s.family.is_moe() {
+        return 0;
+    }
+    if !s.family.is_mla() {
+        return if sparse { s.first_k_dense_replace } else { 0 };
+    }
+    let types = s.mlp_layer_types;
+    if types.is_empty() {
+        return if sparse { 1 } else { 0 };
+    }
     let mut l = 0;
-    while l < s.num_hidden_layers && !s.is_sparse_layer(l) {
+    while l < types.len() {
+        if matches!(types[l], crate::fields::MlpLayer::Sparse) == sparse {
+            return l as u64;
+        }
         l += 1;
     }
-    layer_parameters(s, r, l)
+    0
 }
 
 /// The vocabulary rows one rank holds (after the declaration's padding).

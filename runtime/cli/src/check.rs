@@ -47,6 +47,23 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
     let shown = path.display();
     let legal = config.legal_tensor_parallel();
     match config.validate_sizes(tp, pp, ep) {
+        Ok(()) if config.family.is_mla() => {
+            println!(
+                "{shown}: ok ({}, {} layers, {} heads, latent attention: q_lora_rank {}, kv_lora_rank {}, rope {}, nope {}, v {}; the KV cache holds {} values a token a layer)",
+                config.family.model_type(),
+                config.num_hidden_layers,
+                config.num_attention_heads,
+                config.q_lora_rank.map_or("none".to_owned(), |r| r.to_string()),
+                config.kv_lora_rank,
+                config.qk_rope_head_dim,
+                config.qk_nope_head_dim,
+                config.v_head_dim,
+                config.kv_lora_rank + config.qk_rope_head_dim,
+            );
+            print_experts(&config);
+            print_legal(&config, &legal);
+            Ok(ExitCode::SUCCESS)
+        }
         Ok(()) => {
             println!(
                 "{shown}: ok ({}, {} layers, {} heads over {} kv heads, head_dim {}, rotary dim {})",
@@ -57,25 +74,7 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
                 config.resolved_head_dim().unwrap_or(0),
                 config.rotary_dim().unwrap_or(0),
             );
-            if config.family.is_moe() {
-                println!(
-                    "  experts: {} routed of width {} ({} a token, {} group{}, {} chosen), {} shared, first {} layer{} dense{}",
-                    config.n_routed_experts,
-                    config.moe_intermediate_size,
-                    config.num_experts_per_tok,
-                    config.n_group,
-                    if config.n_group == 1 { "" } else { "s" },
-                    config.topk_group,
-                    config.n_shared_experts,
-                    config.first_k_dense_replace,
-                    if config.first_k_dense_replace == 1 { "" } else { "s" },
-                    if config.num_nextn_predict_layers > 0 {
-                        format!(", {} multi-token-prediction layer(s) not run", config.num_nextn_predict_layers)
-                    } else {
-                        String::new()
-                    },
-                );
-            }
+            print_experts(&config);
             print_legal(&config, &legal);
             Ok(ExitCode::SUCCESS)
         }
@@ -88,6 +87,33 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// The experts' line of a mixture-of-experts family.
+fn print_experts(config: &Config) {
+    if !config.family.is_moe() {
+        return;
+    }
+    let spec = config.spec(&[], &[]);
+    let dense = spec.dense_layers_in(0, config.num_hidden_layers);
+    // glm4_moe's dense layers come first; glm4_moe_lite's stand where mlp_layer_types says.
+    let which = if config.family.is_mla() { "" } else { "first " };
+    println!(
+        "  experts: {} routed of width {} ({} a token, {} group{}, {} chosen), {} shared, {which}{dense} layer{} dense{}",
+        config.n_routed_experts,
+        config.moe_intermediate_size,
+        config.num_experts_per_tok,
+        config.n_group,
+        if config.n_group == 1 { "" } else { "s" },
+        config.topk_group,
+        config.n_shared_experts,
+        if dense == 1 { "" } else { "s" },
+        if config.num_nextn_predict_layers > 0 {
+            format!(", {} multi-token-prediction layer(s) not run", config.num_nextn_predict_layers)
+        } else {
+            String::new()
+        },
+    );
 }
 
 /// `what: N layout errors`, then each error with its code.
@@ -106,7 +132,12 @@ fn print_legal(config: &Config, legal: &[u64]) {
     }
     let strict = headcount_spec::ArchSpec { kv_replication: false, ..config.spec(&[], &[]) }.legal_tensor_parallel();
     let list = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
-    println!("legal tensor_parallel sizes: {} (without kv replication: {})", list(legal), list(strict.as_slice()));
+    if config.family.is_mla() {
+        // The latent is on every rank: nothing is replicated for kv heads.
+        println!("legal tensor_parallel sizes: {}", list(legal));
+    } else {
+        println!("legal tensor_parallel sizes: {} (without kv replication: {})", list(legal), list(strict.as_slice()));
+    }
     if config.family.is_moe() {
         println!("legal expert_parallel sizes: {}", list(&config.legal_expert_parallel()));
     }
@@ -368,8 +399,27 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
             push(&["--num-layers", &c.num_hidden_layers.to_string(), "--hidden-size", &c.hidden_size.to_string()]);
             push(&["--ffn-hidden-size", &c.intermediate_size.to_string()]);
             push(&["--num-attention-heads", &c.num_attention_heads.to_string()]);
-            push(&["--group-query-attention", "--num-query-groups", &c.num_key_value_heads.to_string()]);
-            push(&["--kv-channels", &c.resolved_head_dim().unwrap_or(0).to_string()]);
+            if c.family.is_mla() {
+                push(&["--multi-latent-attention"]);
+                if let Some(r) = c.q_lora_rank {
+                    push(&["--q-lora-rank", &r.to_string()]);
+                }
+                push(&[
+                    "--kv-lora-rank",
+                    &c.kv_lora_rank.to_string(),
+                    "--qk-head-dim",
+                    &c.qk_nope_head_dim.to_string(),
+                ]);
+                push(&[
+                    "--qk-pos-emb-head-dim",
+                    &c.qk_rope_head_dim.to_string(),
+                    "--v-head-dim",
+                    &c.v_head_dim.to_string(),
+                ]);
+            } else {
+                push(&["--group-query-attention", "--num-query-groups", &c.num_key_value_heads.to_string()]);
+                push(&["--kv-channels", &c.resolved_head_dim().unwrap_or(0).to_string()]);
+            }
             push(&["--seq-length", &c.max_position_embeddings.to_string()]);
             push(&["--max-position-embeddings", &c.max_position_embeddings.to_string()]);
             if c.family.is_moe() {
@@ -380,8 +430,17 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
                     let shared = (c.moe_intermediate_size * c.n_shared_experts).to_string();
                     push(&["--moe-shared-expert-intermediate-size", &shared]);
                 }
-                let moe = c.num_hidden_layers.saturating_sub(c.first_k_dense_replace);
-                let freq = format!("([0]*{}+[1]*{moe})", c.first_k_dense_replace.min(c.num_hidden_layers));
+                let freq = if c.mlp_layer_types.is_empty() {
+                    let dense = c.spec(&[], &[]).dense_layers_in(0, c.num_hidden_layers);
+                    format!("([0]*{dense}+[1]*{})", c.num_hidden_layers - dense) // cannot wrap: dense <= layers
+                } else {
+                    let flags: Vec<&str> = c
+                        .mlp_layer_types
+                        .iter()
+                        .map(|t| if *t == headcount_spec::MlpLayer::Sparse { "1" } else { "0" })
+                        .collect();
+                    format!("[{}]", flags.join(","))
+                };
                 push(&["--moe-layer-freq", &freq]);
             }
         }

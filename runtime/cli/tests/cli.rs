@@ -467,6 +467,31 @@ fn check_against_engines() {
     expect(&headcount(&["check", &bad, "--engine", "vllm"]), 1, "error[HC0903]");
 }
 
+/// GLM-4.7-Flash (glm4_moe_lite, transformers' Glm4MoeLiteConfig defaults): its latent cache,
+/// legal sizes, memory a rank, Megatron-LM's latent-attention arguments; each bad latent
+/// layout transformers only fails on at run time is a check error with its code.
+#[test]
+fn check_glm_4_7_flash() {
+    let flash = fixture("mla-configs/glm-4.7-flash.json");
+    let o = headcount(&["check", &flash]);
+    expect(&o, 0, "the KV cache holds 576 values a token a layer");
+    expect(&o, 0, "legal tensor_parallel sizes: 1, 2, 4\n");
+    expect(&o, 0, "legal expert_parallel sizes: 1, 2, 4, 8, 16, 32, 64");
+    let o = headcount(&["check", &flash, "--memory", "80GiB", "--context", "32768"]);
+    expect(&o, 0, "29.9B parameters (3.9B active a token), KV cache 52 KiB a token");
+    let o =
+        headcount(&["launch-args", "--engine", "megatron", &flash, "--model", "zai-org/GLM-4.7-Flash", "--tp", "4"]);
+    expect(&o, 0, "--multi-latent-attention --q-lora-rank 768 --kv-lora-rank 512 --qk-head-dim 192");
+    for (file, code) in [
+        ("kv-heads-not-heads", "error[HC1201]"),
+        ("experts-per-token-exceed-experts", "error[HC0904]"),
+        ("layer-types-short", "error[HC1204]"),
+        ("q-lora-rank-zero", "error[HC0001]: q_lora_rank"),
+    ] {
+        expect(&headcount(&["check", &fixture(&format!("mla-configs/{file}.json"))]), 1, code);
+    }
+}
+
 /// `check --memory`: GLM-4.5's fullest rank per layout against 80 GiB.
 #[test]
 fn check_prints_memory_a_rank() {

@@ -68,10 +68,22 @@ pub(crate) fn expert_tensors(dims: &Dims, m: &MoeDims, p: &str, l: usize) -> Vec
 pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
     // cannot fire: the family's config has MoE sizes (Dims::new).
     let m = cx.dims.moe.as_ref().ok_or_else(|| Error::Internal("glm4_moe without MoE sizes".into()))?;
-    let p = format!("model.layers.{l}");
     let order = rotate_half_order(cx.dims.head_dim, cx.dims.rotary_dim, cx.dev)?;
+    moe_layer(cx, src, m, l, |src, p| Ok(SelfAttention::Grouped(cx.attention(src, p, Some(&order), m.qk_norm)?)))
+}
+
+/// Layer `l` of a mixture-of-experts family around the attention `attention` loads (given
+/// the layer prefix): its two norms, and a dense MLP or the experts, as `m` says.
+pub(crate) fn moe_layer(
+    cx: &Loader,
+    src: &mut dyn WeightSource,
+    m: &MoeDims,
+    l: usize,
+    attention: impl FnOnce(&mut dyn WeightSource, &str) -> Result<SelfAttention>,
+) -> Result<DecoderLayer> {
+    let p = format!("model.layers.{l}");
     let input_layernorm = cx.whole(src, &format!("{p}.input_layernorm.weight"))?;
-    let self_attn = SelfAttention::Grouped(cx.attention(src, &p, Some(&order), m.qk_norm)?);
+    let self_attn = attention(src, &p)?;
     let post_attention_layernorm = cx.whole(src, &format!("{p}.post_attention_layernorm.weight"))?;
     let mlp = if m.is_moe_layer(l) {
         experts(cx, src, m, &p)?
@@ -91,7 +103,7 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
 
 /// The mixture of experts of layer prefix `p`: the router (f32) with its correction bias,
 /// this rank's routed experts (its columns of each), and its columns of the shared experts.
-pub(crate) fn experts(cx: &Loader, src: &mut dyn WeightSource, m: &MoeDims, p: &str) -> Result<Ffn> {
+fn experts(cx: &Loader, src: &mut dyn WeightSource, m: &MoeDims, p: &str) -> Result<Ffn> {
     let (plan, s) = (cx.plan, cx.shard);
     let router = cx.whole_as(src, &format!("{p}.mlp.gate.weight"), Kind::Float)?;
     let correction_bias = cx.whole_as(src, &format!("{p}.mlp.gate.e_score_correction_bias"), Kind::Float)?;

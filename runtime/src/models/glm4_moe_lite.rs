@@ -7,7 +7,7 @@
 //! experts, as `mlp_layer_types` says; the residual add. Tensors of the
 //! multi-token-prediction layers stored after the decoder layers are not run.
 
-use super::glm4_moe::{expert_tensors, experts};
+use super::glm4_moe::{expert_tensors, moe_layer};
 use super::layers::{DecoderLayer, Loader, SelfAttention};
 use crate::config::{Dims, MlaDims, MoeDims};
 use crate::error::{Error, Result};
@@ -53,22 +53,5 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
     let (Some(m), Some(moe)) = (cx.dims.mla.as_ref(), cx.dims.moe.as_ref()) else {
         return Err(Error::Internal("glm4_moe_lite without MLA or MoE sizes".into()));
     };
-    let p = format!("model.layers.{l}");
-    let input_layernorm = cx.whole(src, &format!("{p}.input_layernorm.weight"))?;
-    let self_attn = SelfAttention::Latent(cx.latent_attention(src, &p, m)?);
-    let post_attention_layernorm = cx.whole(src, &format!("{p}.post_attention_layernorm.weight"))?;
-    let mlp = if moe.is_moe_layer(l) {
-        experts(cx, src, moe, &p)?
-    } else {
-        let (gate_up, down) = cx.gated(src, &format!("{p}.mlp."), cx.plan.intermediate(cx.shard))?;
-        cx.mlp(gate_up, down)
-    };
-    Ok(DecoderLayer {
-        input_layernorm,
-        self_attn,
-        post_self_attn_layernorm: None,
-        post_attention_layernorm,
-        mlp,
-        post_mlp_layernorm: None,
-    })
+    moe_layer(cx, src, moe, l, |src, p| Ok(SelfAttention::Latent(cx.latent_attention(src, p, m)?)))
 }

@@ -181,22 +181,15 @@ impl LatentAttention {
         let entry = Tensor::f_cat(&[latent, k_rot.f_squeeze_dim(2)?], -1)?.f_unsqueeze(1)?; // [B, 1, T, L + R]
         let cached = write_cache(cache, &entry, step)?; // [B, 1, S, L + R]
         let q_nope = q.f_narrow(3, 0, nope)?;
+        let attend = |q: &Tensor, k: &Tensor, v: &Tensor| {
+            Tensor::f_scaled_dot_product_attention(q, k, v, step.mask.as_ref(), 0.0, false, Some(m.scale), false)
+        };
         if t == 1 {
             // Absorbed: q_nope · (W_k c) = (q_nope W_k) · c, and the values' W_v after the
             // weighted sum of latents; the heads are query rows against one latent "head".
             let q_lat = q_nope.f_view([b, n, nope])?.f_transpose(0, 1)?.f_bmm(&self.w_k)?.f_transpose(0, 1)?; // [B, n, L]
             let query = Tensor::f_cat(&[q_lat, q_rot.f_view([b, n, rope])?], -1)?.f_unsqueeze(1)?; // [B, 1, n, L + R]
-            let values = cached.f_narrow(3, 0, lora)?;
-            let o = Tensor::f_scaled_dot_product_attention(
-                &query,
-                &cached,
-                &values,
-                step.mask.as_ref(),
-                0.0,
-                false,
-                Some(m.scale),
-                false,
-            )?; // [B, 1, n, L]
+            let o = attend(&query, &cached, &cached.f_narrow(3, 0, lora)?)?; // [B, 1, n, L]
             let o = o.f_view([b, n, lora])?.f_transpose(0, 1)?.f_bmm(&self.w_v)?; // [n, B, v]
             return Ok(o.f_transpose(0, 1)?.f_reshape([b, 1, n * v])?);
         }
@@ -207,17 +200,7 @@ impl LatentAttention {
         let values = latents.f_matmul(&self.w_v.f_unsqueeze(0)?)?; // [B, n, S, v]
         let k_rope = cached.f_narrow(3, lora, rope)?.f_expand([b, n, s, rope], false)?;
         let keys = Tensor::f_cat(&[k_nope, k_rope], -1)?;
-        let query = q.f_transpose(1, 2)?; // [B, n, T, nope + rope]
-        let o = Tensor::f_scaled_dot_product_attention(
-            &query,
-            &keys,
-            &values,
-            step.mask.as_ref(),
-            0.0,
-            false,
-            Some(m.scale),
-            false,
-        )?; // [B, n, T, v]
+        let o = attend(&q.f_transpose(1, 2)?, &keys, &values)?; // [B, n, T, v]
         Ok(o.f_transpose(1, 2)?.f_reshape([b, t, n * v])?)
     }
 }
