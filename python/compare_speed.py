@@ -26,6 +26,9 @@ SHAPES = {
     "glm-4-9b": ["--config", "python/bench/glm-4-9b.json"],
     # glm4_moe: 4 layers (1 dense), hidden 512, 64 experts of width 256, 8 a token.
     "moe-4-layer": ["--config", "python/bench/glm4moe-4layer.json"],
+    # glm4_moe_lite: 4 layers (1 dense), hidden 1024, 8 heads of latent attention (q_lora 384,
+    # kv_lora 256, rope 32, nope 64, v 64), 32 experts of width 256, 4 a token.
+    "mla-4-layer": ["--config", "python/bench/glm4moelite-4layer.json"],
 }
 
 

@@ -493,6 +493,30 @@ pub fn legal_values(engine: Engine, s: &ArchSpec, l: &EngineLayout, dim: Dimensi
 
 /// Runs `engine`'s rules on layout `l` of `s`, appending one [`LayoutError::Engine`] per
 /// broken rule.
+/// vLLM 0.33.0's attention backends for multi-head latent attention, with the latent head
+/// sizes (kv_lora_rank + qk_rope_head_dim) each takes (empty: any) and whether it serves
+/// only sparse-attention models.
+pub const VLLM_MLA_BACKENDS: &[(&str, &[u64], bool)] = &[
+    ("FlashMLA", &[576], false),
+    ("FlashAttention-MLA", &[576], false),
+    ("CPU MLA", &[576], false),
+    ("FlashMLA-sparse", &[576, 512], true),
+    ("Triton MLA", &[], false),
+];
+
+/// The vLLM backends a latent-attention layout can use (none for another attention).
+pub fn vllm_mla_backends(s: &ArchSpec, sparse: bool) -> Vec<&'static str> {
+    if !s.family.is_mla() {
+        return Vec::new();
+    }
+    let head = s.kv_lora_rank.saturating_add(s.qk_rope_head_dim);
+    VLLM_MLA_BACKENDS
+        .iter()
+        .filter(|(_, sizes, only_sparse)| *only_sparse == sparse && (sizes.is_empty() || sizes.contains(&head)))
+        .map(|(name, _, _)| *name)
+        .collect()
+}
+
 pub const fn check(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut Errors) {
     let mut rules = RuleList::new();
     broken(engine, s, l, &mut rules);

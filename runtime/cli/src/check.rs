@@ -203,6 +203,14 @@ fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
         for l in lines {
             println!("{l}");
         }
+        if engine == Engine::Vllm && config.family.is_mla() {
+            let head = config.kv_lora_rank + config.qk_rope_head_dim;
+            let backends = engines::vllm_mla_backends(&spec, false);
+            println!(
+                "  latent-attention backends for head size {head} (kv_lora_rank + qk_rope_head_dim): {}",
+                backends.join(", ")
+            );
+        }
         print_engine_table(engine, &spec, a);
     }
     Ok(if refused == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })

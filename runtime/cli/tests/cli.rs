@@ -479,6 +479,15 @@ fn check_glm_4_7_flash() {
     expect(&o, 0, "legal expert_parallel sizes: 1, 2, 4, 8, 16, 32, 64");
     let o = headcount(&["check", &flash, "--memory", "80GiB", "--context", "32768"]);
     expect(&o, 0, "29.9B parameters (3.9B active a token), KV cache 52 KiB a token");
+    let o = headcount(&["check", &flash, "--engine", "vllm", "--tp", "4"]);
+    expect(
+        &o,
+        0,
+        "backends for head size 576 (kv_lora_rank + qk_rope_head_dim): FlashMLA, FlashAttention-MLA, CPU MLA, Triton MLA",
+    );
+    // Another latent width: only Triton MLA takes it.
+    let tiny = fixture("mla-configs/tiny-mla.json");
+    expect(&headcount(&["check", &tiny, "--engine", "vllm"]), 0, "(kv_lora_rank + qk_rope_head_dim): Triton MLA\n");
     let o =
         headcount(&["launch-args", "--engine", "megatron", &flash, "--model", "zai-org/GLM-4.7-Flash", "--tp", "4"]);
     expect(&o, 0, "--multi-latent-attention --q-lora-rank 768 --kv-lora-rank 512 --qk-head-dim 192");
