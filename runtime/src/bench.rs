@@ -146,24 +146,35 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     let ranks = all.chunks(2).map(|r| RankReport { peak_rss_bytes: (r[0] >= 0).then_some(r[0]), parameters: r[1] });
     let ranks: Vec<RankReport> = ranks.collect();
     // The memory bound of a decode step: every weight read once (the embedding only a row
-    // of, unless tied to lm_head; glm4_moe's unchosen experts not at all) at the devices'
-    // copy bandwidth, counted read plus write.
+    // of, unless tied to lm_head; the MoE families' unchosen experts not at all) and each
+    // row's KV cache up to its length (on average the prompt and half the new tokens; under
+    // latent attention the latent, on every tensor-parallel rank) at the devices' copy
+    // bandwidth, counted read plus write.
     // Every rank copies at once and their bandwidths add up (ranks on one CPU share it).
     p.world.barrier()?;
-    let own = copy_bandwidth(device)?;
-    let bandwidth: f64 = Vec::<f64>::try_from(&p.world.all_gather(&Tensor::f_from_slice(&[own])?, 0)?)?.iter().sum();
+    let d = model.dims();
+    let elt = model.quantize().bytes_per_weight().unwrap_or(model.dtype().kind().elt_size_in_bytes() as f64);
+    let spec = d.config.spec(&[], &[]);
+    let layout = headcount_spec::memory::RankLayout::new(p.tp as u64, p.pp as u64);
+    let cache_elt = model.dtype().kind().elt_size_in_bytes() as u64;
+    let per_token =
+        headcount_spec::memory::rank_cache_bytes_per_token(&spec, &layout, p.stage as u64, cache_elt) as f64;
+    let cache_read = per_token * opts.batch as f64 * (opts.prompt_len as f64 + opts.new_tokens as f64 / 2.0);
+    let own = [copy_bandwidth(device)?, cache_read];
+    let all = Vec::<f64>::try_from(&p.world.all_gather(&Tensor::f_from_slice(&own)?, 0)?)?;
+    let bandwidth: f64 = all.iter().step_by(2).sum();
+    let cache_bytes: f64 = all.iter().skip(1).step_by(2).sum();
     if p.rank != 0 {
         return Ok(None);
     }
-    let d = model.dims();
     let embedding = if d.tie_embeddings { 0 } else { d.vocab * d.hidden };
     // Quantized projections read their codes and scales (int8: a byte a weight and a
-    // row's scale; int4: half a byte and an f16 scale per 32).
-    let elt = model.quantize().bytes_per_weight().unwrap_or(model.dtype().kind().elt_size_in_bytes() as f64);
-    // glm4_moe reads only the experts its tokens chose (the spec's memory plan counts them).
-    let read = headcount_spec::memory::read_parameter_count(&d.config.spec(&[], &[]), opts.batch as u64);
-    let weight_bytes = (read as f64 - embedding as f64) * elt;
-    let bound = opts.batch as f64 * bandwidth / weight_bytes.max(1.0);
+    // row's scale; int4: half a byte and an f16 scale per 32), `elt` above.
+    // The MoE families read only the experts their tokens chose (the spec's memory plan
+    // counts them).
+    let read = headcount_spec::memory::read_parameter_count(&spec, opts.batch as u64);
+    let step_bytes = (read as f64 - embedding as f64) * elt + cache_bytes;
+    let bound = opts.batch as f64 * bandwidth / step_bytes.max(1.0);
     let decode_median = median(&mut decode);
     Ok(Some(BenchReport {
         engine: "headcount",

@@ -86,10 +86,20 @@ fn a_sequence_that_cannot_run_fails_alone_and_the_others_are_served() {
     engine.join().unwrap();
 }
 
+/// On grouped kv heads (glm-gqa2) and on latent attention (glm4moelite-qlora: chunks expand
+/// the cached latents, steps read them absorbed).
 #[test]
 fn prompt_log_probabilities_equal_the_full_forward_in_chunks_and_beside_other_requests() {
-    let model = Glm::load(&fixture(), &LoadOptions::default()).unwrap();
-    let prompt: Vec<i64> = vec![5, 6, 7, 9, 1, 4, 4, 2, 8, 30, 3, 100, 7];
+    let latent = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm4moelite-qlora");
+    for dir in [fixture(), latent] {
+        scores_prompts_in_chunks(&dir);
+    }
+}
+
+fn scores_prompts_in_chunks(dir: &std::path::Path) {
+    let model = Glm::load(dir, &LoadOptions::default()).unwrap();
+    let vocab = model.dims.vocab as i64;
+    let prompt: Vec<i64> = [5, 6, 7, 9, 1, 4, 4, 2, 8, 30, 3, 100, 7].iter().map(|i| i % vocab).collect();
     // What the library's forward of the whole prompt gives each token after the first.
     let logp = logits(&model, &prompt).unwrap().log_softmax(-1, Kind::Float).squeeze_dim(0);
     let want: Vec<f32> = (1..prompt.len()).map(|i| logp.double_value(&[i as i64 - 1, prompt[i]]) as f32).collect();
