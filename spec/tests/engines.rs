@@ -158,6 +158,7 @@ fn the_engines_reference_is_current() {
         ("GLM-4-9B", "configs/glm-default.json"),
         ("GLM-4.5 / 4.6", "moe-configs/glm-4.5.json"),
         ("GLM-4.5-Air", "moe-configs/glm-4.5-air.json"),
+        ("GLM-4.7-Flash", "mla-configs/glm-4.7-flash.json"),
     ] {
         let c = config(rel);
         for e in Engine::ALL {
@@ -182,6 +183,31 @@ fn the_engines_reference_is_current() {
         show(Engine::Megatron, EngineLayout::new(1, 1), Dimension::Pipeline),
         show(Engine::Sglang, EngineLayout::new(8, 1), Dimension::Expert),
         show(Engine::Megatron, EngineLayout { dp: 8, ..EngineLayout::new(8, 1) }, Dimension::Expert),
+    ));
+    doc.push_str(
+        "\n## Latent-attention backends (vLLM 0.33.0)\n\nFor a glm4_moe_lite config, `headcount check --engine vllm` names the attention\n\
+         backends that take its latent head size, `kv_lora_rank + qk_rope_head_dim`\n\
+         (`spec/src/engines.rs` `VLLM_MLA_BACKENDS`):\n\n| backend | head sizes | models |\n|---|---|---|\n",
+    );
+    for (name, sizes, sparse) in headcount_spec::engines::VLLM_MLA_BACKENDS {
+        let sizes = if sizes.is_empty() {
+            "any".to_owned()
+        } else {
+            sizes.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+        };
+        let models = if *sparse { "sparse attention only" } else { "dense latent attention" };
+        doc.push_str(&format!("| {name} | {sizes} | {models} |\n"));
+    }
+    let flash = config("mla-configs/glm-4.7-flash.json");
+    let backends = headcount_spec::engines::vllm_mla_backends(&flash.spec(&[], &[]), false);
+    doc.push_str(&format!(
+        "\nGLM-4.7-Flash ({} + {} = {}): {}.\nEvery rank holds the latent projection and the \
+         cache's latent; the query heads, the MLP and expert widths and the vocabulary bound the\n\
+         tensor-parallel size, the routed experts the expert-parallel size.\n",
+        flash.kv_lora_rank,
+        flash.qk_rope_head_dim,
+        flash.kv_lora_rank + flash.qk_rope_head_dim,
+        backends.join(", "),
     ));
     doc.push_str(
         "\n## Memory plans (HC1101)\n\n`spec/src/memory.rs` counts each rank's parameters (its heads, kv heads replicated\n\
