@@ -47,10 +47,10 @@ def main() -> None:
         input_ids = load_file(str(ref))["input_ids"]
         out = {}
         for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
-            # glm4_moe(_lite): transformers' own expert loop (Glm4MoeExperts.forward), whose rounding
+            # glm4_moe(_lite), glm_moe_dsa: transformers' own expert loop (Glm4MoeExperts.forward), whose rounding
             # the runtime follows; its default grouped_mm kernel accumulates differently in
             # half precision (the difference is printed below).
-            moe = transformers.AutoConfig.from_pretrained(folder).model_type in ("glm4_moe", "glm4_moe_lite")
+            moe = transformers.AutoConfig.from_pretrained(folder).model_type in ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa")
             extra = {"experts_implementation": "eager"} if moe else {}
             model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra).eval()
             # No eos: every row runs N tokens, and no token is suppressed.

@@ -97,7 +97,7 @@ pub use headcount_spec as spec;
 /// Used by the code `#[derive(Architecture)]` generates. Not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use headcount_spec::fields::MlpLayer;
+    pub use headcount_spec::fields::{IndexerLayer, MlpLayer};
     pub use headcount_spec::rules::{ArchSpec, Errors, assert_rule};
 }
 

@@ -64,7 +64,11 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
                     assert_eq!(a.w_k.size(), vec![heads, mla.nope as i64, mla.kv_lora as i64], "{what}");
                     assert_eq!(a.w_v.size(), vec![heads, mla.kv_lora as i64, mla.v as i64], "{what}");
                     assert_eq!(a.o.linear.shape(), vec![heads * mla.v as i64, d.hidden as i64], "{what}");
-                    assert_eq!(a.a.shape()[1], a.q_width + mla.latent_width() as i64, "{what}");
+                    // Sparse attention: the indexer's key projection joins it where the layer
+                    // has its own indexer, whole on every rank.
+                    let index_dim = a.indexer.as_ref().map_or(0, |ix| ix.dim);
+                    assert_eq!(a.a.shape()[1], a.q_width + mla.latent_width() as i64 + index_dim, "{what}");
+                    assert_eq!(a.sparse, mla.indexer.is_some(), "{what}");
                 }
                 _ => panic!("{what}: the attention is not the family's"),
             }
@@ -110,7 +114,13 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
             let bias = d.attention_bias as usize;
             let q = mla.q_lora.map_or(0, |r| r * d.hidden + r * bias + r);
             let latent = mla.latent_width() * (d.hidden + bias) + mla.kv_lora + bias * d.hidden;
-            (tp as i64 - 1) * ((q + latent) * d.layers) as i64
+            // Each full layer's indexer: wq_b, wk, k_norm's weight and bias, weights_proj.
+            let indexers = mla.indexer.as_ref().map_or(0, |ix| {
+                let full = (0..d.layers).filter(|&l| ix.is_full(l)).count();
+                let q_lora = mla.q_lora.unwrap_or(0);
+                full * (ix.heads * ix.dim * q_lora + ix.dim * d.hidden + 2 * ix.dim + ix.heads * d.hidden)
+            });
+            (tp as i64 - 1) * ((q + latent) * d.layers + indexers) as i64
         });
         let replicated = (p.kv_replicas as i64 - 1) * kv_params * d.layers as i64;
         let norms_per_layer: i64 = if d.family == headcount::Family::Glm4 { 4 } else { 2 };

@@ -399,9 +399,11 @@ fn ragged_running_batch_matches_transformers() {
 /// distance of transformers' f32 logits, in f32 and bf16 activations, and in f32 the same
 /// greedy tokens (int8) or a stated share of them (int4). The distance is the codes'
 /// rounding (int8: half a step of max|w|/127 a weight; int4: half a step of 1/8 of its
-/// group's largest |w|) carried through two random layers. glm4_moe's fixtures are left out
-/// of the bound: their random routers sit near ties, and int8 flips which experts a token
-/// gets (measured: 0.33 and 0.58 of the largest logit on one row each).
+/// group's largest |w|) carried through two random layers. The mixture-of-experts fixtures
+/// (glm4moe*, glmdsa*) are left out of the bound: their random routers sit near ties, and
+/// int8 flips which experts a token gets (measured: 0.33 and 0.58 of the largest logit on
+/// one row each), and a sparse-attention indexer's pick flips the same way (glmdsa-full-tied
+/// int8 f32: 5.0%).
 #[test]
 fn quantized_weights_stay_close_to_f32() {
     use headcount_runtime::Quantize;
@@ -409,7 +411,10 @@ fn quantized_weights_stay_close_to_f32() {
     // 8.7% (bf16); int4 at most 64% in either (glm-tied-partial's inputs, 48 and 96, are
     // not in groups of 32, so most of its weights stay int8: 11-12%).
     let bounds = [(Quantize::Int8, 0.05, 0.12), (Quantize::Int4, 0.75, 0.75)];
-    let dense: Vec<_> = model_fixtures().into_iter().filter(|d| !name(d).starts_with("glm4moe")).collect();
+    let dense: Vec<_> = model_fixtures()
+        .into_iter()
+        .filter(|d| !name(d).starts_with("glm4moe") && !name(d).starts_with("glmdsa"))
+        .collect();
     assert!(dense.len() >= 8);
     let mut report = Vec::new();
     for (quantize, f32_tol, bf16_tol) in bounds {

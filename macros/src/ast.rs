@@ -70,6 +70,8 @@ pub(crate) enum Value {
     Quant(headcount_spec::engines::BlockQuant),
     /// `mlp_layer_types = ["dense", "sparse"]`.
     Layers(Vec<headcount_spec::MlpLayer>),
+    /// `indexer_types = ["full", "shared"]`.
+    Indexers(Vec<headcount_spec::IndexerLayer>),
     /// An optional value left out: no pad or bos token, head_dim derived.
     Absent,
 }

@@ -24,6 +24,8 @@ pub(crate) enum Kind {
     Rank,
     /// A list of `"dense"` and `"sparse"`, one a decoder layer.
     Layers,
+    /// A list of `"full"` and `"shared"`, one a decoder layer.
+    Indexers,
     /// A positive integer: a literal or any expression of the key's integer type.
     Count,
     /// A token id (a non-negative integer), literal or expression.
@@ -59,6 +61,7 @@ fn field_kind(kind: FieldKind) -> Kind {
         FieldKind::Ids => Kind::TokenIds,
         FieldKind::Text => Kind::Str,
         FieldKind::Layers => Kind::Layers,
+        FieldKind::Indexers => Kind::Indexers,
     }
 }
 
@@ -263,6 +266,7 @@ fn typed(key: &'static str, raw: RawEntry, cx: &Ctxt) -> Option<Entry> {
             _ => integer(key, &expr, Sign::Count).map(|n| Some(Value::Int(n))),
         },
         Kind::Layers => layer_types(key, &expr),
+        Kind::Indexers => indexer_types(key, &expr),
         Kind::Float => float(key, &expr).map(|n| Some(Value::Float(n))),
         Kind::Bool => boolean(key, &expr),
         Kind::Str => string(key, &expr),
@@ -447,6 +451,26 @@ fn layer_types(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
         }
     }
     Ok(Some(Value::Layers(out)))
+}
+
+/// `indexer_types = ["full", "shared", ..]`.
+fn indexer_types(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    let Expr::Array(a) = expr else {
+        return Err(format!("{key} expects a list such as [\"full\", \"shared\"], found {}", found(expr)));
+    };
+    let mut out = Vec::new();
+    for e in &a.elems {
+        match ungroup(e.clone()) {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match headcount_spec::IndexerLayer::from_name(&s.value()) {
+                Some(t) => out.push(t),
+                None => {
+                    return Err(format!("{key}: unknown indexer type \"{}\": use \"full\" or \"shared\"", s.value()));
+                }
+            },
+            other => return Err(format!("{key} lists \"full\" and \"shared\", found {}", found(&other))),
+        }
+    }
+    Ok(Some(Value::Indexers(out)))
 }
 
 /// `eos_token_id = 2` or `eos_token_id = [2, 3]`; elements may be const expressions.

@@ -84,6 +84,19 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
                 };
                 (quote!(&'static [::headcount::__private::MlpLayer]), quote!(&[#(#items),*]))
             }
+            FieldKind::Indexers => {
+                let items: Vec<TokenStream> = match layout.value(f.key) {
+                    Some(Value::Indexers(l)) => l
+                        .iter()
+                        .map(|t| {
+                            let v = format_ident!("{}", format!("{t:?}"));
+                            quote!(::headcount::__private::IndexerLayer::#v)
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                (quote!(&'static [::headcount::__private::IndexerLayer]), quote!(&[#(#items),*]))
+            }
             FieldKind::Id => (
                 quote!(::core::option::Option<u64>),
                 match layout.value(f.key) {

@@ -302,6 +302,7 @@ fn from_field(v: FieldValue) -> Value {
             Value::List(ids.into_iter().map(|v| Elem { num: Num::Lit(v), tokens: TokenStream::new() }).collect())
         }
         FieldValue::Layers(l) => Value::Layers(l),
+        FieldValue::Indexers(l) => Value::Indexers(l),
         FieldValue::Absent => Value::Absent,
     }
 }
@@ -349,6 +350,7 @@ fn to_field(v: &Value) -> Option<FieldValue> {
         Value::Str(s) => FieldValue::Text(s.clone()),
         Value::List(items) => FieldValue::Ids(items.iter().filter_map(|e| e.num.lit()).collect()),
         Value::Layers(l) => FieldValue::Layers(l.clone()),
+        Value::Indexers(l) => FieldValue::Indexers(l.clone()),
         Value::Absent => FieldValue::Absent,
         Value::Family(_) | Value::Path(_) | Value::Engines(_) | Value::Quant(_) => return None,
     })

@@ -77,12 +77,43 @@ pub struct MlaDims {
     pub interleave: bool,
     /// The attention's softmax scale, `(nope + rope)^-0.5`.
     pub scale: f64,
+    /// Sparse attention (glm_moe_dsa): the indexer that picks each query's keys.
+    pub indexer: Option<IndexerDims>,
+}
+
+/// DeepSeek sparse attention's indexer: `heads` query heads of `dim` channels (their first
+/// `rope` rotated) scored against one key of `dim` channels a token; each query attends to
+/// the `topk` best-scored past tokens.
+#[derive(Clone, Debug)]
+pub struct IndexerDims {
+    pub heads: usize,
+    pub dim: usize,
+    pub topk: usize,
+    /// Whether each decoder layer runs its own indexer (else it reuses the previous full
+    /// layer's top-k); empty: every layer does.
+    pub full: Vec<bool>,
+}
+
+impl IndexerDims {
+    /// Whether layer `l` runs its own indexer.
+    pub fn is_full(&self, l: usize) -> bool {
+        self.full.is_empty() || self.full.get(l).copied().unwrap_or(false)
+    }
 }
 
 impl MlaDims {
     /// What the cache holds a token a layer: the latent and the rotary key.
     pub fn latent_width(&self) -> usize {
         self.kv_lora + self.rope
+    }
+
+    /// What the cache of layer `l` holds a token: the latent and the rotary key, and the
+    /// indexer's key where the layer runs its own indexer.
+    pub fn cache_width(&self, l: usize) -> usize {
+        match &self.indexer {
+            Some(ix) if ix.is_full(l) => self.latent_width() + ix.dim,
+            _ => self.latent_width(),
+        }
     }
 }
 
@@ -135,8 +166,10 @@ impl Dims {
         let hd = config.resolved_head_dim().unwrap_or(0) as usize;
         let spec = config.spec(&[], &[]);
         let sparse: Vec<bool> = config.mlp_layer_types.iter().map(|t| *t == headcount_spec::MlpLayer::Sparse).collect();
-        // Without a list: glm4_moe's first_k_dense_replace, glm4_moe_lite's one dense layer.
-        let dense_first = if config.family.is_mla() { 1 } else { config.first_k_dense_replace as usize };
+        // Without a list: glm4_moe's and glm_moe_dsa's first_k_dense_replace, glm4_moe_lite's
+        // one dense layer.
+        let dense_first =
+            if config.family.is_mla() && !config.family.is_dsa() { 1 } else { config.first_k_dense_replace as usize };
         let act = Activation::from_name(&config.hidden_act)
             .ok_or_else(|| Error::InvalidArgument(format!("hidden_act {:?} is not implemented", config.hidden_act)))?;
         Ok(Dims {
@@ -180,8 +213,15 @@ impl Dims {
                     rope,
                     nope,
                     v: config.v_head_dim as usize,
+                    // glm_moe_dsa always rotates interleaved pairs (its family default).
                     interleave: config.rope_interleave,
                     scale: ((nope + rope) as f64).powf(-0.5),
+                    indexer: config.family.is_dsa().then(|| IndexerDims {
+                        heads: config.index_n_heads as usize,
+                        dim: config.index_head_dim as usize,
+                        topk: config.index_topk as usize,
+                        full: config.indexer_types.iter().map(|t| *t == headcount_spec::IndexerLayer::Full).collect(),
+                    }),
                 }
             }),
         })

@@ -8,6 +8,7 @@ macro_rules! const_ty {
     (id) => { Option<u64> };
     (rank) => { Option<u64> };
     (layers) => { &'static [crate::fields::MlpLayer] };
+    (indexers) => { &'static [crate::fields::IndexerLayer] };
     (float) => { f64 };
     (flag) => { bool };
     ($other:ident) => { usize };

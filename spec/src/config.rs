@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Number, Value};
 
-use crate::fields::{ALIASES, ALL, FieldValue, GLM4_MOE, GQA, MLA, MOE, family_in, with_fields};
+use crate::fields::{
+    ALIASES, ALL, DENSE_FIRST, DSA, FieldValue, GLM4_MOE, GQA, LITE, MLA, MOE, family_in, with_fields,
+};
 use crate::keys;
 use crate::rules::{self, ArchSpec, Family, LayoutError};
 
@@ -72,6 +74,7 @@ macro_rules! owned_ty {
     (id) => { Option<u64> };
     (rank) => { Option<u64> };
     (layers) => { Vec<crate::fields::MlpLayer> };
+    (indexers) => { Vec<crate::fields::IndexerLayer> };
     (float) => { f64 };
     (flag) => { bool };
     ($other:ident) => { u64 };
@@ -113,6 +116,9 @@ macro_rules! owned_default {
     (layers, $v:expr) => {
         $v.to_vec()
     };
+    (indexers, $v:expr) => {
+        $v.to_vec()
+    };
     (text, $v:expr) => {
         String::from($v)
     };
@@ -127,6 +133,9 @@ macro_rules! to_field_value {
     };
     (layers, $v:expr) => {
         if $v.is_empty() { FieldValue::Absent } else { FieldValue::Layers($v.clone()) }
+    };
+    (indexers, $v:expr) => {
+        if $v.is_empty() { FieldValue::Absent } else { FieldValue::Indexers($v.clone()) }
     };
     (rank, $v:expr) => {
         $v.map_or(FieldValue::Absent, FieldValue::Int)
@@ -194,6 +203,13 @@ macro_rules! from_field_value {
             _ => None,
         }
     };
+    (indexers, $v:expr) => {
+        match $v {
+            FieldValue::Indexers(l) => Some(l),
+            FieldValue::Absent => Some(Vec::new()),
+            _ => None,
+        }
+    };
     (float, $v:expr) => {
         match $v {
             FieldValue::Float(x) => Some(x),
@@ -249,6 +265,9 @@ macro_rules! read_json {
     (layers, $k:expr, $v:expr) => {
         get_layers($k, $v)
     };
+    (indexers, $k:expr, $v:expr) => {
+        get_indexers($k, $v)
+    };
     (ids, $k:expr, $v:expr) => {
         get_ids($k, $v).map(|(ids, _)| ids)
     };
@@ -282,6 +301,9 @@ macro_rules! write_json {
     (layers, $c:expr, $v:expr) => {
         if $v.is_empty() { Value::Null } else { Value::from($v.iter().map(|l| l.name()).collect::<Vec<_>>()) }
     };
+    (indexers, $c:expr, $v:expr) => {
+        if $v.is_empty() { Value::Null } else { Value::from($v.iter().map(|l| l.name()).collect::<Vec<_>>()) }
+    };
     (float, $c:expr, $v:expr) => {
         Number::from_f64($v).map(Value::Number).unwrap_or(Value::Null)
     };
@@ -306,6 +328,9 @@ macro_rules! as_spec {
     (layers, $v:expr) => {
         &$v
     };
+    (indexers, $v:expr) => {
+        &$v
+    };
     (text, $v:expr) => {
         &$v
     };
@@ -319,6 +344,9 @@ macro_rules! from_spec_value {
         $v.to_vec()
     };
     (layers, $v:expr) => {
+        $v.to_vec()
+    };
+    (indexers, $v:expr) => {
         $v.to_vec()
     };
     (text, $v:expr) => {
@@ -483,6 +511,18 @@ fn get_layers(field: &str, v: &Value) -> Result<Vec<crate::fields::MlpLayer>, Co
     }
 }
 
+/// indexer_types: a list of "full" and "shared", or null (derived; see `Config::from_value`).
+fn get_indexers(field: &str, v: &Value) -> Result<Vec<crate::fields::IndexerLayer>, ConfigError> {
+    let bad = || field_err(field, "a list of \"full\" and \"shared\"", v);
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(items) => {
+            items.iter().map(|i| i.as_str().and_then(crate::fields::IndexerLayer::from_name).ok_or_else(bad)).collect()
+        }
+        _ => Err(bad()),
+    }
+}
+
 /// eos_token_id: one id (`true`: written back as one), a list, or null (none).
 fn get_ids(field: &str, v: &Value) -> Result<(Vec<u64>, bool), ConfigError> {
     let bad = || field_err(field, "a token id or a list of token ids", v);
@@ -491,6 +531,61 @@ fn get_ids(field: &str, v: &Value) -> Result<(Vec<u64>, bool), ConfigError> {
         Value::Array(items) => Ok((items.iter().map(|i| i.as_u64().ok_or_else(bad)).collect::<Result<_, _>>()?, false)),
         _ => Ok((vec![v.as_u64().ok_or_else(bad)?], true)),
     }
+}
+
+/// Layers an `indexer_types` list is derived for at most: the pattern is one entry a layer,
+/// and no rule bounds num_hidden_layers.
+const MAX_DERIVED_INDEXER_LAYERS: u64 = 1 << 20;
+
+/// glm_moe_dsa without `indexer_types`: transformers' GlmMoeDsaConfig derives it from
+/// `index_topk_pattern` (a string of F and S, or a list of names) or else from
+/// `index_topk_freq` (default 1) and `index_skip_topk_offset` (default 2): layer `i` is full
+/// when `max(i - offset + 1, 0) % freq == 0`. Every layer full is the empty list.
+fn derived_indexer_types(c: &Config) -> Result<Vec<crate::fields::IndexerLayer>, ConfigError> {
+    use crate::fields::IndexerLayer;
+    let layers = c.num_hidden_layers;
+    let too_many = |key: &str| ConfigError::Unsupported {
+        field: key.to_owned(),
+        value: format!("a pattern over {layers} layers"),
+        reason: "give indexer_types instead (a pattern is derived for at most 2^20 layers)",
+    };
+    let types: Vec<IndexerLayer> = match c.extra.get("index_topk_pattern") {
+        Some(Value::String(p)) => p
+            .chars()
+            .map(|ch| match ch {
+                'F' => Ok(IndexerLayer::Full),
+                'S' => Ok(IndexerLayer::Shared),
+                _ => {
+                    Err(field_err("index_topk_pattern", "a string of F (full) and S (shared)", &Value::from(p.clone())))
+                }
+            })
+            .collect::<Result<_, _>>()?,
+        Some(v @ Value::Array(_)) => get_indexers("index_topk_pattern", v)?,
+        Some(Value::Null) | None => {
+            let int = |key: &str, default: u64| -> Result<u64, ConfigError> {
+                match c.extra.get(key) {
+                    None | Some(Value::Null) => Ok(default),
+                    Some(v) => get_u64(key, v),
+                }
+            };
+            let freq = int("index_topk_freq", 1)?.max(1);
+            let offset = int("index_skip_topk_offset", 2)?;
+            if freq == 1 {
+                return Ok(Vec::new());
+            }
+            if layers > MAX_DERIVED_INDEXER_LAYERS {
+                return Err(too_many("index_topk_freq"));
+            }
+            (0..layers)
+                .map(|i| {
+                    let k = (i + 1).saturating_sub(offset);
+                    if k % freq == 0 { IndexerLayer::Full } else { IndexerLayer::Shared }
+                })
+                .collect()
+        }
+        Some(v) => return Err(field_err("index_topk_pattern", "a string of F and S, a list, or null", v)),
+    };
+    Ok(if types.iter().all(|t| *t == IndexerLayer::Full) && types.len() as u64 == layers { Vec::new() } else { types })
 }
 
 impl Config {
@@ -635,6 +730,9 @@ impl Config {
             if !p.is_empty() {
                 c.extra.insert("rope_parameters.__rest".to_owned(), Value::Object(p));
             }
+        }
+        if c.family.is_dsa() && c.indexer_types.is_empty() {
+            c.indexer_types = derived_indexer_types(&c)?;
         }
         Ok(c)
     }

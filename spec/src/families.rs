@@ -16,6 +16,7 @@ macro_rules! default_ty {
     (id) => { Option<u64> };
     (rank) => { Option<u64> };
     (layers) => { &'static [crate::fields::MlpLayer] };
+    (indexers) => { &'static [crate::fields::IndexerLayer] };
     (float) => { f64 };
     (flag) => { bool };
     (ids) => { &'static [u64] };
@@ -48,6 +49,9 @@ pub struct FamilyRow {
     /// Whether the attention is multi-head latent attention: its keys and rules (one latent
     /// a token in the cache, query heads the only heads) apply instead of grouped kv heads.
     pub mla: bool,
+    /// Whether the attention is DeepSeek sparse attention: an indexer's keys and rules (its
+    /// top-k, shared by later layers) apply on top of the latent attention.
+    pub dsa: bool,
     pub defaults: Defaults,
 }
 
@@ -88,6 +92,10 @@ const GLM: Defaults = Defaults {
     v_head_dim: 0,
     rope_interleave: false,
     mlp_layer_types: &[],
+    index_topk: 0,
+    index_n_heads: 0,
+    index_head_dim: 0,
+    indexer_types: &[],
 };
 
 /// transformers' `Glm4MoeConfig()`.
@@ -144,6 +152,29 @@ const GLM4_MOE_LITE: Defaults = Defaults {
     ..GLM4_MOE
 };
 
+/// transformers' `GlmMoeDsaConfig()`: the GLM-5 shape. Rotary pairs are always interleaved
+/// (the config has no rope_interleave), the queries always have a low rank (the indexer
+/// reads them), and an absent `mlp_layer_types` makes the first `first_k_dense_replace`
+/// layers dense.
+const GLM_MOE_DSA: Defaults = Defaults {
+    hidden_size: 6144,
+    intermediate_size: 12_288,
+    num_hidden_layers: 78,
+    num_attention_heads: 64,
+    num_key_value_heads: 64,
+    moe_intermediate_size: 2048,
+    n_routed_experts: 256,
+    num_experts_per_tok: 8,
+    first_k_dense_replace: 3,
+    routed_scaling_factor: 2.5,
+    q_lora_rank: Some(2048),
+    rope_interleave: true,
+    index_topk: 2048,
+    index_n_heads: 32,
+    index_head_dim: 128,
+    ..GLM4_MOE_LITE
+};
+
 /// Every family, in the order of [`Family`]'s variants.
 pub const FAMILIES: &[FamilyRow] = &[
     FamilyRow {
@@ -152,6 +183,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         architectures: &["GlmForCausalLM"],
         moe: false,
         mla: false,
+        dsa: false,
         defaults: GLM,
     },
     // transformers' Glm4Config() has GlmConfig's values.
@@ -161,6 +193,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         architectures: &["Glm4ForCausalLM"],
         moe: false,
         mla: false,
+        dsa: false,
         defaults: GLM,
     },
     FamilyRow {
@@ -169,6 +202,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         architectures: &["Glm4MoeForCausalLM"],
         moe: true,
         mla: false,
+        dsa: false,
         defaults: GLM4_MOE,
     },
     FamilyRow {
@@ -177,7 +211,17 @@ pub const FAMILIES: &[FamilyRow] = &[
         architectures: &["Glm4MoeLiteForCausalLM"],
         moe: true,
         mla: true,
+        dsa: false,
         defaults: GLM4_MOE_LITE,
+    },
+    FamilyRow {
+        family: Family::GlmMoeDsa,
+        model_type: "glm_moe_dsa",
+        architectures: &["GlmMoeDsaForCausalLM"],
+        moe: true,
+        mla: true,
+        dsa: true,
+        defaults: GLM_MOE_DSA,
     },
 ];
 
@@ -220,6 +264,7 @@ mod tests {
             assert_eq!(has(crate::fields::MOE), row.moe, "{}", row.model_type);
             assert_eq!(has(crate::fields::MLA), row.mla, "{}", row.model_type);
             assert_eq!(has(crate::fields::GQA), !row.mla, "{}", row.model_type);
+            assert_eq!(has(crate::fields::DSA), row.dsa, "{}", row.model_type);
         }
         assert_eq!(Family::from_model_type("glm5"), None);
     }

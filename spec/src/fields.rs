@@ -14,7 +14,8 @@
 //!   `text`, `layers` (one [`MlpLayer`] name a decoder layer: `["dense", "sparse", ..]`).
 //! - `place`: `top` (a top-level key) or `rope` (inside `rope_parameters` in transformers 5,
 //!   top level in older files).
-//! - `families`: [`ALL`], [`GQA`], [`MOE`], [`GLM4_MOE`] or [`MLA`]: the model types whose
+//! - `families`: [`ALL`], [`GQA`], [`MOE`], [`GLM4_MOE`], [`DENSE_FIRST`], [`MLA`], [`LITE`]
+//!   or [`DSA`]: the model types whose
 //!   config.json has the key. For the others the value is the "not applicable" default (0
 //!   experts) and is neither read nor written.
 //! - `required`: whether a declaration without `from_config` must give it.
@@ -22,15 +23,22 @@
 use crate::rules::Family;
 
 /// Every family.
-pub const ALL: &[Family] = &[Family::Glm, Family::Glm4, Family::Glm4Moe, Family::Glm4MoeLite];
+pub const ALL: &[Family] = &[Family::Glm, Family::Glm4, Family::Glm4Moe, Family::Glm4MoeLite, Family::GlmMoeDsa];
 /// The families with grouped-query attention (a head_dim of their own).
 pub const GQA: &[Family] = &[Family::Glm, Family::Glm4, Family::Glm4Moe];
 /// The mixture-of-experts families.
-pub const MOE: &[Family] = &[Family::Glm4Moe, Family::Glm4MoeLite];
-/// glm4_moe only: its dense first layers by count, and its q/k norms.
+pub const MOE: &[Family] = &[Family::Glm4Moe, Family::Glm4MoeLite, Family::GlmMoeDsa];
+/// glm4_moe only: its q/k norms.
 pub const GLM4_MOE: &[Family] = &[Family::Glm4Moe];
+/// The families whose dense first layers are counted by first_k_dense_replace (glm_moe_dsa's
+/// when it lists no mlp_layer_types).
+pub const DENSE_FIRST: &[Family] = &[Family::Glm4Moe, Family::GlmMoeDsa];
 /// The families with multi-head latent attention.
-pub const MLA: &[Family] = &[Family::Glm4MoeLite];
+pub const MLA: &[Family] = &[Family::Glm4MoeLite, Family::GlmMoeDsa];
+/// glm4_moe_lite only: its choice of rotary layout.
+pub const LITE: &[Family] = &[Family::Glm4MoeLite];
+/// The families with DeepSeek sparse attention: an indexer picks the keys each query attends to.
+pub const DSA: &[Family] = &[Family::GlmMoeDsa];
 
 /// What the MLP of one decoder layer is, in `mlp_layer_types`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +63,35 @@ impl MlpLayer {
         match s {
             "dense" => Some(MlpLayer::Dense),
             "sparse" => Some(MlpLayer::Sparse),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a decoder layer of a sparse-attention family runs its own indexer, in
+/// `indexer_types`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexerLayer {
+    /// The layer's indexer scores the past tokens and picks its own top-k.
+    Full,
+    /// The layer attends to the keys the previous full layer picked.
+    Shared,
+}
+
+impl IndexerLayer {
+    /// The name config.json writes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            IndexerLayer::Full => "full",
+            IndexerLayer::Shared => "shared",
+        }
+    }
+
+    /// The indexer type of a config.json name.
+    pub fn from_name(s: &str) -> Option<IndexerLayer> {
+        match s {
+            "full" => Some(IndexerLayer::Full),
+            "shared" => Some(IndexerLayer::Shared),
             _ => None,
         }
     }
@@ -110,7 +147,7 @@ macro_rules! with_fields {
                 "Groups the routed experts are split into for group-limited routing.";
             topk_group, TOPK_GROUP, count, top, MOE, false,
                 "Groups each token's experts may come from.";
-            first_k_dense_replace, FIRST_K_DENSE_REPLACE, number, top, GLM4_MOE, false,
+            first_k_dense_replace, FIRST_K_DENSE_REPLACE, number, top, DENSE_FIRST, false,
                 "Leading layers with a dense MLP instead of experts.";
             routed_scaling_factor, ROUTED_SCALING_FACTOR, float, top, MOE, false,
                 "Factor applied to the routed experts' weights.";
@@ -130,10 +167,18 @@ macro_rules! with_fields {
                 "Channels of each query and key head without rotary embedding.";
             v_head_dim, V_HEAD_DIM, count, top, MLA, true,
                 "Channels of each value head.";
-            rope_interleave, ROPE_INTERLEAVE, flag, top, MLA, false,
+            rope_interleave, ROPE_INTERLEAVE, flag, top, LITE, false,
                 "Whether the rotary channels are rotated as interleaved pairs (else as two halves).";
             mlp_layer_types, MLP_LAYER_TYPES, layers, top, MLA, false,
-                "Each decoder layer's MLP, dense or sparse; absent: the first dense, the rest sparse.";
+                "Each decoder layer's MLP, dense or sparse; absent: the first dense (glm_moe_dsa: the first first_k_dense_replace), the rest sparse.";
+            index_topk, INDEX_TOPK, count, top, DSA, true,
+                "Past tokens each query attends to, picked by the indexer's scores.";
+            index_n_heads, INDEX_N_HEADS, count, top, DSA, true,
+                "Heads of the indexer's queries.";
+            index_head_dim, INDEX_HEAD_DIM, count, top, DSA, true,
+                "Channels of each indexer query head and of the indexer key a token (its first qk_rope_head_dim rotated).";
+            indexer_types, INDEXER_TYPES, indexers, top, DSA, false,
+                "Each decoder layer's indexer, full (its own top-k) or shared (the previous full layer's); absent: every layer full, or the pattern of index_topk_freq and index_skip_topk_offset.";
         }
     };
 }
@@ -157,6 +202,7 @@ pub enum FieldKind {
     Ids,
     Text,
     Layers,
+    Indexers,
 }
 
 impl FieldKind {
@@ -246,6 +292,9 @@ macro_rules! field_kind {
     (layers) => {
         FieldKind::Layers
     };
+    (indexers) => {
+        FieldKind::Indexers
+    };
     (text) => {
         FieldKind::Text
     };
@@ -291,6 +340,8 @@ pub enum FieldValue {
     Ids(Vec<u64>),
     /// `mlp_layer_types`.
     Layers(Vec<MlpLayer>),
+    /// `indexer_types`.
+    Indexers(Vec<IndexerLayer>),
     /// An optional value left out (no pad token, head_dim derived).
     Absent,
 }
@@ -304,6 +355,10 @@ impl std::fmt::Display for FieldValue {
             FieldValue::Text(s) => write!(f, "{s:?}"),
             FieldValue::Ids(ids) => write!(f, "{ids:?}"),
             FieldValue::Layers(l) => {
+                let names: Vec<String> = l.iter().map(|t| format!("{:?}", t.name())).collect();
+                write!(f, "[{}]", names.join(", "))
+            }
+            FieldValue::Indexers(l) => {
                 let names: Vec<String> = l.iter().map(|t| format!("{:?}", t.name())).collect();
                 write!(f, "[{}]", names.join(", "))
             }

@@ -31,6 +31,6 @@ pub use arch::{
 };
 pub use config::{Config, ConfigError, RopeLayout, ValidationError};
 pub use engines::{BlockQuant, Engine, EngineLayout};
-pub use fields::{FIELDS, Field, FieldKind, FieldValue, MlpLayer};
+pub use fields::{FIELDS, Field, FieldKind, FieldValue, IndexerLayer, MlpLayer};
 pub use msg::Msg;
 pub use rules::{ArchSpec, Errors, Family, LayoutError, SizeList};

@@ -79,6 +79,22 @@ const fn latent_attention_parameters(s: &ArchSpec, tp: u64) -> u64 {
     q.saturating_add(kv_a).saturating_add(kv_b).saturating_add(o).saturating_add(2 * h)
 }
 
+/// Parameters of one sparse-attention indexer, whole on every rank: wq_b (its heads from
+/// the low-rank query), wk, k_norm's weight and bias, and weights_proj.
+const fn indexer_parameters(s: &ArchSpec) -> u64 {
+    let (h, d) = (s.hidden_size, s.index_head_dim);
+    let q_lora = match s.q_lora_rank {
+        Some(r) => r,
+        None => 0,
+    };
+    s.index_n_heads
+        .saturating_mul(d)
+        .saturating_mul(q_lora)
+        .saturating_add(d.saturating_mul(h))
+        .saturating_add(2 * d)
+        .saturating_add(s.index_n_heads.saturating_mul(h))
+}
+
 /// Parameters one rank holds of layer `l` (saturating).
 const fn layer_parameters(s: &ArchSpec, r: &RankLayout, l: u64) -> u64 {
     let (h, hd, tp) = (s.hidden_size, head_dim(s), r.tp);
@@ -120,10 +136,10 @@ const fn first_layer(s: &ArchSpec, sparse: bool) -> u64 {
     if !s.family.is_moe() {
         return 0;
     }
-    if !s.family.is_mla() {
+    let types = s.mlp_layer_types;
+    if !s.family.is_mla() || (s.family.is_dsa() && types.is_empty()) {
         return if sparse { s.first_k_dense_replace } else { 0 };
     }
-    let types = s.mlp_layer_types;
     if types.is_empty() {
         return if sparse { 1 } else { 0 };
     }
@@ -171,6 +187,7 @@ pub const fn rank_parameters_of(s: &ArchSpec, r: &RankLayout, start: u64, end: u
     if moe > 0 {
         n = n.saturating_add(sparse_layer_parameters(s, r).saturating_mul(moe));
     }
+    n = n.saturating_add(indexer_parameters(s).saturating_mul(s.full_indexers_in(start, end)));
     let rows = vocab_rows(s, r).saturating_mul(s.hidden_size);
     if first && !(s.tie_word_embeddings && last) {
         n = n.saturating_add(rows);
@@ -232,7 +249,9 @@ pub const fn rank_cache_bytes_per_token(s: &ArchSpec, r: &RankLayout, stage: u64
     } else {
         (2 * kv_per_rank(s, r.tp)).saturating_mul(head_dim(s))
     };
-    (end - start).saturating_mul(per_layer).saturating_mul(elt)
+    // Sparse attention: each full layer's indexer key too.
+    let index_keys = s.full_indexers_in(start, end).saturating_mul(s.index_head_dim);
+    (end - start).saturating_mul(per_layer).saturating_add(index_keys).saturating_mul(elt)
 }
 
 /// KV-cache bytes one token takes in the whole model.

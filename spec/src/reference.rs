@@ -307,7 +307,49 @@ pub const RULES: &[RuleDoc] = &[
         failing: &[("family", "glm4_moe_lite"), ("mlp_layer_types", "[\"dense\", \"sparse\"]")],
         fix: &[("family", "glm4_moe_lite"), ("mlp_layer_types", "[\"dense\", \"sparse\", \"sparse\", \"sparse\"]")],
     },
+    RuleDoc {
+        code: "HC1301",
+        rule: 13,
+        title: "indexer_types of another length than the layers",
+        condition: "indexer_types has num_hidden_layers entries, or is left out (every layer full; transformers \
+                    fails with an IndexError while building the model otherwise)",
+        failing: &[("family", "glm_moe_dsa"), ("indexer_types", "[\"full\", \"shared\"]")],
+        fix: &[("family", "glm_moe_dsa"), ("indexer_types", "[\"full\", \"shared\", \"shared\", \"full\"]")],
+    },
+    RuleDoc {
+        code: "HC1302",
+        rule: 13,
+        title: "a first layer that shares an indexer",
+        condition: "indexer_types[0] == \"full\": a shared layer reuses the previous full layer's top-k (transformers \
+                    fails at the first forward otherwise: \"Shared DSA layers require top-k indices from a previous \
+                    full indexer layer\"). A pipeline stage may begin on a shared layer: headcount passes the \
+                    previous stage's pick on with the hidden states. The indexer is whole on every tensor-parallel \
+                    rank, so it adds no divisibility rule",
+        failing: &[("family", "glm_moe_dsa"), ("indexer_types", "[\"shared\", \"full\", \"shared\", \"full\"]")],
+        fix: &[("family", "glm_moe_dsa"), ("indexer_types", "[\"full\", \"shared\", \"shared\", \"full\"]")],
+    },
+    RuleDoc {
+        code: "HC1303",
+        rule: 13,
+        title: "an indexer head narrower than the rotary channels",
+        condition: "index_head_dim >= qk_rope_head_dim (transformers fails at the first forward otherwise, \
+                    splitting with a negative size)",
+        failing: &[("family", "glm_moe_dsa"), ("index_head_dim", "8")],
+        fix: &[("family", "glm_moe_dsa"), ("index_head_dim", "16")],
+    },
+    RuleDoc {
+        code: "HC1304",
+        rule: 13,
+        title: "sparse attention without low-rank queries",
+        condition: "q_lora_rank is a number under sparse attention: the indexer's queries come from \
+                    q_a_layernorm's output (transformers' config refuses a null q_lora_rank)",
+        failing: &[("family", "glm_moe_dsa"), ("q_lora_rank", "None")],
+        fix: &[("family", "glm_moe_dsa"), ("q_lora_rank", "64")],
+    },
 ];
+
+/// The keys every glm_moe_dsa example adds to the latent-attention ones: the indexer's sizes.
+pub const DSA_BASE: &[(&str, &str)] = &[("index_topk", "64"), ("index_n_heads", "4"), ("index_head_dim", "32")];
 
 /// The keys every glm4_moe_lite example changes in `BASE`: no head_dim of its own, one kv
 /// head a query head, the latent sizes, and the experts (dense or sparse layers by
@@ -348,8 +390,10 @@ pub fn with_changes(changes: &[(&'static str, &'static str)]) -> Vec<(&'static s
     if changes.contains(&("family", "glm4_moe")) {
         out.extend(MOE_BASE);
     }
-    if changes.contains(&("family", "glm4_moe_lite")) {
-        for &(k, v) in MLA_BASE {
+    let dsa = changes.contains(&("family", "glm_moe_dsa"));
+    if changes.contains(&("family", "glm4_moe_lite")) || dsa {
+        let extra: &[(&str, &str)] = if dsa { DSA_BASE } else { &[] };
+        for &(k, v) in MLA_BASE.iter().chain(extra) {
             match out.iter_mut().find(|(key, _)| *key == k) {
                 Some(slot) => slot.1 = v,
                 None => out.push((k, v)),

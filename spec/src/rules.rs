@@ -27,6 +27,10 @@ pub enum Family {
     /// `Glm4MoeLiteForCausalLM` (`model_type = "glm4_moe_lite"`, GLM-4.7-Flash): glm4_moe's
     /// experts under multi-head latent attention, dense or sparse by `mlp_layer_types`.
     Glm4MoeLite,
+    /// `GlmMoeDsaForCausalLM` (`model_type = "glm_moe_dsa"`, GLM-5 to 5.3): latent attention
+    /// restricted to the keys an indexer picks (DeepSeek sparse attention), full or shared
+    /// by `indexer_types`.
+    GlmMoeDsa,
 }
 
 impl Family {
@@ -49,6 +53,11 @@ impl Family {
     /// one compressed key/value latent a token, no grouped kv heads.
     pub const fn is_mla(self) -> bool {
         self.row().mla
+    }
+
+    /// Whether the family's latent attention is sparse: an indexer picks each query's keys.
+    pub const fn is_dsa(self) -> bool {
+        self.row().dsa
     }
 
     /// The family of a `model_type` string.
@@ -89,6 +98,7 @@ macro_rules! spec_ty {
     (id, $l:lifetime) => { Option<u64> };
     (rank, $l:lifetime) => { Option<u64> };
     (layers, $l:lifetime) => { &$l [crate::fields::MlpLayer] };
+    (indexers, $l:lifetime) => { &$l [crate::fields::IndexerLayer] };
     (float, $l:lifetime) => { f64 };
     (flag, $l:lifetime) => { bool };
     ($other:ident, $l:lifetime) => { u64 };
@@ -215,10 +225,10 @@ impl<'a> ArchSpec<'a> {
         if !self.family.is_moe() {
             return false;
         }
-        if !self.family.is_mla() {
+        let types = self.mlp_layer_types;
+        if !self.family.is_mla() || (self.family.is_dsa() && types.is_empty()) {
             return l >= self.first_k_dense_replace;
         }
-        let types = self.mlp_layer_types;
         if types.is_empty() {
             // transformers' default: the first layer dense, the rest sparse.
             return l >= 1;
@@ -231,7 +241,7 @@ impl<'a> ArchSpec<'a> {
         if !self.family.is_moe() {
             return end.saturating_sub(start);
         }
-        if !self.family.is_mla() {
+        if !self.family.is_mla() || (self.family.is_dsa() && self.mlp_layer_types.is_empty()) {
             let k = self.first_k_dense_replace;
             let (a, b) = (if start < k { start } else { k }, if end < k { end } else { k });
             return b.saturating_sub(a);
@@ -244,6 +254,40 @@ impl<'a> ArchSpec<'a> {
         let stop = if end < self.mlp_layer_types.len() as u64 { end } else { self.mlp_layer_types.len() as u64 };
         while l < stop {
             if !self.is_sparse_layer(l) {
+                n += 1;
+            }
+            l += 1;
+        }
+        n
+    }
+
+    /// Whether decoder layer `l` runs its own indexer (sparse attention): a "full" entry of
+    /// indexer_types, or every layer when the list is empty.
+    pub const fn is_full_indexer(&self, l: u64) -> bool {
+        if !self.family.is_dsa() {
+            return false;
+        }
+        let types = self.indexer_types;
+        if types.is_empty() {
+            return true;
+        }
+        l < types.len() as u64 && matches!(types[l as usize], crate::fields::IndexerLayer::Full)
+    }
+
+    /// How many of the layers `start..end` run their own indexer. A walk over indexer_types
+    /// only, never over num_hidden_layers (which no rule bounds).
+    pub const fn full_indexers_in(&self, start: u64, end: u64) -> u64 {
+        if !self.family.is_dsa() {
+            return 0;
+        }
+        if self.indexer_types.is_empty() {
+            return end.saturating_sub(start);
+        }
+        let stop = if end < self.indexer_types.len() as u64 { end } else { self.indexer_types.len() as u64 };
+        let mut n = 0;
+        let mut l = start;
+        while l < stop {
+            if self.is_full_indexer(l) {
                 n += 1;
             }
             l += 1;
@@ -483,6 +527,14 @@ pub enum LayoutError {
     MlaRotaryFactor { factor: f64 },
     /// Rule 12: mlp_layer_types with other than one entry a layer.
     LayerTypesLength { given: u64, layers: u64 },
+    /// Rule 13: indexer_types with other than one entry a layer.
+    IndexerTypesLength { given: u64, layers: u64 },
+    /// Rule 13: the first layer's indexer is shared, with no full layer before it.
+    IndexerFirstShared,
+    /// Rule 13: an indexer head narrower than the rotary channels it rotates.
+    IndexHeadDimBelowRope { index_head_dim: u64, rope: u64 },
+    /// Rule 13: sparse attention without low-rank queries (the indexer reads them).
+    DsaNeedsQueryRank,
     /// An engine profile refuses a layout ([`crate::engines`]).
     Engine(crate::engines::EngineError),
     /// A declared layout's ranks do not fit the declared device memory ([`crate::memory`]).
@@ -526,6 +578,9 @@ impl LayoutError {
             LayoutError::MlaRopeOdd { .. } => keys::QK_ROPE_HEAD_DIM,
             LayoutError::MlaRotaryFactor { .. } => keys::PARTIAL_ROTARY_FACTOR,
             LayoutError::LayerTypesLength { .. } => keys::MLP_LAYER_TYPES,
+            LayoutError::IndexerTypesLength { .. } | LayoutError::IndexerFirstShared => keys::INDEXER_TYPES,
+            LayoutError::IndexHeadDimBelowRope { .. } => keys::INDEX_HEAD_DIM,
+            LayoutError::DsaNeedsQueryRank => keys::Q_LORA_RANK,
             LayoutError::Engine(e) => e.rule.dimension().key(),
             LayoutError::Memory(_) => keys::DEVICE_MEMORY_GIB,
         }
@@ -587,6 +642,10 @@ impl LayoutError {
             LayoutError::MlaRopeOdd { .. } => "HC1202",
             LayoutError::MlaRotaryFactor { .. } => "HC1203",
             LayoutError::LayerTypesLength { .. } => "HC1204",
+            LayoutError::IndexerTypesLength { .. } => "HC1301",
+            LayoutError::IndexerFirstShared => "HC1302",
+            LayoutError::IndexHeadDimBelowRope { .. } => "HC1303",
+            LayoutError::DsaNeedsQueryRank => "HC1304",
             LayoutError::Engine(e) => e.rule.code(),
             LayoutError::Memory(_) => "HC1101",
         }
@@ -851,6 +910,27 @@ impl LayoutError {
                 .push(" but num_hidden_layers is ")
                 .num(layers)
                 .push(": give one \"dense\" or \"sparse\" a layer, or leave it out (the first layer dense, the rest sparse)"),
+            LayoutError::IndexerTypesLength { given, layers } => m
+                .push("indexer_types has ")
+                .num(given)
+                .push(if given == 1 { " entry" } else { " entries" })
+                .push(" but num_hidden_layers is ")
+                .num(layers)
+                .push(": give one \"full\" or \"shared\" a layer, or leave it out (every layer full)"),
+            LayoutError::IndexerFirstShared => m.push(
+                "indexer_types starts with \"shared\", but a shared layer reuses the top-k of the previous full layer and the first layer has none: make the first entry \"full\"",
+            ),
+            LayoutError::IndexHeadDimBelowRope { index_head_dim, rope } => m
+                .push("index_head_dim (")
+                .num(index_head_dim)
+                .push(") must be at least qk_rope_head_dim (")
+                .num(rope)
+                .push("): the indexer rotates the first qk_rope_head_dim channels of each of its heads; use index_head_dim ")
+                .num(rope)
+                .push(" or more"),
+            LayoutError::DsaNeedsQueryRank => m.push(
+                "q_lora_rank must be a number under sparse attention: the indexer's queries are made from the low-rank query (q_a_layernorm's output), so glm_moe_dsa has no single q_proj",
+            ),
             LayoutError::Engine(e) => e.write(m),
             LayoutError::Memory(e) => e.write(m),
             LayoutError::ExpertParallelDense { ep, family } => m
@@ -1234,6 +1314,29 @@ pub const fn latent_attention(s: &ArchSpec, out: &mut Errors) {
     }
 }
 
+/// Rule 13: sparse attention's indexer: one type a layer, the first full, a head that holds
+/// the rotary channels, and the low-rank queries it reads. The indexer is replicated on
+/// every tensor-parallel rank, so it adds no divisibility rule; a pipeline stage that begins
+/// on a shared layer receives the previous stage's top-k with its hidden states.
+pub const fn sparse_attention(s: &ArchSpec, out: &mut Errors) {
+    if !s.family.is_dsa() {
+        return;
+    }
+    let n = s.indexer_types.len() as u64;
+    if n != 0 && n != s.num_hidden_layers {
+        out.push(LayoutError::IndexerTypesLength { given: n, layers: s.num_hidden_layers });
+    }
+    if n != 0 && matches!(s.indexer_types[0], crate::fields::IndexerLayer::Shared) {
+        out.push(LayoutError::IndexerFirstShared);
+    }
+    if s.index_head_dim != 0 && s.qk_rope_head_dim != 0 && s.index_head_dim < s.qk_rope_head_dim {
+        out.push(LayoutError::IndexHeadDimBelowRope { index_head_dim: s.index_head_dim, rope: s.qk_rope_head_dim });
+    }
+    if s.q_lora_rank.is_none() {
+        out.push(LayoutError::DsaNeedsQueryRank);
+    }
+}
+
 /// Rule 8: rope_theta and rms_norm_eps are positive numbers; the activation is implemented.
 pub const fn scalars(s: &ArchSpec, out: &mut Errors) {
     if s.family.is_moe() && !(s.routed_scaling_factor > 0.0 && s.routed_scaling_factor < f64::INFINITY) {
@@ -1277,7 +1380,19 @@ pub const fn sizes(s: &ArchSpec, out: &mut Errors) {
     } else {
         (0, 0)
     };
-    let checks: [(&'static str, u64, u64); 8] = [
+    let (index_rows, index_cols) = if s.family.is_dsa() {
+        (
+            s.index_n_heads.saturating_mul(s.index_head_dim),
+            match s.q_lora_rank {
+                Some(r) => r,
+                None => 0,
+            },
+        )
+    } else {
+        (0, 0)
+    };
+    let checks: [(&'static str, u64, u64); 9] = [
+        (keys::INDEX_HEAD_DIM, index_rows, index_cols),
         (keys::QK_NOPE_HEAD_DIM, qk.saturating_mul(heads), q_lora),
         (keys::V_HEAD_DIM, kv_b, s.kv_lora_rank),
         (keys::KV_LORA_RANK, s.kv_lora_rank.saturating_add(s.qk_rope_head_dim), s.hidden_size),
@@ -1331,7 +1446,7 @@ pub struct Rule {
 }
 
 /// Every rule, in the order messages are reported.
-pub const RULES: [Rule; 12] = [
+pub const RULES: [Rule; 13] = [
     Rule {
         name: "counts",
         run: counts,
@@ -1355,6 +1470,9 @@ pub const RULES: [Rule; 12] = [
             keys::QK_ROPE_HEAD_DIM,
             keys::QK_NOPE_HEAD_DIM,
             keys::V_HEAD_DIM,
+            keys::INDEX_TOPK,
+            keys::INDEX_N_HEADS,
+            keys::INDEX_HEAD_DIM,
         ],
     },
     Rule { name: "grouped_query", run: grouped_query, fields: &[keys::NUM_ATTENTION_HEADS, keys::NUM_KEY_VALUE_HEADS] },
@@ -1412,6 +1530,8 @@ pub const RULES: [Rule; 12] = [
             keys::QK_ROPE_HEAD_DIM,
             keys::QK_NOPE_HEAD_DIM,
             keys::V_HEAD_DIM,
+            keys::INDEX_N_HEADS,
+            keys::INDEX_HEAD_DIM,
         ],
     },
     Rule {
@@ -1439,6 +1559,17 @@ pub const RULES: [Rule; 12] = [
             keys::NUM_HIDDEN_LAYERS,
         ],
     },
+    Rule {
+        name: "sparse_attention",
+        run: sparse_attention,
+        fields: &[
+            keys::INDEXER_TYPES,
+            keys::NUM_HIDDEN_LAYERS,
+            keys::INDEX_HEAD_DIM,
+            keys::QK_ROPE_HEAD_DIM,
+            keys::Q_LORA_RANK,
+        ],
+    },
 ];
 
 /// Runs every rule; the complete list of violations.
@@ -1456,6 +1587,7 @@ pub const fn validate(s: &ArchSpec) -> Errors {
     experts(s, &mut out);
     expert_parallel(s, &mut out);
     latent_attention(s, &mut out);
+    sparse_attention(s, &mut out);
     out
 }
 

@@ -27,6 +27,8 @@ fn declare_output_compiles() {
         "../tests/fixtures/glm-tied-partial/config.json",
         "../tests/fixtures/mla-configs/glm-4.7-flash.json",
         "../tests/fixtures/glm4moelite-halves-tied/config.json",
+        "../tests/fixtures/dsa-configs/glm-5.2.json",
+        "../tests/fixtures/glmdsa-full-tied/config.json",
         "../examples/addition/model/config.json",
     ];
     let t = trybuild::TestCases::new();

@@ -61,6 +61,7 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
                 config.kv_lora_rank + config.qk_rope_head_dim,
             );
             print_experts(&config);
+            print_sparse_attention(&config);
             print_legal(&config, &legal);
             Ok(ExitCode::SUCCESS)
         }
@@ -113,6 +114,25 @@ fn print_experts(config: &Config) {
         } else {
             String::new()
         },
+    );
+}
+
+/// The indexer's line of a sparse-attention family: its top-k, its heads, which layers run
+/// their own, and what it adds to the KV cache.
+fn print_sparse_attention(config: &Config) {
+    if !config.family.is_dsa() {
+        return;
+    }
+    let layers = config.num_hidden_layers;
+    let full = config.spec(&[], &[]).full_indexers_in(0, layers);
+    let shared = if full == layers {
+        String::new()
+    } else {
+        " (the others reuse the previous full layer's pick; a pipeline stage that begins on one receives it with the hidden states)".to_owned()
+    };
+    println!(
+        "  sparse attention: each query attends to its index_topk {} best past tokens, scored by an indexer of {} heads of {}; {full} of {layers} layers run their own{shared}, and cache its key ({} values a token)",
+        config.index_topk, config.index_n_heads, config.index_head_dim, config.index_head_dim,
     );
 }
 
@@ -205,10 +225,12 @@ fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
         }
         if engine == Engine::Vllm && config.family.is_mla() {
             let head = config.kv_lora_rank + config.qk_rope_head_dim;
-            let backends = engines::vllm_mla_backends(&spec, false);
+            let sparse = config.family.is_dsa();
+            let backends = engines::vllm_mla_backends(&spec, sparse);
             println!(
-                "  latent-attention backends for head size {head} (kv_lora_rank + qk_rope_head_dim): {}",
-                backends.join(", ")
+                "  {}latent-attention backends for head size {head} (kv_lora_rank + qk_rope_head_dim): {}",
+                if sparse { "sparse " } else { "" },
+                if backends.is_empty() { "none".to_owned() } else { backends.join(", ") }
             );
         }
         print_engine_table(engine, &spec, a);

@@ -501,6 +501,41 @@ fn check_glm_4_7_flash() {
     }
 }
 
+/// GLM-5 and GLM-5.2 (glm_moe_dsa): their configs check, with the indexer's line and the
+/// cache it adds (every layer's key on GLM-5; 21 of 78 layers' on GLM-5.2, whose schedule
+/// alone gives the same list); each bad sample is refused with its code.
+#[test]
+fn check_glm_5() {
+    let glm5 = fixture("dsa-configs/glm-5.json");
+    let o = headcount(&["check", &glm5]);
+    expect(&o, 0, "78 of 78 layers run their own, and cache its key (128 values a token)");
+    expect(&o, 0, "legal tensor_parallel sizes: 1, 2, 4, 8, 16, 32, 64\n");
+    // 78 x (576 + 128) x 2 bytes = 107.25 KiB.
+    let o = headcount(&["check", &glm5, "--memory", "141GiB", "--context", "131072"]);
+    expect(&o, 0, "743.9B parameters (41.8B active a token), KV cache 107 KiB a token");
+    for file in ["glm-5.2", "glm-5.2-schedule-only"] {
+        let o = headcount(&["check", &fixture(&format!("dsa-configs/{file}.json"))]);
+        expect(&o, 0, "21 of 78 layers run their own (the others reuse the previous full layer's pick");
+    }
+    // 78 x 576 x 2 + 21 x 128 x 2 = 95,232 bytes.
+    let o = headcount(&["check", &fixture("dsa-configs/glm-5.2.json"), "--memory", "141GiB"]);
+    expect(&o, 0, "KV cache 93 KiB a token");
+    let o = headcount(&["check", &glm5, "--engine", "vllm", "--tp", "8"]);
+    expect(
+        &o,
+        0,
+        "sparse latent-attention backends for head size 576 (kv_lora_rank + qk_rope_head_dim): FlashMLA-sparse\n",
+    );
+    for (file, code) in [
+        ("first-layer-shared", "error[HC1302]"),
+        ("indexer-types-short", "error[HC1301]"),
+        ("index-head-dim-below-rope", "error[HC1303]"),
+        ("q-lora-rank-null", "error[HC1304]"),
+    ] {
+        expect(&headcount(&["check", &fixture(&format!("dsa-configs/{file}.json"))]), 1, code);
+    }
+}
+
 /// `check --memory`: GLM-4.5's fullest rank per layout against 80 GiB.
 #[test]
 fn check_prints_memory_a_rank() {

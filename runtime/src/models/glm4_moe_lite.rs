@@ -53,5 +53,5 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
     let (Some(m), Some(moe)) = (cx.dims.mla.as_ref(), cx.dims.moe.as_ref()) else {
         return Err(Error::Internal("glm4_moe_lite without MLA or MoE sizes".into()));
     };
-    moe_layer(cx, src, moe, l, |src, p| Ok(SelfAttention::Latent(cx.latent_attention(src, p, m)?)))
+    moe_layer(cx, src, moe, l, |src, p| Ok(SelfAttention::Latent(cx.latent_attention(src, p, m, l)?)))
 }

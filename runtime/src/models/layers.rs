@@ -60,6 +60,26 @@ pub struct LatentAttention {
     pub heads: i64,
     /// Width of `a`'s query part (q_lora_rank, or 0).
     pub q_width: i64,
+    /// Sparse attention (glm_moe_dsa): whether the queries attend only to the keys an
+    /// indexer picked, and this layer's own indexer (`None` on a shared layer, which reuses
+    /// the previous full layer's pick).
+    pub sparse: bool,
+    pub indexer: Option<Box<Indexer>>,
+}
+
+/// DeepSeek sparse attention's indexer, whole on every rank (it adds no divisibility rule):
+/// its key projection `wk` is the last part of the layer's fused `a`; its queries come from
+/// the low-rank query through `wq_b`; `weights_proj` weighs its heads. Each query keeps the `topk` past tokens of highest
+/// `sum_h w_h relu(q_h . k) / sqrt(dim)`.
+pub struct Indexer {
+    pub wq_b: Linear,
+    /// k_norm, a LayerNorm: weight and bias.
+    pub k_norm: (Tensor, Tensor),
+    /// `[heads, hidden]`, in the model's dtype (f32 under f16, as transformers keeps it).
+    pub weights_proj: Tensor,
+    pub heads: i64,
+    pub dim: i64,
+    pub topk: i64,
 }
 
 /// The queries of a latent attention: from `a`'s q_a_proj part through q_a_layernorm and
@@ -105,21 +125,36 @@ impl SelfAttention {
                     LatentQuery::LowRank(n, l) => n.numel() as i64 + l.numel(),
                     LatentQuery::Proj(l) => l.numel(),
                 };
-                a.a.numel() + q + (a.kv_norm.numel() + a.w_k.numel() + a.w_v.numel()) as i64 + a.o.numel()
+                // The zeros that stand for wk's absent bias in the fused bias are not parameters.
+                let indexer = a.indexer.as_ref().map_or(0, |ix| {
+                    let zeros = if a.a.b.is_some() { ix.dim } else { 0 };
+                    ix.wq_b.numel() + (ix.k_norm.0.numel() + ix.k_norm.1.numel() + ix.weights_proj.numel()) as i64
+                        - zeros
+                });
+                a.a.numel() + q + (a.kv_norm.numel() + a.w_k.numel() + a.w_v.numel()) as i64 + a.o.numel() + indexer
             }
         }
     }
 
     /// This rank's heads' attention output, o_proj's input; the step's keys and values (or
-    /// latents) are written into the cache first.
-    fn forward(&self, x: &Tensor, step: &Step, cache: &Tensor, dims: &Dims, rounding: Rounding) -> Result<Tensor> {
+    /// latents) are written into the cache first. `topk` carries sparse attention's pick
+    /// from a full layer to the shared ones after it (see [`LatentAttention::forward`]).
+    fn forward(
+        &self,
+        x: &Tensor,
+        step: &Step,
+        cache: &Tensor,
+        dims: &Dims,
+        rounding: Rounding,
+        topk: &mut Option<Tensor>,
+    ) -> Result<Tensor> {
         match self {
             SelfAttention::Grouped(a) => a.forward(x, step, cache, dims, rounding),
             SelfAttention::Latent(a) => {
                 // cannot fire: a latent attention comes from a config with MLA sizes.
                 let m =
                     dims.mla.as_ref().ok_or_else(|| Error::Internal("a latent attention without MLA sizes".into()))?;
-                a.forward(x, step, cache, m, rounding)
+                a.forward(x, step, cache, m, rounding, topk)
             }
         }
     }
@@ -162,15 +197,30 @@ fn rotate_in_place(x: &Tensor, step: &Step, rope: i64) -> Result<()> {
 
 impl LatentAttention {
     /// This rank's heads' attention output ([B, T, heads·v]); the step's latents are written
-    /// into `cache` ([B, 1, capacity, kv_lora + rope]) first.
-    fn forward(&self, x: &Tensor, step: &Step, cache: &Tensor, m: &MlaDims, rounding: Rounding) -> Result<Tensor> {
+    /// into `cache` ([B, 1, capacity, kv_lora + rope], and the indexer's key after them on a
+    /// layer with an indexer) first. Under sparse attention the queries attend only to the
+    /// keys in `topk`, an additive mask `[B, 1, T, S]` (`None`: every key), which a layer
+    /// with its own indexer sets and a shared layer reads.
+    fn forward(
+        &self,
+        x: &Tensor,
+        step: &Step,
+        cache: &Tensor,
+        m: &MlaDims,
+        rounding: Rounding,
+        topk: &mut Option<Tensor>,
+    ) -> Result<Tensor> {
         let (b, t) = (x.size3()?.0, step.len);
         let (n, nope, rope, lora, v) = (self.heads, m.nope as i64, m.rope as i64, m.kv_lora as i64, m.v as i64);
         let a = self.a.forward(x)?;
-        let [q_in, latent, k_rot] = array(a.f_split_with_sizes([self.q_width, lora, rope], -1)?)?;
-        let q = match &self.q {
-            LatentQuery::LowRank(norm, q_b) => q_b.forward(&rms_norm(&q_in, norm, LATENT_EPS, rounding)?)?,
-            LatentQuery::Proj(q) => q.forward(x)?,
+        let index_dim = self.indexer.as_ref().map_or(0, |ix| ix.dim);
+        let [q_in, latent, k_rot, index_k] = array(a.f_split_with_sizes([self.q_width, lora, rope, index_dim], -1)?)?;
+        let (q, q_resid) = match &self.q {
+            LatentQuery::LowRank(norm, q_b) => {
+                let q_resid = rms_norm(&q_in, norm, LATENT_EPS, rounding)?;
+                (q_b.forward(&q_resid)?, Some(q_resid))
+            }
+            LatentQuery::Proj(q) => (q.forward(x)?, None),
         };
         let q = q.f_view([b, t, n, nope + rope])?;
         let q_rot = q.f_narrow(3, nope, rope)?;
@@ -178,11 +228,27 @@ impl LatentAttention {
         rotate_in_place(&q_rot, step, rope)?;
         rotate_in_place(&k_rot, step, rope)?;
         let latent = rms_norm(&latent, &self.kv_norm, LATENT_EPS, rounding)?;
-        let entry = Tensor::f_cat(&[latent, k_rot.f_squeeze_dim(2)?], -1)?.f_unsqueeze(1)?; // [B, 1, T, L + R]
-        let cached = write_cache(cache, &entry, step)?; // [B, 1, S, L + R]
+        let mut parts = vec![latent, k_rot.f_squeeze_dim(2)?];
+        if let Some(ix) = &self.indexer {
+            parts.push(ix.key(&index_k, step, rope)?);
+        }
+        let entry = Tensor::f_cat(&parts, -1)?.f_unsqueeze(1)?; // [B, 1, T, L + R (+ index)]
+        let cached = write_cache(cache, &entry, step)?; // [B, 1, S, L + R (+ index)]
+        if let Some(ix) = &self.indexer {
+            // cannot fire: a layer with an indexer has low-rank queries (rule HC1304).
+            let q_resid = q_resid.ok_or_else(|| Error::Internal("an indexer without low-rank queries".into()))?;
+            let keys = cached.f_narrow(3, lora + rope, ix.dim)?;
+            *topk = ix.pick(x, &q_resid, &keys, step, rope)?;
+        }
+        let cached = if index_dim > 0 { cached.f_narrow(3, 0, lora + rope)? } else { cached };
         let q_nope = q.f_narrow(3, 0, nope)?;
+        let mask = match (self.sparse, topk.as_ref(), step.mask.as_ref()) {
+            (true, Some(picked), Some(mask)) => Some(mask.f_add(picked)?),
+            (true, Some(picked), None) => Some(picked.shallow_clone()),
+            (_, _, mask) => mask.map(|m| m.shallow_clone()),
+        };
         let attend = |q: &Tensor, k: &Tensor, v: &Tensor| {
-            Tensor::f_scaled_dot_product_attention(q, k, v, step.mask.as_ref(), 0.0, false, Some(m.scale), false)
+            Tensor::f_scaled_dot_product_attention(q, k, v, mask.as_ref(), 0.0, false, Some(m.scale), false)
         };
         if t == 1 {
             // Absorbed: q_nope · (W_k c) = (q_nope W_k) · c, and the values' W_v after the
@@ -204,6 +270,52 @@ impl LatentAttention {
         Ok(o.f_transpose(1, 2)?.f_reshape([b, t, n * v])?)
     }
 }
+
+impl Indexer {
+    /// The indexer key of a step's tokens from its part of the fused projection
+    /// (`[B, T, dim]`): k_norm, then its first `rope` channels rotated.
+    fn key(&self, k: &Tensor, step: &Step, rope: i64) -> Result<Tensor> {
+        let k = k.f_layer_norm([self.dim], Some(&self.k_norm.0), Some(&self.k_norm.1), INDEXER_EPS, false)?;
+        let k = k.f_unsqueeze(2)?; // [B, T, 1, dim]
+        rotate_in_place(&k.f_narrow(3, 0, rope)?, step, rope)?;
+        Ok(k.f_squeeze_dim(2)?)
+    }
+
+    /// The keys each of the step's queries attends to, as an additive mask `[B, 1, T, S]`
+    /// over the cached keys `keys` (`[B, 1, S, dim]`); `None` when `topk` covers every key.
+    /// As transformers computes it: the scores in f32, masked by the step's causal mask,
+    /// then `topk` of them (of `S`, when fewer), ties as libtorch's topk breaks them.
+    fn pick(&self, x: &Tensor, q_resid: &Tensor, keys: &Tensor, step: &Step, rope: i64) -> Result<Option<Tensor>> {
+        let (b, t, _) = x.size3()?;
+        let s = keys.size()[2]; // cannot fire: a 4-dimensional cache
+        if self.topk >= s {
+            return Ok(None);
+        }
+        let q = self.wq_b.forward(q_resid)?.f_view([b, t, self.heads, self.dim])?;
+        rotate_in_place(&q.f_narrow(3, 0, rope)?, step, rope)?;
+        let scores = q
+            .f_to_kind(Kind::Float)?
+            .f_matmul(&keys.f_to_kind(Kind::Float)?.f_transpose(-1, -2)?)? // [B, T, heads, S]
+            .f_mul_scalar((self.dim as f64).powf(-0.5))?
+            .f_relu()?;
+        let weights = x
+            .f_to_kind(self.weights_proj.kind())?
+            .f_linear(&self.weights_proj, None::<Tensor>)?
+            .f_to_kind(Kind::Float)?
+            .f_mul_scalar((self.heads as f64).powf(-0.5))?; // [B, T, heads]
+        let mut index = weights.f_unsqueeze(-2)?.f_matmul(&scores)?.f_squeeze_dim(-2)?; // [B, T, S]
+        if let Some(mask) = &step.mask {
+            index = index.f_add(&mask.f_select(1, 0)?.f_to_kind(Kind::Float)?)?;
+        }
+        let (_, picked) = index.f_topk(self.topk, -1, true, true)?;
+        let hidden = Tensor::f_full([b, t, s], f64::NEG_INFINITY, (keys.kind(), keys.device()))?;
+        let zeros = Tensor::f_zeros(picked.size(), (keys.kind(), keys.device()))?;
+        Ok(Some(hidden.f_scatter(2, &picked, &zeros)?.f_unsqueeze(1)?))
+    }
+}
+
+/// The epsilon of the indexer's k_norm (a LayerNorm), as transformers builds it.
+const INDEXER_EPS: f64 = 1e-6;
 
 /// The epsilon of q_a_layernorm and kv_a_layernorm: transformers' RMSNorm default, not the
 /// config's rms_norm_eps.
@@ -268,9 +380,10 @@ impl DecoderLayer {
         rounding: Rounding,
         fuse: bool,
         group: &ProcessGroup,
+        topk: &mut Option<Tensor>,
     ) -> Result<Tensor> {
         let x = rms_norm(&h, &self.input_layernorm, eps, rounding)?;
-        let a = self.self_attn.forward(&x, step, kv, dims, rounding)?;
+        let a = self.self_attn.forward(&x, step, kv, dims, rounding, topk)?;
         match &self.post_self_attn_layernorm {
             None if fuse => self.self_attn.o().add_into(&a, &h, group)?,
             post => {
@@ -483,8 +596,15 @@ impl<'a> Loader<'a> {
     /// and kv_b_proj, kv_a_layernorm, and o_proj's matching columns row-parallel (its bias,
     /// if any, on the first rank only: the ranks' parts are summed). Without interleaved
     /// rotary pairs, each head's rotary channels of q and the shared rotary key are reordered
-    /// so that the interleaved rotation computes the rotate-half one.
-    pub fn latent_attention(&self, src: &mut dyn WeightSource, p: &str, m: &MlaDims) -> Result<LatentAttention> {
+    /// so that the interleaved rotation computes the rotate-half one. Under sparse attention,
+    /// layer `l`'s indexer too (if it has its own): its wk joins the fused input projection.
+    pub fn latent_attention(
+        &self,
+        src: &mut dyn WeightSource,
+        p: &str,
+        m: &MlaDims,
+        l: usize,
+    ) -> Result<LatentAttention> {
         let (dims, plan) = (self.dims, self.plan);
         let heads = plan.q_heads(self.shard);
         let (n, qk, kv_out) = (heads.len(), m.nope + m.rope, m.nope + m.v);
@@ -531,9 +651,36 @@ impl<'a> Loader<'a> {
         } else {
             None
         };
-        let a = match q_a {
+        let mut a = match q_a {
             Some(q_a) => Tensor::f_cat(&[q_a, kv_a], 0)?,
             None => kv_a,
+        };
+        let mut bias = bias;
+        let indexer = match &m.indexer {
+            Some(ix) if ix.is_full(l) => {
+                let name = |t: &str| format!("{attn}.indexer.{t}");
+                let wk = self.whole(src, &name("wk.weight"))?;
+                a = Tensor::f_cat(&[a, wk], 0)?;
+                // wk has no bias: zeros after the others'.
+                if let Some(b) = bias.take() {
+                    bias = Some(Tensor::f_cat(&[b, Tensor::f_zeros([ix.dim as i64], (self.kind, self.dev))?], 0)?);
+                }
+                Some(Box::new(Indexer {
+                    wq_b: self.linear(&self.whole(src, &name("wq_b.weight"))?, None)?,
+                    k_norm: (self.whole(src, &name("k_norm.weight"))?, self.whole(src, &name("k_norm.bias"))?),
+                    // transformers keeps weights_proj in f32 under f16 (its _keep_in_fp32_modules),
+                    // not under bf16.
+                    weights_proj: self.whole_as(
+                        src,
+                        &name("weights_proj.weight"),
+                        if self.kind == Kind::Half { Kind::Float } else { self.kind },
+                    )?,
+                    heads: ix.heads as i64,
+                    dim: ix.dim as i64,
+                    topk: ix.topk as i64,
+                }))
+            }
+            _ => None,
         };
         let a = self.linear(&a, bias)?;
         let kv_norm = self.whole(src, &format!("{attn}.kv_a_layernorm.weight"))?;
@@ -558,6 +705,8 @@ impl<'a> Loader<'a> {
             o: RowParallel { linear: self.linear(&o, o_bias)?, bias: after },
             heads: n as i64,
             q_width,
+            sparse: m.indexer.is_some(),
+            indexer,
         })
     }
 

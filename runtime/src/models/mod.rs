@@ -1,5 +1,5 @@
 //! The causal language models, one file per family in the order data flows ([`glm`],
-//! [`glm4`], [`glm4_moe`]), on the building blocks of [`layers`] (and `crate::nn`,
+//! [`glm4`], [`glm4_moe`], [`glm4_moe_lite`], [`glm_moe_dsa`]), on the building blocks of [`layers`] (and `crate::nn`,
 //! `crate::moe`): each family file names its layers' tensors and loads them, as this rank's
 //! part of them. This module holds what every family shares: the [`CausalLm`] trait that
 //! generation, serving and benchmarks use, a step's inputs and the KV cache, and [`Glm`],
@@ -20,6 +20,7 @@ pub mod glm;
 pub mod glm4;
 pub mod glm4_moe;
 pub mod glm4_moe_lite;
+pub mod glm_moe_dsa;
 pub mod layers;
 
 use std::path::Path;
@@ -44,6 +45,10 @@ pub use layers::{Attention, DecoderLayer, Ffn, LatentAttention, LatentQuery, Mlp
 /// Layer `l`'s tensors, named and shaped as in a checkpoint of `dims`' family.
 pub(crate) fn layer_tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
     match (dims.family, &dims.moe, &dims.mla) {
+        (Family::GlmMoeDsa, Some(moe), Some(m)) => match &m.indexer {
+            Some(ix) => glm_moe_dsa::tensors(dims, m, ix, moe, l),
+            None => glm4_moe_lite::tensors(dims, m, moe, l),
+        },
         (Family::Glm4MoeLite, Some(moe), Some(m)) => glm4_moe_lite::tensors(dims, m, moe, l),
         (Family::Glm4Moe, Some(m), _) => glm4_moe::tensors(dims, m, l),
         (Family::Glm4, _, _) => glm4::tensors(dims, l),
@@ -58,6 +63,7 @@ fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<Decod
         Family::Glm4 => glm4::load_layer(cx, src, l),
         Family::Glm4Moe => glm4_moe::load_layer(cx, src, l),
         Family::Glm4MoeLite => glm4_moe_lite::load_layer(cx, src, l),
+        Family::GlmMoeDsa => glm_moe_dsa::load_layer(cx, src, l),
     }
 }
 
@@ -495,18 +501,22 @@ impl Glm {
     /// kv heads).
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
         self.check_cache_memory(batch, capacity)?;
-        let shape = self.cache_shape(batch, capacity);
         let opts = (self.dtype.kind(), self.device);
-        let kv = self.layers.iter().map(|_| Tensor::f_zeros(shape, opts)).collect::<Result<Vec<_>, _>>()?;
+        let kv = self
+            .stage_layers
+            .clone()
+            .map(|l| Tensor::f_zeros(self.cache_shape(l, batch, capacity), opts))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
     }
 
-    /// One layer's cache on this rank: `[batch, 2 × kv heads, capacity, head_dim]` (keys
-    /// then values), or under latent attention `[batch, 1, capacity, kv_lora + rope]`.
-    fn cache_shape(&self, batch: usize, capacity: usize) -> [i64; 4] {
+    /// Layer `l`'s cache on this rank: `[batch, 2 × kv heads, capacity, head_dim]` (keys
+    /// then values), or under latent attention `[batch, 1, capacity, kv_lora + rope]` (and
+    /// the indexer's key after them, on a sparse-attention layer with its own indexer).
+    fn cache_shape(&self, l: usize, batch: usize, capacity: usize) -> [i64; 4] {
         let (b, c) = (batch as i64, capacity as i64);
         match &self.dims.mla {
-            Some(m) => [b, 1, c, m.latent_width() as i64],
+            Some(m) => [b, 1, c, m.cache_width(l) as i64],
             None => [b, 2 * self.plan.kv_per_shard as i64, c, self.dims.head_dim as i64],
         }
     }
@@ -534,8 +544,8 @@ impl Glm {
             return 0;
         }
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let per_layer = self.cache_shape(batch, capacity).into_iter().fold(elt, |n, d| n.saturating_mul(d as u64));
-        per_layer.saturating_mul(self.layers.len() as u64)
+        let layer = |l| self.cache_shape(l, batch, capacity).into_iter().fold(elt, |n, d| n.saturating_mul(d as u64));
+        self.stage_layers.clone().map(layer).fold(0u64, u64::saturating_add)
     }
 
     /// A lower bound of the activations a forward pass over `rows` rows of `len` positions
@@ -587,8 +597,21 @@ impl Glm {
         // residual stream in place, where no norm comes between (GLM; GLM-4 normalizes their
         // outputs first).
         let fuse = rounding == Rounding::Fused && p.tp == 1;
+        // Sparse attention's pick, from a full layer to the shared layers after it; a stage
+        // that begins on a shared layer receives it from the previous stage, beside the
+        // hidden states (a mask `[B, 1, T, S]`, sent only when the pick leaves keys out).
+        let picks = self.topk_mask_shape(b, step, cache.capacity);
+        let mut topk: Option<Tensor> = None;
+        if let Some(shape) = picks
+            && self.embed_tokens.is_none()
+            && self.shares_pick_at(self.stage_layers.start)
+        {
+            let m = Tensor::f_empty(shape, (self.dtype.kind(), self.device))?;
+            p.world.recv(&m, p.rank_in_stage(p.stage - 1))?; // cannot wrap: not the first stage
+            topk = Some(m);
+        }
         for (layer, kv) in self.layers.iter().zip(&cache.kv) {
-            h = layer.forward(h, step, kv, &self.dims, eps, rounding, fuse, &p.tp_group)?;
+            h = layer.forward(h, step, kv, &self.dims, eps, rounding, fuse, &p.tp_group, &mut topk)?;
         }
         cache.len = step.start + step.len;
         let rows = if last_only { 1 } else { t };
@@ -612,6 +635,11 @@ impl Glm {
             }
             _ => {
                 p.world.send(&h, p.rank_in_stage(p.stage + 1))?;
+                if picks.is_some() && self.shares_pick_at(self.stage_layers.end) {
+                    // cannot fire: the stage's layers made a pick (the first layer is full, HC1302).
+                    let m = topk.as_ref().ok_or_else(|| Error::Internal("no top-k pick to pass on".into()))?;
+                    p.world.send(m, p.rank_in_stage(p.stage + 1))?;
+                }
                 Tensor::f_empty([b, rows, self.dims.vocab as i64], (Kind::Float, self.device))?
             }
         };
@@ -619,6 +647,27 @@ impl Glm {
             p.world.broadcast(&logits, p.logits_root())?;
         }
         Ok(logits)
+    }
+}
+
+impl Glm {
+    /// Whether layer `l` (a stage's first) attends to the pick of a full layer before it.
+    fn shares_pick_at(&self, l: usize) -> bool {
+        let ix = self.dims.mla.as_ref().and_then(|m| m.indexer.as_ref());
+        ix.is_some_and(|ix| l < self.dims.layers && !ix.is_full(l))
+    }
+
+    /// The shape of sparse attention's pick in a step of `b` rows over a cache of
+    /// `capacity` positions (`[B, 1, T, S]`, S the keys the step attends to), or `None`
+    /// when the model has no indexer or its top-k covers every key.
+    fn topk_mask_shape(&self, b: i64, step: &Step, capacity: i64) -> Option<[i64; 4]> {
+        let ix = self.dims.mla.as_ref().and_then(|m| m.indexer.as_ref())?;
+        let keys = match (&step.slot, &step.rows_at) {
+            (Some(_), _) => capacity,
+            (None, Some(_)) => step.start + 1,
+            (None, None) => step.start + step.len,
+        };
+        ((ix.topk as i64) < keys).then_some([b, 1, step.len, keys])
     }
 }
 

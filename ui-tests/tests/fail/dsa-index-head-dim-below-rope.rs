@@ -1,0 +1,14 @@
+// Rule 13: transformers fails at the first forward (split_with_sizes with a negative size).
+#[derive(headcount::Architecture)]
+#[arch(
+    family = glm_moe_dsa,
+    vocab_size = 64, hidden_size = 32, intermediate_size = 48, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 4, q_lora_rank = 16,
+    kv_lora_rank = 16, qk_rope_head_dim = 4, qk_nope_head_dim = 8, v_head_dim = 8,
+    index_topk = 2, index_n_heads = 2,
+    index_head_dim = 2,
+    moe_intermediate_size = 16, n_routed_experts = 8, num_experts_per_tok = 2,
+)]
+pub struct TinySparse;
+
+fn main() {}
