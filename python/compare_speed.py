@@ -29,6 +29,10 @@ SHAPES = {
     # glm4_moe_lite: 4 layers (1 dense), hidden 1024, 8 heads of latent attention (q_lora 384,
     # kv_lora 256, rope 32, nope 64, v 64), 32 experts of width 256, 4 a token.
     "mla-4-layer": ["--config", "python/bench/glm4moelite-4layer.json"],
+    # glm_moe_dsa: mla-4-layer's shape under sparse attention: each query attends to its 256
+    # best past tokens, picked by an indexer of 8 heads of 64 (layers 0 and 2 run their own,
+    # 1 and 3 share their pick).
+    "dsa-4-layer": ["--config", "python/bench/glmdsa-4layer.json"],
 }
 
 

@@ -86,12 +86,14 @@ fn a_sequence_that_cannot_run_fails_alone_and_the_others_are_served() {
     engine.join().unwrap();
 }
 
-/// On grouped kv heads (glm-gqa2) and on latent attention (glm4moelite-qlora: chunks expand
-/// the cached latents, steps read them absorbed).
+/// On grouped kv heads (glm-gqa2), on latent attention (glm4moelite-qlora: chunks expand
+/// the cached latents, steps read them absorbed) and on sparse attention (glmdsa-shared: its
+/// index_topk of 5 is below the keys of every chunk after the first, so each chunk's pick
+/// over the cached indexer keys must be the whole prompt's).
 #[test]
 fn prompt_log_probabilities_equal_the_full_forward_in_chunks_and_beside_other_requests() {
-    let latent = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm4moelite-qlora");
-    for dir in [fixture(), latent] {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    for dir in [fixture(), fixtures.join("glm4moelite-qlora"), fixtures.join("glmdsa-shared")] {
         scores_prompts_in_chunks(&dir);
     }
 }

@@ -89,6 +89,27 @@ pub enum LatentQuery {
     Proj(Linear),
 }
 
+/// Sparse attention's pick for a step: the `k` past tokens each query attends to, as their
+/// positions (`index`, `[B, T, k]` int64, in no order) and as an additive mask over the
+/// step's keys (`mask`, `[B, 1, T, S]`: 0 at the picked keys, -inf elsewhere). A layer with
+/// its own indexer makes it; the shared layers after it (and a next pipeline stage that
+/// begins on one, [`Pick::from_index`]) read it.
+pub struct Pick {
+    pub index: Tensor,
+    pub mask: Tensor,
+}
+
+impl Pick {
+    /// The pick of `index` (`[B, T, k]`) over `keys` positions, in `kind`.
+    pub fn from_index(index: Tensor, keys: i64, kind: Kind) -> Result<Pick> {
+        let (b, t, k) = index.size3()?;
+        let hidden = Tensor::f_full([b, t, keys], f64::NEG_INFINITY, (kind, index.device()))?;
+        let zeros = Tensor::f_zeros([b, t, k], (kind, index.device()))?;
+        let mask = hidden.f_scatter(2, &index, &zeros)?.f_unsqueeze(1)?;
+        Ok(Pick { index, mask })
+    }
+}
+
 /// A decoder layer's attention: grouped kv heads or a latent.
 pub enum SelfAttention {
     Grouped(Attention),
@@ -146,7 +167,7 @@ impl SelfAttention {
         cache: &Tensor,
         dims: &Dims,
         rounding: Rounding,
-        topk: &mut Option<Tensor>,
+        topk: &mut Option<Pick>,
     ) -> Result<Tensor> {
         match self {
             SelfAttention::Grouped(a) => a.forward(x, step, cache, dims, rounding),
@@ -199,8 +220,8 @@ impl LatentAttention {
     /// This rank's heads' attention output ([B, T, heads·v]); the step's latents are written
     /// into `cache` ([B, 1, capacity, kv_lora + rope], and the indexer's key after them on a
     /// layer with an indexer) first. Under sparse attention the queries attend only to the
-    /// keys in `topk`, an additive mask `[B, 1, T, S]` (`None`: every key), which a layer
-    /// with its own indexer sets and a shared layer reads.
+    /// keys in `topk` (`None`: every key), which a layer with its own indexer sets and a
+    /// shared layer reads; a one-token step then reads only the picked latents.
     fn forward(
         &self,
         x: &Tensor,
@@ -208,7 +229,7 @@ impl LatentAttention {
         cache: &Tensor,
         m: &MlaDims,
         rounding: Rounding,
-        topk: &mut Option<Tensor>,
+        topk: &mut Option<Pick>,
     ) -> Result<Tensor> {
         let (b, t) = (x.size3()?.0, step.len);
         let (n, nope, rope, lora, v) = (self.heads, m.nope as i64, m.rope as i64, m.kv_lora as i64, m.v as i64);
@@ -242,10 +263,25 @@ impl LatentAttention {
         }
         let cached = if index_dim > 0 { cached.f_narrow(3, 0, lora + rope)? } else { cached };
         let q_nope = q.f_narrow(3, 0, nope)?;
-        let mask = match (self.sparse, topk.as_ref(), step.mask.as_ref()) {
-            (true, Some(picked), Some(mask)) => Some(mask.f_add(picked)?),
-            (true, Some(picked), None) => Some(picked.shallow_clone()),
-            (_, _, mask) => mask.map(|m| m.shallow_clone()),
+        let pick = if self.sparse { topk.as_ref() } else { None };
+        let (cached, mask) = match (pick, step.mask.as_ref()) {
+            // One token: attend to the picked latents only, gathered (the step's mask at them).
+            (Some(pick), mask) if t == 1 => {
+                let k = pick.index.size()[2]; // cannot fire: a [B, 1, k] pick
+                let at = pick.index.f_view([b, 1, k, 1])?.f_expand([b, 1, k, lora + rope], false)?;
+                let picked = cached.f_gather(2, &at, false)?;
+                let mask = match mask {
+                    Some(m) => {
+                        let s = m.size()[3]; // cannot fire: a [B or 1, 1, 1, S] mask
+                        Some(m.f_expand([b, 1, 1, s], false)?.f_gather(3, &pick.index.f_view([b, 1, 1, k])?, false)?)
+                    }
+                    None => None,
+                };
+                (picked, mask)
+            }
+            (Some(pick), Some(mask)) => (cached, Some(mask.f_add(&pick.mask)?)),
+            (Some(pick), None) => (cached, Some(pick.mask.shallow_clone())),
+            (None, mask) => (cached, mask.map(|m| m.shallow_clone())),
         };
         let attend = |q: &Tensor, k: &Tensor, v: &Tensor| {
             Tensor::f_scaled_dot_product_attention(q, k, v, mask.as_ref(), 0.0, false, Some(m.scale), false)
@@ -281,11 +317,11 @@ impl Indexer {
         Ok(k.f_squeeze_dim(2)?)
     }
 
-    /// The keys each of the step's queries attends to, as an additive mask `[B, 1, T, S]`
-    /// over the cached keys `keys` (`[B, 1, S, dim]`); `None` when `topk` covers every key.
+    /// The keys each of the step's queries attends to, of the cached keys `keys`
+    /// (`[B, 1, S, dim]`); `None` when `topk` covers every key.
     /// As transformers computes it: the scores in f32, masked by the step's causal mask,
     /// then `topk` of them (of `S`, when fewer), ties as libtorch's topk breaks them.
-    fn pick(&self, x: &Tensor, q_resid: &Tensor, keys: &Tensor, step: &Step, rope: i64) -> Result<Option<Tensor>> {
+    fn pick(&self, x: &Tensor, q_resid: &Tensor, keys: &Tensor, step: &Step, rope: i64) -> Result<Option<Pick>> {
         let (b, t, _) = x.size3()?;
         let s = keys.size()[2]; // cannot fire: a 4-dimensional cache
         if self.topk >= s {
@@ -308,9 +344,7 @@ impl Indexer {
             index = index.f_add(&mask.f_select(1, 0)?.f_to_kind(Kind::Float)?)?;
         }
         let (_, picked) = index.f_topk(self.topk, -1, true, true)?;
-        let hidden = Tensor::f_full([b, t, s], f64::NEG_INFINITY, (keys.kind(), keys.device()))?;
-        let zeros = Tensor::f_zeros(picked.size(), (keys.kind(), keys.device()))?;
-        Ok(Some(hidden.f_scatter(2, &picked, &zeros)?.f_unsqueeze(1)?))
+        Ok(Some(Pick::from_index(picked, s, keys.kind())?))
     }
 }
 
@@ -380,7 +414,7 @@ impl DecoderLayer {
         rounding: Rounding,
         fuse: bool,
         group: &ProcessGroup,
-        topk: &mut Option<Tensor>,
+        topk: &mut Option<Pick>,
     ) -> Result<Tensor> {
         let x = rms_norm(&h, &self.input_layernorm, eps, rounding)?;
         let a = self.self_attn.forward(&x, step, kv, dims, rounding, topk)?;

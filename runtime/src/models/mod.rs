@@ -40,7 +40,7 @@ use crate::parallel::layers::{ParallelLmHead, VocabParallelEmbedding};
 use crate::parallel::plan::ShardPlan;
 use crate::parallel::world::Parallel;
 use layers::Loader;
-pub use layers::{Attention, DecoderLayer, Ffn, LatentAttention, LatentQuery, Mlp, SelfAttention};
+pub use layers::{Attention, DecoderLayer, Ffn, Indexer, LatentAttention, LatentQuery, Mlp, Pick, SelfAttention};
 
 /// Layer `l`'s tensors, named and shaped as in a checkpoint of `dims`' family.
 pub(crate) fn layer_tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
@@ -599,16 +599,16 @@ impl Glm {
         let fuse = rounding == Rounding::Fused && p.tp == 1;
         // Sparse attention's pick, from a full layer to the shared layers after it; a stage
         // that begins on a shared layer receives it from the previous stage, beside the
-        // hidden states (a mask `[B, 1, T, S]`, sent only when the pick leaves keys out).
-        let picks = self.topk_mask_shape(b, step, cache.capacity);
-        let mut topk: Option<Tensor> = None;
-        if let Some(shape) = picks
+        // hidden states (its positions `[B, T, k]`, sent only when the pick leaves keys out).
+        let picks = self.pick_shape(b, step, cache.capacity);
+        let mut topk: Option<Pick> = None;
+        if let Some((shape, keys)) = picks
             && self.embed_tokens.is_none()
             && self.shares_pick_at(self.stage_layers.start)
         {
-            let m = Tensor::f_empty(shape, (self.dtype.kind(), self.device))?;
-            p.world.recv(&m, p.rank_in_stage(p.stage - 1))?; // cannot wrap: not the first stage
-            topk = Some(m);
+            let index = Tensor::f_empty(shape, (Kind::Int64, self.device))?;
+            p.world.recv(&index, p.rank_in_stage(p.stage - 1))?; // cannot wrap: not the first stage
+            topk = Some(Pick::from_index(index, keys, self.dtype.kind())?);
         }
         for (layer, kv) in self.layers.iter().zip(&cache.kv) {
             h = layer.forward(h, step, kv, &self.dims, eps, rounding, fuse, &p.tp_group, &mut topk)?;
@@ -637,8 +637,8 @@ impl Glm {
                 p.world.send(&h, p.rank_in_stage(p.stage + 1))?;
                 if picks.is_some() && self.shares_pick_at(self.stage_layers.end) {
                     // cannot fire: the stage's layers made a pick (the first layer is full, HC1302).
-                    let m = topk.as_ref().ok_or_else(|| Error::Internal("no top-k pick to pass on".into()))?;
-                    p.world.send(m, p.rank_in_stage(p.stage + 1))?;
+                    let pick = topk.as_ref().ok_or_else(|| Error::Internal("no top-k pick to pass on".into()))?;
+                    p.world.send(&pick.index, p.rank_in_stage(p.stage + 1))?;
                 }
                 Tensor::f_empty([b, rows, self.dims.vocab as i64], (Kind::Float, self.device))?
             }
@@ -658,16 +658,17 @@ impl Glm {
     }
 
     /// The shape of sparse attention's pick in a step of `b` rows over a cache of
-    /// `capacity` positions (`[B, 1, T, S]`, S the keys the step attends to), or `None`
-    /// when the model has no indexer or its top-k covers every key.
-    fn topk_mask_shape(&self, b: i64, step: &Step, capacity: i64) -> Option<[i64; 4]> {
+    /// `capacity` positions (its positions `[B, T, k]`) with the keys `S` the step attends
+    /// to, or `None` when the model has no indexer or its top-k covers every key.
+    fn pick_shape(&self, b: i64, step: &Step, capacity: i64) -> Option<([i64; 3], i64)> {
         let ix = self.dims.mla.as_ref().and_then(|m| m.indexer.as_ref())?;
         let keys = match (&step.slot, &step.rows_at) {
             (Some(_), _) => capacity,
             (None, Some(_)) => step.start + 1,
             (None, None) => step.start + step.len,
         };
-        ((ix.topk as i64) < keys).then_some([b, 1, step.len, keys])
+        let k = ix.topk as i64;
+        (k < keys).then_some(([b, step.len, k], keys))
     }
 }
 
