@@ -148,7 +148,8 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     // The memory bound of a decode step: every weight read once (the embedding only a row
     // of, unless tied to lm_head; the MoE families' unchosen experts not at all) and each
     // row's KV cache up to its length (on average the prompt and half the new tokens; under
-    // latent attention the latent, on every tensor-parallel rank) at the devices' copy
+    // latent attention the latent, on every tensor-parallel rank; under sparse attention
+    // only the picked latents, beside every indexer key) at the devices' copy
     // bandwidth, counted read plus write.
     // Every rank copies at once and their bandwidths add up (ranks on one CPU share it).
     p.world.barrier()?;
@@ -159,7 +160,13 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     let cache_elt = model.dtype().kind().elt_size_in_bytes() as u64;
     let per_token =
         headcount_spec::memory::rank_cache_bytes_per_token(&spec, &layout, p.stage as u64, cache_elt) as f64;
-    let cache_read = per_token * opts.batch as f64 * (opts.prompt_len as f64 + opts.new_tokens as f64 / 2.0);
+    let len = opts.prompt_len as f64 + opts.new_tokens as f64 / 2.0;
+    // Sparse attention: a step reads every cached indexer key, but only the index_topk
+    // picked latents.
+    let (start, end) = headcount_spec::memory::stage_layers(spec.num_hidden_layers, layout.pp, p.stage as u64);
+    let index_per_token = (spec.full_indexers_in(start, end) * spec.index_head_dim * cache_elt) as f64;
+    let latents_read = if spec.family.is_dsa() { len.min(spec.index_topk as f64) } else { len };
+    let cache_read = opts.batch as f64 * ((per_token - index_per_token) * latents_read + index_per_token * len);
     let own = [copy_bandwidth(device)?, cache_read];
     let all = Vec::<f64>::try_from(&p.world.all_gather(&Tensor::f_from_slice(&own)?, 0)?)?;
     let bandwidth: f64 = all.iter().step_by(2).sum();
