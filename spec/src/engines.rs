@@ -161,6 +161,8 @@ pub enum EngineRule {
     LayersOverPp { layers: u64, pp: u64 },
     /// SGLang: at least one layer a stage.
     PpExceedsLayers { layers: u64, pp: u64 },
+    /// vLLM: a pipeline stage begins on a layer whose sparse-attention indexer is shared.
+    SharedIndexerStage { pp: u64, stage: u64, layer: u64 },
     /// Megatron-LM: the world (tp x pp x dp) over etp x ep x pp.
     ExpertWorld { world: u64, size: u64 },
     /// Block quantization: a column-parallel weight's rows on one rank.
@@ -183,7 +185,9 @@ impl EngineRule {
             | EngineRule::TpNotMultipleOfEp { .. } => Dimension::Expert,
             EngineRule::ExpertWorld { .. } => Dimension::Expert,
             EngineRule::AttentionDp { .. } => Dimension::Data,
-            EngineRule::LayersOverPp { .. } | EngineRule::PpExceedsLayers { .. } => Dimension::Pipeline,
+            EngineRule::LayersOverPp { .. }
+            | EngineRule::PpExceedsLayers { .. }
+            | EngineRule::SharedIndexerStage { .. } => Dimension::Pipeline,
             _ => Dimension::Tensor,
         }
     }
@@ -210,6 +214,7 @@ impl EngineRule {
             EngineRule::ExpertBlockN { .. } => "HC2017",
             EngineRule::ExpertBlockK { .. } => "HC2018",
             EngineRule::EpNotTp { .. } => "HC2019",
+            EngineRule::SharedIndexerStage { .. } => "HC2020",
         }
     }
 }
@@ -312,6 +317,36 @@ const fn block_rules(s: &ArchSpec, l: &EngineLayout, moe_tp: u64, out: &mut Rule
     }
 }
 
+/// The first layer of pipeline stage `stage` of `pp` as vLLM 0.33.0 splits `layers`
+/// (`get_pp_indices`): `layers / pp` a stage, the remainder one more each on the stages
+/// before the last.
+pub const fn vllm_stage_start(layers: u64, pp: u64, stage: u64) -> u64 {
+    let (each, extra) = (layers / pp, layers % pp);
+    // Stages pp - 1 - extra .. pp - 2 take one more layer.
+    let first_long = (pp - 1).saturating_sub(extra);
+    let long_before = if stage > first_long { stage - first_long } else { 0 };
+    let long_before = if long_before > extra { extra } else { long_before };
+    stage * each + long_before
+}
+
+/// The first stage (and its first layer) of vLLM's `pp` stages that begins on a layer whose
+/// sparse-attention indexer is shared: vLLM sends only the hidden states and the residual
+/// between stages, so that layer would read a pick its stage never made.
+const fn vllm_shared_stage(s: &ArchSpec, pp: u64) -> Option<(u64, u64)> {
+    if !s.family.is_dsa() || pp <= 1 || pp > s.num_hidden_layers || s.indexer_types.is_empty() {
+        return None;
+    }
+    let mut stage = 1;
+    while stage < pp {
+        let layer = vllm_stage_start(s.num_hidden_layers, pp, stage);
+        if !s.is_full_indexer(layer) {
+            return Some((stage, layer));
+        }
+        stage += 1;
+    }
+    None
+}
+
 /// Every rule of `engine` that layout `l` of `s` breaks.
 const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleList) {
     let (tp, pp, ep, dp) = (l.tp, l.pp, l.ep, l.dp);
@@ -358,6 +393,9 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
                 out.push(EngineRule::ExpertsOverEp { ep, experts: 0 });
             }
             block_rules(s, l, moe_tp, out);
+            if let Some((stage, layer)) = vllm_shared_stage(s, pp) {
+                out.push(EngineRule::SharedIndexerStage { pp, stage, layer });
+            }
         }
         Engine::Sglang => {
             if !heads.is_multiple_of(tp) {
@@ -570,6 +608,14 @@ impl EngineError {
 const fn ours(m: Msg, r: &EngineRule, e: Engine) -> Msg {
     match *r {
         EngineRule::Heads { heads, .. } => m.push("num_attention_heads (").num(heads).push(") must be divisible by it"),
+        EngineRule::SharedIndexerStage { stage, layer, .. } => m
+            .push("stage ")
+            .num(stage)
+            .push(" would begin on layer ")
+            .num(layer)
+            .push(
+                ", whose indexer is shared: the pick of the full layer before it stays on the previous stage, as vLLM passes only the hidden states and the residual on (vllm issue 50853)",
+            ),
         EngineRule::KvHeads { tp, kv } => match e {
             Engine::Transformers => m
                 .push("num_key_value_heads (")
@@ -700,6 +746,9 @@ const fn theirs(m: Msg, r: &EngineRule, e: Engine) -> Msg {
             }
         },
         EngineRule::Vocab { tp, padded } => m.num(padded).push(" is not divisible by ").num(tp),
+        EngineRule::SharedIndexerStage { .. } => {
+            m.push("return IntermediateTensors({\"hidden_states\": hidden_states, \"residual\": residual})")
+        }
         EngineRule::DenseWidth { tp, width, .. } => m.num(width).push(" is not divisible by ").num(tp),
         EngineRule::ExpertWidth { moe_tp, width } => match e {
             Engine::Vllm => m.push("assert self.intermediate_size % tp_size == 0"),
@@ -1000,5 +1049,14 @@ pub const RULE_DOCS: &[RuleDoc] = &[
         code: "HC2019",
         title: "transformers' expert-parallel size",
         by: &[(Engine::Transformers, "ep == tp (without FSDP)", "configuration_utils.py _validate_mesh_config")],
+    },
+    RuleDoc {
+        code: "HC2020",
+        title: "a pipeline stage that begins on a shared sparse-attention indexer",
+        by: &[(
+            Engine::Vllm,
+            "under glm_moe_dsa's indexer_types, every stage after the first begins on a \"full\" layer",
+            "model_executor/models/utils.py get_pp_indices; IntermediateTensors carry hidden_states and residual only (vllm issue 50853)",
+        )],
     },
 ];

@@ -20,6 +20,13 @@ fn codes(engine: Engine, c: &Config, l: EngineLayout) -> Vec<&'static str> {
     errors(engine, c, l).iter().map(LayoutError::code).collect()
 }
 
+/// The legal values of `dim` as a list for a sentence: the first 6, then how many more.
+fn show_for(c: &Config, e: Engine, l: EngineLayout, dim: Dimension) -> String {
+    let v = legal(e, c, l, dim);
+    let head: Vec<String> = v.iter().take(6).map(u64::to_string).collect();
+    if v.len() > 6 { format!("{}, ... ({} sizes)", head.join(", "), v.len()) } else { head.join(", ") }
+}
+
 fn legal(engine: Engine, c: &Config, l: EngineLayout, dim: Dimension) -> Vec<u64> {
     engines::legal(engine, &c.spec(&[], &[]), &l, dim).as_slice().to_vec()
 }
@@ -126,7 +133,7 @@ fn the_engines_reference_is_current() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(codes, sorted, "codes listed once, in order");
-    assert_eq!(codes.len(), 19);
+    assert_eq!(codes.len(), 20);
     let mut doc = String::from(
         "# Engine profiles\n\nGenerated from `spec/src/engines.rs` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
          to rewrite). Each rule is a `const fn` read from the engine's source at the version named;\n\
@@ -159,6 +166,8 @@ fn the_engines_reference_is_current() {
         ("GLM-4.5 / 4.6", "moe-configs/glm-4.5.json"),
         ("GLM-4.5-Air", "moe-configs/glm-4.5-air.json"),
         ("GLM-4.7-Flash", "mla-configs/glm-4.7-flash.json"),
+        ("GLM-5", "dsa-configs/glm-5.json"),
+        ("GLM-5.2", "dsa-configs/glm-5.2.json"),
     ] {
         let c = config(rel);
         for e in Engine::ALL {
@@ -183,6 +192,15 @@ fn the_engines_reference_is_current() {
         show(Engine::Megatron, EngineLayout::new(1, 1), Dimension::Pipeline),
         show(Engine::Sglang, EngineLayout::new(8, 1), Dimension::Expert),
         show(Engine::Megatron, EngineLayout { dp: 8, ..EngineLayout::new(8, 1) }, Dimension::Expert),
+    ));
+    // Sparse attention's shared indexers on vLLM's pipeline stages (HC2020).
+    let (glm5, glm52) = (config("dsa-configs/glm-5.json"), config("dsa-configs/glm-5.2.json"));
+    let stages = |c: &Config| show_for(c, Engine::Vllm, EngineLayout::new(8, 1), Dimension::Pipeline);
+    doc.push_str(&format!(
+        "\nGLM-5.2's shared indexers on vLLM's pipeline stages at tp 8: pp {} (GLM-5, every layer full: pp {});\n\
+         headcount's own ranks pass the pick on and run any split.\n",
+        stages(&glm52),
+        stages(&glm5),
     ));
     doc.push_str(
         "\n## Latent-attention backends (vLLM 0.33.0)\n\nFor a glm4_moe_lite config, `headcount check --engine vllm` names the attention\n\
@@ -242,4 +260,24 @@ fn rules_of_explicit_layouts() {
     let dp = legal(Engine::Megatron, &c, EngineLayout { ep: 8, ..EngineLayout::new(8, 1) }, Dimension::Data);
     assert_eq!(dp[..3], [8, 16, 24]);
     assert!(dp.iter().all(|d| d % 8 == 0));
+}
+
+/// vLLM's stage split (`get_pp_indices`): `layers / pp` a stage and the remainder one more
+/// each on the stages just before the last, built as vLLM builds its list.
+#[test]
+fn vllm_stage_starts_follow_get_pp_indices() {
+    for layers in 1..=40u64 {
+        for pp in 1..=layers {
+            let mut parts = vec![layers / pp; pp as usize];
+            for i in 2..(layers % pp + 2) as usize {
+                let n = parts.len();
+                parts[n - i] += 1;
+            }
+            let mut start = 0;
+            for (stage, len) in parts.iter().enumerate() {
+                assert_eq!(headcount_spec::engines::vllm_stage_start(layers, pp, stage as u64), start, "{layers} {pp}");
+                start += len;
+            }
+        }
+    }
 }

@@ -526,6 +526,16 @@ fn check_glm_5() {
         0,
         "sparse latent-attention backends for head size 576 (kv_lora_rank + qk_rope_head_dim): FlashMLA-sparse\n",
     );
+    // vLLM passes no pick between pipeline stages: GLM-5.2's split in two begins on shared
+    // layer 39, and no split but one stage avoids a shared layer; GLM-5 (all full) splits.
+    let o = headcount(&["check", &fixture("dsa-configs/glm-5.2.json"), "--engine", "vllm", "--tp", "8", "--pp", "2"]);
+    expect(
+        &o,
+        1,
+        "error[HC2020]: tp 8 pp 2 ep 1 dp 1: vLLM 0.33.0 refuses pipeline_parallel 2: stage 1 would begin on layer 39",
+    );
+    expect(&o, 1, "legal on vLLM: 1\n");
+    expect(&headcount(&["check", &glm5, "--engine", "vllm", "--tp", "8", "--pp", "2"]), 0, "ok: tp 8 pp 2 ep 1 dp 1");
     for (file, code) in [
         ("first-layer-shared", "error[HC1302]"),
         ("indexer-types-short", "error[HC1301]"),
