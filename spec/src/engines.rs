@@ -324,7 +324,7 @@ pub const fn vllm_stage_start(layers: u64, pp: u64, stage: u64) -> u64 {
     let (each, extra) = (layers / pp, layers % pp);
     // Stages pp - 1 - extra .. pp - 2 take one more layer.
     let first_long = (pp - 1).saturating_sub(extra);
-    let long_before = if stage > first_long { stage - first_long } else { 0 };
+    let long_before = stage.saturating_sub(first_long);
     let long_before = if long_before > extra { extra } else { long_before };
     stage * each + long_before
 }
