@@ -461,3 +461,56 @@ fn quantized_weights_stay_close_to_f32() {
     }
     println!("{}", report.join("\n"));
 }
+
+/// Sparse attention's indexer scores a long prompt a block of queries at a time (its f32
+/// scores of every query against every key would not fit otherwise): 1100 tokens over 64
+/// indexer heads are scored in two blocks in one prefill, and in one block each when the
+/// prompt comes in two chunks of 550. Both must give the same logits, and the pick (64 of up
+/// to 1100 keys) must matter.
+#[test]
+fn sparse_attention_scores_in_blocks_as_in_one() {
+    use headcount_runtime::model::{Rope, Step};
+    let json = r#"{"model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 16,
+        "kv_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8, "v_head_dim": 8,
+        "moe_intermediate_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+        "index_topk": 64, "index_n_heads": 64, "index_head_dim": 8, "max_position_embeddings": 1200}"#;
+    let config = headcount::Config::from_json_str(json).unwrap();
+    let model = Glm::random(&config, &LoadOptions::default(), 5).unwrap();
+    let n = 1100i64;
+    let ids: Vec<i64> = (0..n).map(|i| (i * 7 + 3) % 64).collect();
+    let whole = logits(&model, &ids).unwrap();
+    let _g = tch::no_grad_guard();
+    let rope = Rope::new(&model.dims, n as usize, tch::Device::Cpu).unwrap();
+    let mut cache = model.new_cache(1, n as usize).unwrap();
+    let mut parts = Vec::new();
+    for (start, len) in [(0, 550), (550, 550)] {
+        let pos = Tensor::arange_start(start, start + len, (tch::Kind::Int64, tch::Device::Cpu));
+        // Causal over the cache so far: query i sees keys up to start + i.
+        let keys = Tensor::arange(start + len, (tch::Kind::Int64, tch::Device::Cpu)).view([1, -1]);
+        let hidden = keys.gt_tensor(&pos.view([-1, 1]));
+        let mask = Tensor::zeros([len, start + len], (tch::Kind::Float, tch::Device::Cpu))
+            .masked_fill(&hidden, f64::NEG_INFINITY)
+            .view([1, 1, len, start + len]);
+        let step = Step {
+            start,
+            len,
+            cos: rope.cos.index_select(0, &pos).view([1, len, 1, -1]),
+            sin: rope.sin.index_select(0, &pos).view([1, len, 1, -1]),
+            rot: None,
+            mask: Some(mask),
+            slot: None,
+            rows_at: None,
+            keep_at: None,
+        };
+        let chunk = Tensor::from_slice(&ids[start as usize..(start + len) as usize]).view([1, len]);
+        parts.push(model.forward(&chunk, &step, &mut cache, false).unwrap());
+    }
+    let chunked = Tensor::cat(&parts, 1);
+    let diff = max_abs_diff(&whole, &chunked);
+    assert!(diff < 1e-4, "scored in blocks against in one: max abs diff {diff}");
+    // The pick matters: with index_topk covering the prompt the logits move.
+    let dense = headcount::Config::from_json_str(&json.replace("\"index_topk\": 64", "\"index_topk\": 2048")).unwrap();
+    let all = logits(&Glm::random(&dense, &LoadOptions::default(), 5).unwrap(), &ids).unwrap();
+    assert!(max_abs_diff(&whole, &all) > 1e-3, "index_topk 64 of 1100 keys changed nothing");
+}

@@ -329,24 +329,40 @@ impl Indexer {
         }
         let q = self.wq_b.forward(q_resid)?.f_view([b, t, self.heads, self.dim])?;
         rotate_in_place(&q.f_narrow(3, 0, rope)?, step, rope)?;
-        let scores = q
-            .f_to_kind(Kind::Float)?
-            .f_matmul(&keys.f_to_kind(Kind::Float)?.f_transpose(-1, -2)?)? // [B, T, heads, S]
-            .f_mul_scalar((self.dim as f64).powf(-0.5))?
-            .f_relu()?;
+        let q = q.f_to_kind(Kind::Float)?;
+        let kind = keys.kind();
+        let keys = keys.f_to_kind(Kind::Float)?.f_transpose(-1, -2)?; // [B, 1, dim, S]
         let weights = x
             .f_to_kind(self.weights_proj.kind())?
             .f_linear(&self.weights_proj, None::<Tensor>)?
             .f_to_kind(Kind::Float)?
             .f_mul_scalar((self.heads as f64).powf(-0.5))?; // [B, T, heads]
-        let mut index = weights.f_unsqueeze(-2)?.f_matmul(&scores)?.f_squeeze_dim(-2)?; // [B, T, S]
-        if let Some(mask) = &step.mask {
-            index = index.f_add(&mask.f_select(1, 0)?.f_to_kind(Kind::Float)?)?;
+        // The f32 scores of a long prompt ([B, T, heads, S]: 128 GiB for 32768 tokens over 32
+        // heads) are made a block of queries at a time, each query's pick its own.
+        let per_query = (b * self.heads * s * 4).max(1);
+        let rows = (SCORES_BYTES / per_query).clamp(1, t);
+        let mut picks = Vec::new();
+        for start in (0..t).step_by(rows as usize) {
+            let len = rows.min(t - start);
+            let scores = q
+                .f_narrow(1, start, len)?
+                .f_matmul(&keys)? // [B, len, heads, S]
+                .f_mul_scalar((self.dim as f64).powf(-0.5))?
+                .f_relu()?;
+            let w = weights.f_narrow(1, start, len)?.f_unsqueeze(-2)?;
+            let mut index = w.f_matmul(&scores)?.f_squeeze_dim(-2)?; // [B, len, S]
+            if let Some(mask) = &step.mask {
+                index = index.f_add(&mask.f_select(1, 0)?.f_narrow(1, start, len)?.f_to_kind(Kind::Float)?)?;
+            }
+            picks.push(index.f_topk(self.topk, -1, true, true)?.1);
         }
-        let (_, picked) = index.f_topk(self.topk, -1, true, true)?;
-        Ok(Some(Pick::from_index(picked, s, keys.kind())?))
+        let picked = if picks.len() == 1 { picks.remove(0) } else { Tensor::f_cat(&picks, 1)? };
+        Ok(Some(Pick::from_index(picked, s, kind)?))
     }
 }
+
+/// The most bytes of indexer scores held at once (a block of queries against every key).
+const SCORES_BYTES: i64 = 256 << 20;
 
 /// The epsilon of the indexer's k_norm (a LayerNorm), as transformers builds it.
 const INDEXER_EPS: f64 = 1e-6;
