@@ -285,7 +285,7 @@ const CHAT_FIELDS: &[&str] = &[
 ];
 
 /// Refuses what the server would otherwise ignore: a field it does not read, and a field it
-/// reads only at its neutral value (`logit_bias`, `response_format`, `tool_choice`, `suffix`,
+/// reads only at its neutral value (`response_format`, `tool_choice`, `suffix`,
 /// ...). Each refusal names the field and what is accepted.
 pub fn check_fields(body: &Body, chat: bool) -> Result<(), ApiError> {
     let own = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
@@ -300,11 +300,6 @@ pub fn check_fields(body: &Body, chat: bool) -> Result<(), ApiError> {
         ));
     }
     let refuse = |key: &str, why: &str| Err(ApiError::invalid(key, format!("{key} {why}")));
-    if let Some(v) = body.get("logit_bias")
-        && !v.as_object().is_some_and(Map::is_empty)
-    {
-        return refuse("logit_bias", "is not supported by this server: leave it out or empty");
-    }
     if let Some(v) = body.get("response_format")
         && v.get("type").and_then(Value::as_str) != Some("text")
     {

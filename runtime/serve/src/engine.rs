@@ -69,17 +69,23 @@ pub struct Penalties {
     pub repetition: f64,
     /// The stop ids (eos included) cannot be chosen until the answer has this many tokens.
     pub min_tokens: usize,
+    /// OpenAI's logit_bias: added to these tokens' logits before the penalties (vLLM's order).
+    pub logit_bias: Vec<(i64, f64)>,
 }
 
 impl Default for Penalties {
     fn default() -> Self {
-        Penalties { presence: 0.0, frequency: 0.0, repetition: 1.0, min_tokens: 0 }
+        Penalties { presence: 0.0, frequency: 0.0, repetition: 1.0, min_tokens: 0, logit_bias: Vec::new() }
     }
 }
 
 impl Penalties {
     fn bends(&self, produced: usize) -> bool {
-        self.presence != 0.0 || self.frequency != 0.0 || self.repetition != 1.0 || produced < self.min_tokens
+        self.presence != 0.0
+            || self.frequency != 0.0
+            || self.repetition != 1.0
+            || produced < self.min_tokens
+            || !self.logit_bias.is_empty()
     }
 }
 
@@ -546,13 +552,20 @@ fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Ve
     Ok(out)
 }
 
-/// Row `logits` ([1, vocab] f32) with the sequence's penalties applied: repetition over the
-/// prompt's and the answer's tokens, then frequency and presence over the answer's, then the
-/// stop ids masked while the answer is shorter than min_tokens.
+/// Row `logits` ([1, vocab] f32) with the sequence's logit_bias and penalties applied: the
+/// bias, then repetition over the prompt's and the answer's tokens, then frequency and
+/// presence over the answer's, then the stop ids masked while the answer is shorter than
+/// min_tokens.
 fn bend(logits: &Tensor, r: &Running) -> headcount_runtime::Result<Tensor> {
     let p = &r.job.penalties;
     let (dev, vocab) = (logits.device(), logits.size().last().copied().unwrap_or(0));
     let mut l = logits.f_detach_copy()?;
+    if !p.logit_bias.is_empty() {
+        let (ids, bias): (Vec<i64>, Vec<f32>) = p.logit_bias.iter().map(|&(t, b)| (t, b as f32)).unzip();
+        let ids = Tensor::f_from_slice(&ids)?.f_to_device(dev)?;
+        let bias = Tensor::f_from_slice(&bias)?.f_to_device(dev)?.f_unsqueeze(0)?;
+        l = l.f_index_add(1, &ids, &bias)?;
+    }
     let counts = |ids: &[i64]| -> headcount_runtime::Result<Tensor> {
         let t = Tensor::f_from_slice(ids)?.f_to_device(dev)?;
         Ok(t.f_bincount::<Tensor>(None, vocab)?.f_narrow(0, 0, vocab)?.f_unsqueeze(0)?)

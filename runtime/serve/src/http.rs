@@ -54,6 +54,8 @@ pub struct AppState {
     pub allowed_origins: Vec<String>,
     /// How chat answers' reasoning is told from their content (`None`: it is not).
     pub reasoning: Option<ReasoningParser>,
+    /// What `GET /tokenizer_info` answers (`None`: the checkpoint has no tokenizer).
+    pub tokenizer_info: Option<Value>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -64,6 +66,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{*id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/tokenize", post(crate::tokenize::tokenize))
+        .route("/detokenize", post(crate::tokenize::detokenize))
+        .route("/tokenizer_info", get(crate::tokenize::tokenizer_info))
+        .route("/version", get(crate::tokenize::version))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), cors))
@@ -75,7 +81,7 @@ async fn not_found(State(s): State<Arc<AppState>>, method: Method, uri: axum::ht
         status: 404,
         kind: "not_found_error",
         message: format!(
-            "{method} {} is not a route of this server: it serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+            "{method} {} is not a route of this server: it serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize, POST /detokenize, GET /tokenizer_info, GET /version, GET /health and GET /metrics",
             uri.path()
         ),
         param: None,
@@ -139,7 +145,7 @@ async fn cors(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
     r
 }
 
-fn error_response(e: &ApiError, metrics: &Metrics) -> Response {
+pub(crate) fn error_response(e: &ApiError, metrics: &Metrics) -> Response {
     let counter = match e.status {
         429 | 503 => &metrics.rejected,
         400..=499 => &metrics.invalid,
@@ -211,7 +217,7 @@ async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection
 }
 
 /// A body that could not be read (too large, or cut off).
-fn unreadable(s: &AppState, e: BytesRejection) -> Response {
+pub(crate) fn unreadable(s: &AppState, e: BytesRejection) -> Response {
     let e = ApiError {
         status: e.status().as_u16(),
         kind: "invalid_request_error",
@@ -366,6 +372,38 @@ async fn answer(r: Reply) -> Response {
     (status, axum::Json(v)).into_response()
 }
 
+/// The prompt text a chat request renders to through the checkpoint's template: its
+/// messages (text parts joined), tools, `chat_template_kwargs` and `add_generation_prompt`.
+pub(crate) fn render_chat(s: &AppState, b: &Body, bytes: &[u8]) -> Result<String, ApiError> {
+    check_messages(b)?;
+    let template = s.template.as_ref().ok_or_else(|| {
+            ApiError::invalid("messages", "this model has no chat template (tokenizer_config.json chat_template or chat_template.jinja): use /v1/completions")
+        })?;
+    let raw: minijinja::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::body(e.to_string()))?;
+    let has_parts =
+        b.0.get("messages")
+            .and_then(Value::as_array)
+            .is_some_and(|m| m.iter().any(|x| x.get("content").is_some_and(Value::is_array)));
+    let messages = if has_parts {
+        minijinja::Value::from_serialize(template_messages(b))
+    } else {
+        raw.get_attr("messages").unwrap_or_default()
+    };
+    let tools = raw.get_attr("tools").ok().filter(|t| !t.is_none() && !t.is_undefined());
+    let mut extra = BTreeMap::new();
+    if let Some(kw) = b.object("chat_template_kwargs")? {
+        for k in kw.keys() {
+            if let Ok(v) = raw.get_attr("chat_template_kwargs").and_then(|o| o.get_attr(k)) {
+                extra.insert(k.clone(), v);
+            }
+        }
+    }
+    let gen_prompt = b.bool("add_generation_prompt")?.unwrap_or(true);
+    let text =
+        template.render(&messages, tools.as_ref(), gen_prompt, &extra).map_err(|e| ApiError::invalid("messages", e))?;
+    Ok(text)
+}
+
 fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
     let map = Body::parse(bytes)?;
     let b = Body(&map);
@@ -422,34 +460,8 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
             (ids, texts)
         }
         Endpoint::Chat => {
-            check_messages(&b)?;
-            let template = s.template.as_ref().ok_or_else(|| {
-                ApiError::invalid("messages", "this model has no chat template (tokenizer_config.json chat_template or chat_template.jinja): use /v1/completions")
-            })?;
             let c = codec.ok_or_else(|| no_tokenizer("messages"))?;
-            let raw: minijinja::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::body(e.to_string()))?;
-            let has_parts = map
-                .get("messages")
-                .and_then(Value::as_array)
-                .is_some_and(|m| m.iter().any(|x| x.get("content").is_some_and(Value::is_array)));
-            let messages = if has_parts {
-                minijinja::Value::from_serialize(template_messages(&b))
-            } else {
-                raw.get_attr("messages").unwrap_or_default()
-            };
-            let tools = raw.get_attr("tools").ok().filter(|t| !t.is_none() && !t.is_undefined());
-            let mut extra = BTreeMap::new();
-            if let Some(kw) = b.object("chat_template_kwargs")? {
-                for k in kw.keys() {
-                    if let Ok(v) = raw.get_attr("chat_template_kwargs").and_then(|o| o.get_attr(k)) {
-                        extra.insert(k.clone(), v);
-                    }
-                }
-            }
-            let gen_prompt = b.bool("add_generation_prompt")?.unwrap_or(true);
-            let text = template
-                .render(&messages, tools.as_ref(), gen_prompt, &extra)
-                .map_err(|e| ApiError::invalid("messages", e))?;
+            let text = render_chat(s, &b, bytes)?;
             let v = encode(c, &text, "messages")?;
             reasoning_opened = s.reasoning.map(|_| ReasoningSplit::opened_by(&text));
             if v.is_empty() {
@@ -572,6 +584,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         frequency: penalty("frequency_penalty", 0.0, in_two, "between -2 and 2")?,
         repetition: penalty("repetition_penalty", 1.0, |v| v > 0.0, "a number above 0 (1: off)")?,
         min_tokens: min_tokens as usize,
+        logit_bias: crate::tokenize::logit_bias(&b, s.vocab)?,
     };
     let min_p = b.number("min_p")?.unwrap_or(0.0);
     if !(0.0..=1.0).contains(&min_p) {

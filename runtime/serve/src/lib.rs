@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod reasoning;
 pub mod template;
 pub mod text;
+pub mod tokenize;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -117,6 +118,7 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         .name("headcount-engine".into())
         .spawn(move || engine::run(model, cache, rx, engine_opts, engine_metrics))
         .map_err(|e| ServeError::Setup(format!("cannot start the engine thread: {e}")))?;
+    let tokenizer_info = tokenize::tokenizer_info_of(dir, template.as_ref().map(ChatTemplate::source), max_model_len);
     let state = Arc::new(AppState {
         jobs: std::sync::Mutex::new(Some(tx)),
         codec,
@@ -133,6 +135,7 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         next_id: AtomicU64::new(1),
         allowed_origins: opts.allowed_origins.clone(),
         reasoning: opts.reasoning,
+        tokenizer_info,
     });
     // A client that closes its connection must not end the server on a write to it.
     // SAFETY: setting a signal's disposition to ignore, before the HTTP threads start.

@@ -22,6 +22,7 @@ const SPECIAL_TOKENS: [&str; 7] =
 pub struct ChatTemplate {
     env: Environment<'static>,
     specials: BTreeMap<String, String>,
+    source: String,
 }
 
 impl ChatTemplate {
@@ -78,8 +79,14 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat", source).map_err(|e| format!("the chat template does not parse: {e:#}"))?;
-        Ok(ChatTemplate { env, specials })
+        env.add_template_owned("chat", source.clone())
+            .map_err(|e| format!("the chat template does not parse: {e:#}"))?;
+        Ok(ChatTemplate { env, specials, source })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The prompt text of a conversation (`messages`, and `tools` when given, as the

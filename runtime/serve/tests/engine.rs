@@ -205,9 +205,24 @@ fn penalties_bend_the_logits_as_openai_and_vllm_define_them() {
     // A huge presence penalty: no token twice.
     let (mut p, rp) = job(prompt.clone(), 10);
     p.penalties = Penalties { presence: 1e4, ..Penalties::default() };
-    for j in [r, f, m, p] {
+    // logit_bias -100 on the plain choice, then repetition 1.5 (vLLM's order: the bias first).
+    let (mut b, rb) = job(prompt.clone(), 1);
+    b.penalties = Penalties { logit_bias: vec![(plain, -100.0)], repetition: rep as f64, ..Penalties::default() };
+    let want_bias = argmax_after(&first, |t, l| {
+        let l = if t as i64 == plain { l - 100.0 } else { l };
+        if !prompt.contains(&(t as i64)) {
+            l
+        } else if l > 0.0 {
+            l / rep
+        } else {
+            l * rep
+        }
+    });
+    for j in [r, f, m, p, b] {
         tx.send(j).unwrap();
     }
+    assert_eq!(drain(rb).0, vec![want_bias], "logit_bias");
+    assert_ne!(want_bias, plain);
     assert_eq!(drain(rr).0, vec![want_rep], "repetition_penalty");
     let (tokens, _) = drain(rf);
     assert_eq!(tokens, vec![plain, want_freq], "frequency and presence penalties");

@@ -97,6 +97,11 @@ fn scripted(
         next_id: AtomicU64::new(1),
         allowed_origins: origins.iter().map(|o| o.to_string()).collect(),
         reasoning,
+        tokenizer_info: headcount_serve::tokenize::tokenizer_info_of(
+            dir,
+            ChatTemplate::from_dir(dir).unwrap().as_ref().map(ChatTemplate::source),
+            64,
+        ),
     });
     (router(state), asked)
 }
@@ -295,7 +300,9 @@ fn fields_the_server_would_ignore_are_refused_with_their_name() {
     let (app, asked) = server(&demo(), &[]);
     runtime().block_on(async {
         let completions = [
-            (json!({"logit_bias": {"5": 10}}), "logit_bias"),
+            (json!({"logit_bias": {"99": 10}}), "logit_bias.99"),
+            (json!({"logit_bias": {"5": 200}}), "logit_bias.5"),
+            (json!({"logit_bias": {"five": 1}}), "logit_bias.five"),
             (json!({"response_format": {"type": "json_object"}}), "response_format"),
             (json!({"suffix": "!"}), "suffix"),
             (json!({"best_of": 3}), "best_of"),
@@ -325,7 +332,7 @@ fn fields_the_server_would_ignore_are_refused_with_their_name() {
                 "response_format",
             ),
             (json!({"parallel_tool_calls": false}), "parallel_tool_calls"),
-            (json!({"logit_bias": {"5": -100}}), "logit_bias"),
+            (json!({"logit_bias": [5]}), "logit_bias"),
             (json!({"echo": true}), "echo"),
             (json!({"reasoning_effort": "low"}), "reasoning_effort"),
         ];
@@ -489,4 +496,58 @@ fn glm_reasoning_goes_to_reasoning_content_streamed_and_not() {
     let m = &v["choices"][0]["message"];
     assert_eq!(m["content"], "<think>plan</think>46", "{v}");
     assert!(m.get("reasoning_content").is_none(), "{v}");
+}
+
+/// The tokenizer's routes as vLLM serves them (lm-evaluation-harness's remote tokenizer reads
+/// /tokenizer_info, /tokenize and /detokenize): a prompt's tokens with and without the special
+/// tokens, a chat rendered by the template, the text of ids, the tokenizer's settings, the
+/// version, and each bad request refused naming its field.
+#[test]
+fn tokenizer_routes_answer_as_vllm_and_name_bad_fields() {
+    let (app, asked) = server(&demo(), &[]);
+    let codec = TextCodec::from_dir(&demo()).unwrap().unwrap();
+    runtime().block_on(async {
+        let (status, v) = post(&app, "/tokenize", json!({"prompt": "12+7="})).await;
+        assert_eq!(status, 200, "{v}");
+        let with = codec.encode("12+7=").unwrap();
+        assert_eq!(v["tokens"], json!(with), "{v}");
+        assert_eq!((v["count"].as_u64(), v["max_model_len"].as_u64()), (Some(with.len() as u64), Some(64)));
+        let (_, v) =
+            post(&app, "/tokenize", json!({"prompt": "12+7=", "add_special_tokens": false, "return_token_strs": true}))
+                .await;
+        let plain = codec.encode_plain("12+7=").unwrap();
+        assert_eq!(v["tokens"], json!(plain), "{v}");
+        let strs: Vec<String> = plain.iter().map(|&t| codec.token(t).unwrap()).collect();
+        assert_eq!(v["token_strs"], json!(strs));
+        // A chat: the template's text, whose bos it writes itself (no special tokens added).
+        let (_, v) = post(&app, "/tokenize", json!({"messages": [{"role": "user", "content": "12+7"}]})).await;
+        assert_eq!(v["tokens"], json!(codec.encode_plain("<bos>12+7=").unwrap()), "{v}");
+        let (status, v) = post(&app, "/detokenize", json!({"tokens": plain})).await;
+        assert_eq!((status, &v["prompt"]), (200, &json!("12+7=")), "{v}");
+        let (status, _, text) = call(&app, "GET", "/tokenizer_info", &[], Value::Null).await;
+        let info: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(
+            (&info["bos_token"], &info["eos_token"], &info["max_model_len"]),
+            (&json!("<bos>"), &json!("<eos>"), &json!(64))
+        );
+        assert!(info["chat_template"].as_str().unwrap().contains("bos_token"), "{info}");
+        let (status, _, text) = call(&app, "GET", "/version", &[], Value::Null).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["version"], json!(env!("CARGO_PKG_VERSION")));
+        for (route, body, field) in [
+            ("/tokenize", json!({"prompt": "1", "messages": []}), Value::Null),
+            ("/tokenize", json!({}), Value::Null),
+            ("/tokenize", json!({"prompt": 5}), json!("prompt")),
+            ("/tokenize", json!({"prompt": "1", "max_tokens": 2}), json!("max_tokens")),
+            ("/tokenize", json!({"prompt": "1", "model": "other"}), json!("model")),
+            ("/detokenize", json!({"tokens": [1, 16]}), json!("tokens[1]")),
+            ("/detokenize", json!({"tokens": "12"}), json!("tokens")),
+            ("/detokenize", json!({}), json!("tokens")),
+        ] {
+            let (status, v) = post(&app, route, body.clone()).await;
+            assert_eq!((status, &v["error"]["param"]), (400, &field), "{route} {body}: {v}");
+        }
+        assert!(asked.try_recv().is_err(), "a tokenizer route reached the engine");
+    });
 }

@@ -1,0 +1,209 @@
+//! The tokenizer's routes, as vLLM serves them and evaluation harnesses call them
+//! (lm-evaluation-harness uses the server's own tokenizer when `/tokenizer_info` and
+//! `/tokenize` both answer): `POST /tokenize` (a prompt, or a chat rendered by the
+//! checkpoint's template), `POST /detokenize`, `GET /tokenizer_info` and `GET /version`;
+//! and OpenAI's `logit_bias`, read against the vocabulary.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use crate::api::{ApiError, Body, shown};
+use crate::http::{AppState, error_response, render_chat, unreadable};
+
+/// The fields `/tokenize` reads.
+const TOKENIZE_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "add_special_tokens",
+    "add_generation_prompt",
+    "chat_template_kwargs",
+    "tools",
+    "return_token_strs",
+];
+
+/// Refuses a field `route` does not read, and another model's name.
+fn check(s: &AppState, b: &Body, route: &str, fields: &[&str]) -> Result<(), ApiError> {
+    if let Some((k, _)) = b.0.iter().find(|(k, v)| !v.is_null() && !fields.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            k.as_str(),
+            format!("{k} is not a field of {route}: it reads {}", fields.join(", ")),
+        ));
+    }
+    if let Some(m) = b.string("model")?
+        && m != s.model_name
+    {
+        return Err(ApiError::invalid(
+            "model",
+            format!("model {m:?} is not served here: this server serves {:?}", s.model_name),
+        ));
+    }
+    Ok(())
+}
+
+/// What a route answers when the checkpoint has no tokenizer.json.
+fn no_tokenizer(route: &str) -> ApiError {
+    ApiError {
+        status: 404,
+        kind: "not_found_error",
+        message: format!("{route}: this model has no tokenizer.json, so the server has no tokenizer to offer"),
+        param: None,
+    }
+}
+
+fn reply(s: &AppState, r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => error_response(&e, &s.metrics),
+    }
+}
+
+/// `POST /tokenize`: `{"prompt": text}` (special tokens added unless `add_special_tokens` is
+/// false) or `{"messages": [...]}` (rendered as a chat request is, no special tokens added
+/// unless asked); answers `count`, `max_model_len`, `tokens` and, with `return_token_strs`,
+/// each token's string.
+pub async fn tokenize(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body {
+        Ok(bytes) => {
+            let r = tokenized(&s, &bytes);
+            reply(&s, r)
+        }
+        Err(e) => unreadable(&s, e),
+    }
+}
+
+fn tokenized(s: &AppState, bytes: &[u8]) -> Result<Value, ApiError> {
+    let map = Body::parse(bytes)?;
+    let b = Body(&map);
+    check(s, &b, "/tokenize", TOKENIZE_FIELDS)?;
+    let codec = s.codec.as_deref().ok_or_else(|| no_tokenizer("/tokenize"))?;
+    let chat = b.0.get("messages").is_some_and(|v| !v.is_null());
+    let (text, key) = match (b.string("prompt")?, chat) {
+        (Some(_), true) => {
+            return Err(ApiError::body("give prompt or messages, not both"));
+        }
+        (Some(p), false) => (p, "prompt"),
+        (None, true) => (render_chat(s, &b, bytes)?, "messages"),
+        (None, false) => return Err(ApiError::body("/tokenize needs a prompt (text) or messages (a chat)")),
+    };
+    let add_special = b.bool("add_special_tokens")?.unwrap_or(!chat);
+    let tokens = if add_special { codec.encode(&text) } else { codec.encode_plain(&text) }
+        .map_err(|e| ApiError::invalid(key, e.to_string()))?;
+    let strs = if b.bool("return_token_strs")?.unwrap_or(false) {
+        Value::from(tokens.iter().map(|&t| codec.token(t).unwrap_or_default()).collect::<Vec<_>>())
+    } else {
+        Value::Null
+    };
+    Ok(json!({"count": tokens.len(), "max_model_len": s.max_model_len, "tokens": tokens, "token_strs": strs}))
+}
+
+/// `POST /detokenize`: `{"tokens": [ids]}` to their text (special tokens left out, as in
+/// answers).
+pub async fn detokenize(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body {
+        Ok(bytes) => {
+            let r = detokenized(&s, &bytes);
+            reply(&s, r)
+        }
+        Err(e) => unreadable(&s, e),
+    }
+}
+
+fn detokenized(s: &AppState, bytes: &[u8]) -> Result<Value, ApiError> {
+    let map = Body::parse(bytes)?;
+    let b = Body(&map);
+    check(s, &b, "/detokenize", &["model", "tokens"])?;
+    let codec = s.codec.as_deref().ok_or_else(|| no_tokenizer("/detokenize"))?;
+    let Some(list) = b.0.get("tokens").filter(|v| !v.is_null()) else {
+        return Err(ApiError::invalid("tokens", "/detokenize needs tokens: a list of token ids"));
+    };
+    let items = list.as_array().ok_or_else(|| ApiError::invalid("tokens", "tokens must be a list of token ids"))?;
+    let mut ids = Vec::with_capacity(items.len());
+    for (i, v) in items.iter().enumerate() {
+        match v.as_i64() {
+            Some(t) if (0..s.vocab).contains(&t) => ids.push(t),
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("tokens[{i}]"),
+                    format!("{} is not a token id of this vocabulary (0 to {})", shown(v), s.vocab - 1),
+                ));
+            }
+        }
+    }
+    let text = codec.decode(&ids).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(json!({"prompt": text}))
+}
+
+/// `GET /tokenizer_info`: tokenizer_config.json's settings (its special tokens as strings,
+/// without the table of added tokens), the chat template served and the context length.
+pub async fn tokenizer_info(State(s): State<Arc<AppState>>) -> Response {
+    match &s.tokenizer_info {
+        Some(info) => axum::Json(info.clone()).into_response(),
+        None => error_response(&no_tokenizer("/tokenizer_info"), &s.metrics),
+    }
+}
+
+/// `GET /version`: this server's version.
+pub async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// What `/tokenizer_info` answers for the checkpoint in `dir`: `None` without a
+/// tokenizer.json.
+pub fn tokenizer_info_of(dir: &Path, chat_template: Option<&str>, max_model_len: usize) -> Option<Value> {
+    if !dir.join("tokenizer.json").is_file() {
+        return None;
+    }
+    let config: Map<String, Value> = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let mut info = Map::new();
+    for (k, v) in config {
+        match (k.as_str(), v) {
+            ("added_tokens_decoder" | "chat_template", _) => {}
+            // A special token written as an object: its content.
+            (_, Value::Object(o)) if o.contains_key("content") => {
+                info.insert(k, o.get("content").cloned().unwrap_or(Value::Null));
+            }
+            (_, v) => {
+                info.insert(k, v);
+            }
+        }
+    }
+    info.insert("chat_template".into(), chat_template.map_or(Value::Null, Value::from));
+    info.insert("max_model_len".into(), Value::from(max_model_len));
+    Some(Value::Object(info))
+}
+
+/// OpenAI's `logit_bias`: an object from token id (a string of digits) to a bias in
+/// [-100, 100], added to that token's logit.
+pub fn logit_bias(b: &Body, vocab: i64) -> Result<Vec<(i64, f64)>, ApiError> {
+    let Some(o) = b.object("logit_bias")? else { return Ok(Vec::new()) };
+    let mut out = Vec::with_capacity(o.len());
+    for (k, v) in o {
+        let key = format!("logit_bias.{k}");
+        let id = k.trim().parse::<i64>().ok().filter(|t| (0..vocab).contains(t)).ok_or_else(|| {
+            ApiError::invalid(
+                key.as_str(),
+                format!("logit_bias keys are token ids of this vocabulary (0 to {}), not {k:?}", vocab - 1),
+            )
+        })?;
+        match v.as_f64() {
+            Some(x) if (-100.0..=100.0).contains(&x) => out.push((id, x)),
+            _ => {
+                return Err(ApiError::invalid(
+                    key.as_str(),
+                    format!("{key} (the bias of token {id}) must be a number between -100 and 100, not {}", shown(v)),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
