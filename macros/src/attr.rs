@@ -435,42 +435,39 @@ fn family(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
 
 /// `mlp_layer_types = ["dense", "sparse", ..]`.
 fn layer_types(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
-    let Expr::Array(a) = expr else {
-        return Err(format!("{key} expects a list such as [\"dense\", \"sparse\"], found {}", found(expr)));
-    };
-    let mut out = Vec::new();
-    for e in &a.elems {
-        match ungroup(e.clone()) {
-            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match headcount_spec::MlpLayer::from_name(&s.value()) {
-                Some(t) => out.push(t),
-                None => {
-                    return Err(format!("{key}: unknown layer type \"{}\": use \"dense\" or \"sparse\"", s.value()));
-                }
-            },
-            other => return Err(format!("{key} lists \"dense\" and \"sparse\", found {}", found(&other))),
-        }
-    }
-    Ok(Some(Value::Layers(out)))
+    named_list(key, expr, ["dense", "sparse"], "layer type", headcount_spec::MlpLayer::from_name)
+        .map(|l| Some(Value::Layers(l)))
 }
 
 /// `indexer_types = ["full", "shared", ..]`.
 fn indexer_types(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
-    let Expr::Array(a) = expr else {
-        return Err(format!("{key} expects a list such as [\"full\", \"shared\"], found {}", found(expr)));
+    named_list(key, expr, ["full", "shared"], "indexer type", headcount_spec::IndexerLayer::from_name)
+        .map(|l| Some(Value::Indexers(l)))
+}
+
+/// A list of string literals, each one of the two `names` (`what` each is), one a layer.
+fn named_list<T>(
+    key: &str,
+    expr: &Expr,
+    names: [&str; 2],
+    what: &str,
+    from_name: fn(&str) -> Option<T>,
+) -> Result<Vec<T>, String> {
+    let [a, b] = names;
+    let Expr::Array(list) = expr else {
+        return Err(format!("{key} expects a list such as [\"{a}\", \"{b}\"], found {}", found(expr)));
     };
     let mut out = Vec::new();
-    for e in &a.elems {
+    for e in &list.elems {
         match ungroup(e.clone()) {
-            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match headcount_spec::IndexerLayer::from_name(&s.value()) {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match from_name(&s.value()) {
                 Some(t) => out.push(t),
-                None => {
-                    return Err(format!("{key}: unknown indexer type \"{}\": use \"full\" or \"shared\"", s.value()));
-                }
+                None => return Err(format!("{key}: unknown {what} \"{}\": use \"{a}\" or \"{b}\"", s.value())),
             },
-            other => return Err(format!("{key} lists \"full\" and \"shared\", found {}", found(&other))),
+            other => return Err(format!("{key} lists \"{a}\" and \"{b}\", found {}", found(&other))),
         }
     }
-    Ok(Some(Value::Indexers(out)))
+    Ok(out)
 }
 
 /// `eos_token_id = 2` or `eos_token_id = [2, 3]`; elements may be const expressions.
