@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from make_moe_samples import measure, save, short
+from make_moe_samples import measure, save, short, write_readme
 from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
 OUT = Path("tests/fixtures/dsa-configs")
@@ -85,13 +85,8 @@ def main() -> None:
         "",
         "Columns: `AutoConfig.from_pretrained`; `GlmMoeDsaForCausalLM(config)`; one forward of 4 tokens.",
         "",
-        "| file | mistake | load | build | forward |",
-        "|---|---|---|---|---|",
     ]
-    for stem, what, load, build, forward in rows:
-        lines.append(f"| `{stem}.json` | {what} | {load} | {build} | {forward} |")
-    (OUT / "README.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_readme(OUT, lines, rows)
 
 
 if __name__ == "__main__":

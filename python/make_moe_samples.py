@@ -70,6 +70,16 @@ def short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg[:140]}"
 
 
+def write_readme(out: Path, lines: list[str], rows) -> None:
+    """Writes out/README.md: `lines`, then the table of what transformers did with each bad
+    sample (`rows` of file stem, mistake, load, build, forward), and prints it."""
+    lines = [*lines, "| file | mistake | load | build | forward |", "|---|---|---|---|---|"]
+    for stem, what, load, build, forward in rows:
+        lines.append(f"| `{stem}.json` | {what} | {load} | {build} | {forward} |")
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def measure(path: Path, model_cls=Glm4MoeForCausalLM) -> tuple[str, str, str]:
     """What transformers does with the config.json at `path`: load, build, one forward."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,13 +142,8 @@ def main() -> None:
         "Every bad file is accepted by `Glm4MoeConfig` and written by save_pretrained. Columns:",
         "`AutoConfig.from_pretrained`; `Glm4MoeForCausalLM(config)`; one forward of 4 tokens.",
         "",
-        "| file | mistake | load | build | forward |",
-        "|---|---|---|---|---|",
     ]
-    for stem, what, load, build, forward in rows:
-        lines.append(f"| `{stem}.json` | {what} | {load} | {build} | {forward} |")
-    (OUT / "README.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_readme(OUT, lines, rows)
 
 
 if __name__ == "__main__":

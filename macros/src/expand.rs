@@ -71,32 +71,14 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
                     _ => quote!(::core::option::Option::None),
                 },
             ),
-            FieldKind::Layers => {
-                let items: Vec<TokenStream> = match layout.value(f.key) {
-                    Some(Value::Layers(l)) => l
-                        .iter()
-                        .map(|t| {
-                            let v = format_ident!("{}", format!("{t:?}"));
-                            quote!(::headcount::__private::MlpLayer::#v)
-                        })
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                (quote!(&'static [::headcount::__private::MlpLayer]), quote!(&[#(#items),*]))
-            }
-            FieldKind::Indexers => {
-                let items: Vec<TokenStream> = match layout.value(f.key) {
-                    Some(Value::Indexers(l)) => l
-                        .iter()
-                        .map(|t| {
-                            let v = format_ident!("{}", format!("{t:?}"));
-                            quote!(::headcount::__private::IndexerLayer::#v)
-                        })
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                (quote!(&'static [::headcount::__private::IndexerLayer]), quote!(&[#(#items),*]))
-            }
+            FieldKind::Layers => match layout.value(f.key) {
+                Some(Value::Layers(l)) => variants("MlpLayer", l.iter().map(|t| format!("{t:?}"))),
+                _ => variants("MlpLayer", std::iter::empty()),
+            },
+            FieldKind::Indexers => match layout.value(f.key) {
+                Some(Value::Indexers(l)) => variants("IndexerLayer", l.iter().map(|t| format!("{t:?}"))),
+                _ => variants("IndexerLayer", std::iter::empty()),
+            },
             FieldKind::Id => (
                 quote!(::core::option::Option<u64>),
                 match layout.value(f.key) {
@@ -368,4 +350,16 @@ fn float(layout: &Layout, key: &str) -> TokenStream {
         Some(Value::Float(Num::Expr(e))) => e.clone(),
         _ => quote!(1.0),
     }
+}
+
+/// The type and value of a list of `__private::<ty>` variants (one per decoder layer).
+fn variants(ty: &str, names: impl Iterator<Item = String>) -> (TokenStream, TokenStream) {
+    let ty = format_ident!("{ty}");
+    let items: Vec<TokenStream> = names
+        .map(|n| {
+            let v = format_ident!("{n}");
+            quote!(::headcount::__private::#ty::#v)
+        })
+        .collect();
+    (quote!(&'static [::headcount::__private::#ty]), quote!(&[#(#items),*]))
 }

@@ -91,22 +91,27 @@ pub enum LatentQuery {
 
 /// Sparse attention's pick for a step: the `k` past tokens each query attends to, as their
 /// positions (`index`, `[B, T, k]` int64, in no order) and as an additive mask over the
-/// step's keys (`mask`, `[B, 1, T, S]`: 0 at the picked keys, -inf elsewhere). A layer with
+/// step's keys (`mask`, `[B, 1, T, S]`: 0 at the picked keys, -inf elsewhere; none in a
+/// one-token step, which gathers the picked latents by position). A layer with
 /// its own indexer makes it; the shared layers after it (and a next pipeline stage that
 /// begins on one, [`Pick::from_index`]) read it.
 pub struct Pick {
     pub index: Tensor,
-    pub mask: Tensor,
+    pub mask: Option<Tensor>,
 }
 
 impl Pick {
     /// The pick of `index` (`[B, T, k]`) over `keys` positions, in `kind`.
     pub fn from_index(index: Tensor, keys: i64, kind: Kind) -> Result<Pick> {
         let (b, t, k) = index.size3()?;
+        if t == 1 {
+            // A one-token step gathers the picked latents by position: no mask.
+            return Ok(Pick { index, mask: None });
+        }
         let hidden = Tensor::f_full([b, t, keys], f64::NEG_INFINITY, (kind, index.device()))?;
         let zeros = Tensor::f_zeros([b, t, k], (kind, index.device()))?;
         let mask = hidden.f_scatter(2, &index, &zeros)?.f_unsqueeze(1)?;
-        Ok(Pick { index, mask })
+        Ok(Pick { index, mask: Some(mask) })
     }
 }
 
@@ -279,8 +284,17 @@ impl LatentAttention {
                 };
                 (picked, mask)
             }
-            (Some(pick), Some(mask)) => (cached, Some(mask.f_add(&pick.mask)?)),
-            (Some(pick), None) => (cached, Some(pick.mask.shallow_clone())),
+            (Some(pick), mask) => {
+                // cannot fire: a pick of several tokens has its mask (Pick::from_index).
+                let picked = pick.mask.as_ref().ok_or_else(|| Error::Internal("a pick without its mask".into()))?;
+                (
+                    cached,
+                    Some(match mask {
+                        Some(m) => m.f_add(picked)?,
+                        None => picked.shallow_clone(),
+                    }),
+                )
+            }
             (None, mask) => (cached, mask.map(|m| m.shallow_clone())),
         };
         let attend = |q: &Tensor, k: &Tensor, v: &Tensor| {
