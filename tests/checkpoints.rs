@@ -218,24 +218,33 @@ fn broken_experts_are_named() {
 }
 
 /// Multi-token-prediction layers stored after the decoder layers (GLM-4.5's layer 92) are
-/// skipped; a layer beyond them is still an unexpected tensor.
+/// vetted and, unless speculative decoding loads them, not read: a tensor of one shaped
+/// right loads, one shaped wrong is an error naming it, and a layer beyond them is an
+/// unexpected tensor.
 #[test]
-fn mtp_layers_are_skipped() {
+fn mtp_layers_are_vetted_and_not_read() {
     let (_t, dir) = copy_fixture("glm4moe-grouped");
     let config = dir.join("config.json");
     let text = fs::read_to_string(&config)
         .unwrap()
         .replace("\"num_nextn_predict_layers\": 0", "\"num_nextn_predict_layers\": 1");
     fs::write(&config, text).unwrap();
-    let mut ts = tensors(&dir);
-    let extra =
-        |l: usize| (format!("model.layers.{l}.eh_proj.weight"), Tensor::zeros([2, 2], (Kind::Float, tch::Device::Cpu)));
-    ts.push(extra(3));
-    write(&dir, &ts);
+    let base = tensors(&dir);
+    let eh_proj = |l: usize, cols: i64| {
+        (format!("model.layers.{l}.eh_proj.weight"), Tensor::zeros([32, cols], (Kind::Float, tch::Device::Cpu)))
+    };
+    let with = |extra: Vec<(String, Tensor)>| {
+        let mut ts: Vec<(String, Tensor)> = base.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        ts.extend(extra);
+        write(&dir, &ts);
+    };
     let quiet = LoadOptions { progress_above_bytes: None, ..LoadOptions::default() };
+    with(vec![eh_proj(3, 64)]);
     Glm::load(&dir, &quiet).unwrap();
-    ts.push(extra(4));
-    write(&dir, &ts);
+    with(vec![eh_proj(3, 63)]);
+    let e = load_err(&dir);
+    assert!(e.to_string().contains("model.layers.3.eh_proj.weight"), "{e}");
+    with(vec![eh_proj(3, 64), eh_proj(4, 64)]);
     let e = load_err(&dir);
     assert!(matches!(&e, Error::UnexpectedTensor { name, .. } if name == "model.layers.4.eh_proj.weight"), "{e}");
 }

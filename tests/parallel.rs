@@ -244,6 +244,50 @@ fn tensor_2_by_pipeline_2() {
     check_layout(&env, 2, 2);
 }
 
+/// Speculative decoding over `tp x pp` ranks, on the fixtures with an MTP layer (held by
+/// the last stage, with its own embedding past the first): greedy tokens are the
+/// reference's at every draft length, and seeded sampling is the run of one rank's.
+fn check_speculative(env: &RankEnv, tp: usize, pp: usize) {
+    let mut parallel = join(env, tp, pp);
+    let mtp = LoadOptions { mtp: true, ..LoadOptions::default() };
+    for fixture in ["glm4moe-mtp", "glm4moe-mtp-tied-fused"] {
+        let dir = headcount_integration::fixtures_dir().join(fixture);
+        let what = format!("{fixture} tp {tp} pp {pp} rank {}", env.rank);
+        let m = Glm::load_rank(&dir, &mtp, parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(m.mtp.len(), usize::from(m.parallel.is_last_stage()), "{what}");
+        assert_eq!(m.mtp_embed.is_some(), pp > 1 && m.parallel.is_last_stage(), "{what}");
+        let r = reference(&dir);
+        for n in [1, 2, 3] {
+            for (row, ids) in r.input_ids.iter().enumerate() {
+                let expected = &r.greedy[row][ids.len()..];
+                let opts = GenerateOptions { speculative_tokens: n, ..greedy(expected.len()) };
+                let g = generate(&m, std::slice::from_ref(ids), &opts, |_, _| {}).unwrap();
+                assert_eq!(g.tokens[0], expected, "{what} row {row}, {n} drafts");
+            }
+        }
+        let sampling = Sampling { temperature: 3.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 11 };
+        let opts = GenerateOptions { max_new_tokens: 16, sampling, speculative_tokens: 3, ..Default::default() };
+        let ours = generate(&m, &r.input_ids, &opts, |_, _| {}).unwrap();
+        let alone = Glm::load(&dir, &mtp).unwrap();
+        let theirs = generate(&alone, &r.input_ids, &opts, |_, _| {}).unwrap();
+        assert_eq!(ours.tokens, theirs.tokens, "{what}: seeded speculative sampling");
+        assert_eq!(ours.accepted, theirs.accepted, "{what}");
+        parallel = m.into_parallel();
+    }
+}
+
+#[test]
+fn speculative_decoding_tensor_parallel_2() {
+    let Some(env) = as_ranks("speculative_decoding_tensor_parallel_2", 2) else { return };
+    check_speculative(&env, 2, 1);
+}
+
+#[test]
+fn speculative_decoding_pipeline_parallel_2() {
+    let Some(env) = as_ranks("speculative_decoding_pipeline_parallel_2", 2) else { return };
+    check_speculative(&env, 1, 2);
+}
+
 /// Every fixture is split by some tested layout, and the untested ones are refused.
 #[test]
 fn layouts_that_do_not_split_are_refused_before_loading() {

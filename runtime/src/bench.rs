@@ -16,11 +16,20 @@ pub struct BenchOptions {
     /// Timed generations; the median is reported.
     pub repeat: usize,
     pub decode: DecodeMode,
+    /// Speculative decoding's drafts a step (0 = off; see `GenerateOptions`).
+    pub speculative_tokens: usize,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { batch: 1, prompt_len: 512, new_tokens: 128, repeat: 3, decode: DecodeMode::Auto }
+        BenchOptions {
+            batch: 1,
+            prompt_len: 512,
+            new_tokens: 128,
+            repeat: 3,
+            decode: DecodeMode::Auto,
+            speculative_tokens: 0,
+        }
     }
 }
 
@@ -63,6 +72,11 @@ pub struct BenchReport {
     pub copy_bandwidth_gb_s: f64,
     pub decode_bound_tokens_per_s: f64,
     pub decode_fraction_of_bound: f64,
+    /// Speculative decoding: drafts a step, decode tokens a verifying step (median), and
+    /// the share of drafts accepted at each position (over every timed run).
+    pub speculative_tokens: usize,
+    pub tokens_per_step: f64,
+    pub acceptance_by_position: Vec<f64>,
 }
 
 /// The benchmark's prompts: a fixed pseudo-random formula, the same in every run and in
@@ -129,8 +143,16 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     let (mut comm_per_step, mut comm_share) = (Vec::new(), Vec::new());
     let mut path = ("", None);
+    let (mut per_step, mut drafted, mut accepted) = (Vec::new(), Vec::<usize>::new(), Vec::<usize>::new());
     for _ in 0..opts.repeat {
         let g = generator.generate(&prompts, &gen_opts, |_, _| {})?;
+        per_step.push(g.decode_tokens as f64 / (g.decode_steps.max(1) * opts.batch) as f64);
+        drafted.resize(g.drafted.len().max(drafted.len()), 0);
+        accepted.resize(drafted.len(), 0);
+        for (i, (&d, &a)) in g.drafted.iter().zip(&g.accepted).enumerate() {
+            drafted[i] += d;
+            accepted[i] += a;
+        }
         prefill.push(g.prefill_tokens_per_second());
         decode.push(g.decode_tokens_per_second());
         comm_per_step.push(g.decode_comm_seconds / (g.decode_steps.max(1) as f64));
@@ -215,6 +237,9 @@ pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &s
         copy_bandwidth_gb_s: bandwidth / 1e9,
         decode_bound_tokens_per_s: bound,
         decode_fraction_of_bound: decode_median / bound,
+        speculative_tokens: opts.speculative_tokens,
+        tokens_per_step: median(&mut per_step),
+        acceptance_by_position: drafted.iter().zip(&accepted).map(|(&d, &a)| a as f64 / d.max(1) as f64).collect(),
     }))
 }
 
@@ -224,6 +249,7 @@ pub fn bench_generation(opts: &BenchOptions) -> GenerateOptions {
         max_new_tokens: opts.new_tokens,
         decode: opts.decode,
         decode_threads: Some(1),
+        speculative_tokens: opts.speculative_tokens,
         ..Default::default()
     }
 }

@@ -137,7 +137,8 @@ pub struct MoeDims {
     pub norm_topk_prob: bool,
     pub scaling: f64,
     pub qk_norm: bool,
-    /// Layers stored after the decoder layers (multi-token prediction; not run).
+    /// Multi-token-prediction layers stored after the decoder layers (run only as a
+    /// speculative decoder, see `crate::models::mtp`).
     pub mtp_layers: usize,
     /// The checkpoint stores experts fused (`mlp.experts.gate_up_proj` [E, 2I, H] and
     /// `mlp.experts.down_proj` [E, H, I], transformers 5's own layout) rather than one
@@ -146,9 +147,10 @@ pub struct MoeDims {
 }
 
 impl MoeDims {
-    /// Whether layer `l` has experts.
+    /// Whether layer `l` has experts. Layers past `mlp_layer_types` are multi-token-prediction
+    /// layers, which always have (transformers' get_mtp_config sets first_k_dense_replace 0).
     pub fn is_moe_layer(&self, l: usize) -> bool {
-        if self.sparse.is_empty() { l >= self.dense_first } else { self.sparse.get(l).copied().unwrap_or(false) }
+        if self.sparse.is_empty() { l >= self.dense_first } else { self.sparse.get(l).copied().unwrap_or(true) }
     }
 }
 
@@ -251,6 +253,40 @@ impl Dims {
             out.push(("lm_head.weight".to_owned(), vec![v, h]));
         }
         out
+    }
+
+    /// Multi-token-prediction layers the runtime can run as a speculative decoder: glm4_moe's
+    /// (transformers 5.24's MtpModel runs no other GLM family's: the latent-attention
+    /// families' configs have no num_mtp_layers there). 0 for the other families.
+    pub fn mtp_layers(&self) -> usize {
+        match (&self.moe, self.family) {
+            (Some(m), headcount_spec::Family::Glm4Moe) => m.mtp_layers,
+            _ => 0,
+        }
+    }
+
+    /// Multi-token-prediction layer `k`'s weights, stored as layer `layers + k` as GLM's
+    /// checkpoints store them: a decoder layer with experts, then `enorm`, `hnorm`,
+    /// `eh_proj` and `shared_head.norm` (transformers' `post_norm`).
+    pub(crate) fn mtp_shapes(&self, k: usize) -> Vec<(String, Vec<i64>)> {
+        let l = self.layers + k;
+        let h = self.hidden as i64;
+        let p = format!("model.layers.{l}");
+        let mut out = self.layer_shapes(l);
+        out.push((format!("{p}.enorm.weight"), vec![h]));
+        out.push((format!("{p}.hnorm.weight"), vec![h]));
+        out.push((format!("{p}.eh_proj.weight"), vec![h, 2 * h]));
+        out.push((format!("{p}.shared_head.norm.weight"), vec![h]));
+        out
+    }
+
+    /// What a multi-token-prediction layer may also store and is not read: the published
+    /// checkpoints' copies of the embedding and the head, which are the main model's (as
+    /// transformers' MtpModel takes them).
+    pub(crate) fn mtp_copies(&self, k: usize) -> Vec<(String, Vec<i64>)> {
+        let p = format!("model.layers.{}", self.layers + k);
+        let shape = vec![self.vocab as i64, self.hidden as i64];
+        vec![(format!("{p}.embed_tokens.weight"), shape.clone()), (format!("{p}.shared_head.head.weight"), shape)]
     }
 
     /// Total parameters of the unsharded model, by the spec's memory plan (saturating: a

@@ -317,6 +317,51 @@ const fn block_rules(s: &ArchSpec, l: &EngineLayout, moe_tp: u64, out: &mut Rule
     }
 }
 
+/// Speculative decoding with the config's own multi-token-prediction layers, `tokens`
+/// drafts a step, as `engine` takes it: the broken rule's code and message, or `None`.
+/// vLLM's `method: mtp` chains the layers and reuses them past their count; SGLang's
+/// EAGLE reads the NextN layers; transformers' `use_mtp` drafts one token a layer;
+/// Megatron-LM trains the layers and decodes nothing.
+pub fn check_speculative(engine: Engine, s: &ArchSpec, tokens: u64) -> Option<(&'static str, String)> {
+    let layers = s.num_nextn_predict_layers;
+    let name = engine.name();
+    if layers == 0 {
+        return Some((
+            "HC2021",
+            format!(
+                "speculative decoding with MTP layers on {name}: num_nextn_predict_layers is 0, the checkpoint \
+                 declares no layer to draft with; give a config with num_nextn_predict_layers >= 1, or decode \
+                 without speculative tokens"
+            ),
+        ));
+    }
+    match engine {
+        Engine::Vllm if tokens > layers && !tokens.is_multiple_of(layers) => Some((
+            "HC2022",
+            format!(
+                "vLLM: num_speculative_tokens {tokens} must be divisible by the {layers} MTP layers \
+                 (num_nextn_predict_layers) once it exceeds them (vLLM: \"num_speculative_tokens:{tokens} must be \
+                 divisible by n_predict={layers}\"); legal: 1 to {layers}, or a multiple of {layers}"
+            ),
+        )),
+        Engine::Transformers if tokens != layers => Some((
+            "HC2022",
+            format!(
+                "transformers: generate(use_mtp=True) drafts one token per MTP layer, {layers} a step \
+                 (num_nextn_predict_layers); {tokens} speculative tokens cannot be asked for"
+            ),
+        )),
+        Engine::Megatron => Some((
+            "HC2022",
+            format!(
+                "Megatron-LM trains the {layers} MTP layer(s) (--mtp-num-layers) and decodes nothing: speculative \
+                 tokens do not apply"
+            ),
+        )),
+        _ => None,
+    }
+}
+
 /// The first layer of pipeline stage `stage` of `pp` as vLLM 0.33.0 splits `layers`
 /// (`get_pp_indices`): `layers / pp` a stage, the remainder one more each on the stages
 /// before the last.
@@ -1058,5 +1103,35 @@ pub const RULE_DOCS: &[RuleDoc] = &[
             "under glm_moe_dsa's indexer_types, every stage after the first begins on a \"full\" layer",
             "model_executor/models/utils.py get_pp_indices; IntermediateTensors carry hidden_states and residual only (vllm issue 50853)",
         )],
+    },
+    RuleDoc {
+        code: "HC2021",
+        title: "speculative decoding needs the config's MTP layers",
+        by: &[
+            (
+                Engine::Vllm,
+                "num_nextn_predict_layers >= 1 (method mtp reads n_predict from it)",
+                "config/speculative.py SpeculativeConfig.__post_init__",
+            ),
+            (Engine::Sglang, "num_nextn_predict_layers >= 1 (EAGLE with the NextN layers)", "models/glm4_moe_nextn.py"),
+            (Engine::Transformers, "num_mtp_layers >= 1", "generation/candidate_generator.py MTPCandidateGenerator"),
+        ],
+    },
+    RuleDoc {
+        code: "HC2022",
+        title: "speculative tokens over the MTP layers",
+        by: &[
+            (
+                Engine::Vllm,
+                "num_speculative_tokens <= n_predict or num_speculative_tokens % n_predict == 0",
+                "config/speculative.py SpeculativeConfig.__post_init__",
+            ),
+            (
+                Engine::Transformers,
+                "one drafted token per MTP layer: num_speculative_tokens == num_mtp_layers",
+                "modeling_layers.py MtpModel.forward",
+            ),
+            (Engine::Megatron, "MTP layers are trained (--mtp-num-layers), not decoded", "training/arguments.py"),
+        ],
     },
 ];

@@ -133,7 +133,7 @@ fn the_engines_reference_is_current() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(codes, sorted, "codes listed once, in order");
-    assert_eq!(codes.len(), 20);
+    assert_eq!(codes.len(), 22);
     let mut doc = String::from(
         "# Engine profiles\n\nGenerated from `spec/src/engines.rs` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
          to rewrite). Each rule is a `const fn` read from the engine's source at the version named;\n\
@@ -279,5 +279,37 @@ fn vllm_stage_starts_follow_get_pp_indices() {
                 start += len;
             }
         }
+    }
+}
+
+/// Speculative decoding with the MTP layers: vLLM chains them and reuses them in whole
+/// rounds, transformers drafts one token a layer, Megatron-LM decodes nothing, and a config
+/// without MTP layers has nothing to draft with.
+#[test]
+fn speculative_tokens_follow_each_engines_mtp_rule() {
+    let glm45 = config("moe-configs/glm-4.5.json");
+    let spec = glm45.spec(&[], &[]);
+    assert_eq!(spec.num_nextn_predict_layers, 1);
+    let code =
+        |e: Engine, spec: &headcount_spec::ArchSpec, n: u64| engines::check_speculative(e, spec, n).map(|(c, _)| c);
+    for n in [1, 2, 3, 7] {
+        assert_eq!(code(Engine::Vllm, &spec, n), None);
+        assert_eq!(code(Engine::Sglang, &spec, n), None);
+    }
+    assert_eq!(code(Engine::Transformers, &spec, 1), None);
+    assert_eq!(code(Engine::Transformers, &spec, 2), Some("HC2022"));
+    assert_eq!(code(Engine::Megatron, &spec, 1), Some("HC2022"));
+    // Two MTP layers: 1, 2, 4 and 6 are legal on vLLM, 3 and 5 are not.
+    let mut two = glm45.clone();
+    two.num_nextn_predict_layers = 2;
+    let spec2 = two.spec(&[], &[]);
+    let legal: Vec<u64> = (1..=6).filter(|&n| code(Engine::Vllm, &spec2, n).is_none()).collect();
+    assert_eq!(legal, [1, 2, 4, 6]);
+    let (_, msg) = engines::check_speculative(Engine::Vllm, &spec2, 3).unwrap();
+    assert!(msg.contains("must be divisible by n_predict=2") && msg.contains("num_speculative_tokens 3"), "{msg}");
+    let mut none = glm45.clone();
+    none.num_nextn_predict_layers = 0;
+    for e in Engine::ALL {
+        assert_eq!(code(e, &none.spec(&[], &[]), 1), Some("HC2021"), "{e:?}");
     }
 }

@@ -116,6 +116,11 @@ pub struct RuntimeArgs {
     /// Weight-only quantization of the projections, computed at load (CPU).
     #[arg(long, value_enum, default_value_t = QuantizeArg::None)]
     pub quantize: QuantizeArg,
+    /// Speculative decoding (run and bench): the checkpoint's multi-token-prediction layer
+    /// drafts N tokens ahead of each step of the model, which keeps those it agrees with.
+    /// The output is the one plain decoding gives. Loads the MTP layers (glm4_moe).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub speculative_tokens: usize,
     #[command(flatten)]
     pub parallel: ParallelArgs,
 }
@@ -328,6 +333,19 @@ pub struct LaunchArgs {
     pub nnodes: u64,
     #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
     pub quantization: Option<headcount_spec::engines::BlockQuant>,
+    /// Speculative decoding with the checkpoint's multi-token-prediction layers, N drafts a
+    /// step (vLLM's method mtp, SGLang's EAGLE over the NextN layers).
+    #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
+    pub speculative_tokens: Option<u64>,
+}
+
+/// A count of 1 or more.
+fn at_least_one_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// `fp8-block-128` or `fp8-block-128x64`.

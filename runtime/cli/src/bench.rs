@@ -30,6 +30,7 @@ pub fn load_and_bench(
         new_tokens: b.new_tokens,
         repeat: b.repeat,
         decode: b.decode.into(),
+        speculative_tokens: b.runtime.speculative_tokens,
     };
     let mut generator = Generator::new(&model);
     let report = bench(&mut generator, &opts, &b.runtime.device)?;

@@ -110,7 +110,12 @@ fn print_experts(config: &Config) {
         config.n_shared_experts,
         if dense == 1 { "" } else { "s" },
         if config.num_nextn_predict_layers > 0 {
-            format!(", {} multi-token-prediction layer(s) not run", config.num_nextn_predict_layers)
+            let how = if config.family == headcount_spec::Family::Glm4Moe {
+                "a speculative decoder with --speculative-tokens"
+            } else {
+                "not run"
+            };
+            format!(", {} multi-token-prediction layer(s), {how}", config.num_nextn_predict_layers)
         } else {
             String::new()
         },
@@ -378,9 +383,13 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
     let spec = config.spec(&[], &[]);
     let mut errors = headcount_spec::Errors::new();
     engines::check(engine, &spec, &layout, &mut errors);
-    if !errors.is_empty() {
+    let speculative = a.speculative_tokens.and_then(|n| engines::check_speculative(engine, &spec, n));
+    if !errors.is_empty() || speculative.is_some() {
         for e in errors.iter() {
             println!("error[{}]: {}", e.code(), e.message());
+        }
+        if let Some((code, message)) = speculative {
+            println!("error[{code}]: {message}");
         }
         return Ok(ExitCode::from(1));
     }
@@ -400,6 +409,9 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
             if ep > 1 {
                 push(&["--enable-expert-parallel"]);
             }
+            if let Some(n) = a.speculative_tokens {
+                push(&["--speculative-config", &format!("{{\"method\": \"mtp\", \"num_speculative_tokens\": {n}}}")]);
+            }
         }
         Engine::Sglang => {
             push(&["python", "-m", "sglang.launch_server", "--model-path", &model, "--tp-size", &tp.to_string()]);
@@ -412,6 +424,11 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
             }
             if a.nnodes > 1 {
                 push(&["--nnodes", &a.nnodes.to_string()]);
+            }
+            if let Some(n) = a.speculative_tokens {
+                // One draft a step from the top candidate: a chain of n, verified as n + 1.
+                push(&["--speculative-algorithm", "EAGLE", "--speculative-num-steps", &n.to_string()]);
+                push(&["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", &(n + 1).to_string()]);
             }
         }
         Engine::Megatron => {
@@ -473,6 +490,9 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
                 };
                 push(&["--moe-layer-freq", &freq]);
             }
+            if c.family.is_moe() && c.num_nextn_predict_layers > 0 {
+                push(&["--mtp-num-layers", &c.num_nextn_predict_layers.to_string()]);
+            }
         }
         Engine::Transformers => {
             // transformers' native tensor parallelism: one process a rank under torchrun.
@@ -490,7 +510,7 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
     }
     let quoted: Vec<String> = args
         .iter()
-        .map(|s| if s.contains(['(', ')', '*', '[', ']', ' ']) { format!("'{s}'") } else { s.clone() })
+        .map(|s| if s.contains(['(', ')', '*', '[', ']', ' ', '{', '"']) { format!("'{s}'") } else { s.clone() })
         .collect();
     println!("{}", quoted.join(" "));
     Ok(ExitCode::SUCCESS)

@@ -29,6 +29,7 @@ pub fn load_options(r: &RuntimeArgs, parallel: &headcount_runtime::Parallel, qui
         weight_layout: r.weight_layout.into(),
         expert_parallel: r.parallel.expert_parallel,
         quantize: r.quantize.into(),
+        mtp: r.speculative_tokens > 0,
         ..Default::default()
     })
 }
@@ -64,9 +65,15 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
         eos_token_ids: eos.clone(),
         decode,
         decode_threads: Some(1),
+        speculative_tokens: a.runtime.speculative_tokens,
         ..Default::default()
     };
-    let job = format!("ids {ids:?}, {max_new_tokens} new tokens, {:?}, decode {}", opts.sampling, decode.name());
+    let job = format!(
+        "ids {ids:?}, {max_new_tokens} new tokens, {:?}, decode {}, {} speculative tokens",
+        opts.sampling,
+        decode.name(),
+        opts.speculative_tokens
+    );
     model.parallel.agree("job", &[("generation", job)])?;
     // One rank speaks for the run.
     let speaks = model.parallel.rank == 0;
@@ -108,8 +115,29 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
         if let Some(note) = &g.decode_note {
             eprintln!("note: {note}");
         }
+        if opts.speculative_tokens > 0 {
+            eprintln!("{}", acceptance_line(&g));
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How speculative decoding went: tokens a verifying step, and the drafts accepted at each
+/// position.
+pub fn acceptance_line(g: &headcount_runtime::Generation) -> String {
+    let by_position: Vec<String> = g
+        .acceptance()
+        .iter()
+        .zip(&g.drafted)
+        .enumerate()
+        .map(|(i, (share, n))| format!("{}: {:.1}% of {n}", i + 1, 100.0 * share))
+        .collect();
+    format!(
+        "speculative: {:.2} tokens a step over {} steps; drafts accepted by position: {}",
+        g.decode_tokens as f64 / g.decode_steps.max(1) as f64,
+        g.decode_steps,
+        if by_position.is_empty() { "none drafted".to_owned() } else { by_position.join(", ") }
+    )
 }
 
 /// The file an output is written to before it is renamed over `file` once complete, so a
@@ -128,6 +156,11 @@ pub fn write_logits(a: &LogitsArgs, quiet: bool) -> Result<ExitCode> {
     let (ids, out) = (&a.ids, &a.out);
     if ids.is_empty() {
         return Err(Error::InvalidArgument("--ids is empty".to_owned()));
+    }
+    if a.runtime.speculative_tokens > 0 {
+        return Err(Error::InvalidArgument(
+            "--speculative-tokens drafts tokens in generation (run, bench); logits computes none".to_owned(),
+        ));
     }
     // Rank 0 writes the file; the others compute their part.
     let writes = RankEnv::from_env()?.is_none_or(|env| env.rank == 0);

@@ -8,6 +8,11 @@ use headcount_serve::{ServeError, ServeOptions};
 use crate::args::ServeArgs;
 
 pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
+    if a.runtime.speculative_tokens > 0 {
+        return Err(Error::InvalidArgument(
+            "--speculative-tokens runs in headcount run and bench; serve's running batch decodes without it".to_owned(),
+        ));
+    }
     let model = crate::generate::load(&a.model, &a.runtime, quiet)?;
     let opts = ServeOptions {
         host: a.host.clone(),

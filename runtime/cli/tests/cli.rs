@@ -595,4 +595,24 @@ fn launch_args_per_engine() {
     expect(&o, 0, "--moe-layer-freq '([0]*3+[1]*89)'");
     expect(&run("megatron", &["--pp", "3"]), 1, "error[HC2012]");
     expect(&run("vllm", &["--tp", "8", "--ep", "4"]), 1, "error[HC2007]");
+    // GLM-4.5's MTP layer as a speculative decoder, and trained by Megatron-LM.
+    expect(&o, 0, "--moe-layer-freq '([0]*3+[1]*89)' --mtp-num-layers 1");
+    expect(
+        &run("vllm", &["--tp", "8", "--speculative-tokens", "3"]),
+        0,
+        "--pipeline-parallel-size 1 --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}'",
+    );
+    expect(
+        &run("sglang", &["--tp", "8", "--speculative-tokens", "3"]),
+        0,
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
+    );
+    expect(&run("megatron", &["--speculative-tokens", "1"]), 1, "error[HC2022]");
+    expect(&run("vllm", &["--speculative-tokens", "0"]), 2, "must be at least 1");
+    let dense = fixture("configs/glm-default.json");
+    expect(
+        &headcount(&["launch-args", "--engine", "vllm", &dense, "--speculative-tokens", "1"]),
+        1,
+        "error[HC2021]: speculative decoding with MTP layers on vLLM: num_nextn_predict_layers is 0",
+    );
 }

@@ -79,6 +79,9 @@ impl<'m> Generator<'m> {
         mut on_token: impl FnMut(usize, i64),
     ) -> Result<Generation> {
         let model = self.model;
+        if opts.speculative_tokens > 0 {
+            return super::speculative::generate(model, prompts, opts, on_token);
+        }
         opts.sampling.validate()?;
         let _guard = tch::no_grad_guard();
         let longest = check_prompts(model, prompts, opts.max_new_tokens)?;

@@ -1,19 +1,22 @@
 //! Generation: options, sampling, the padded batch (positions and masks), static-shape
-//! steps and their CUDA graph, and the [`Generator`] that runs the loop and keeps its
-//! decoder between generations. The model holds no generation state.
+//! steps and their CUDA graph, speculative decoding with the model's MTP layers, and the
+//! [`Generator`] that runs the loop and keeps its decoder between generations. The model
+//! holds no generation state.
 
 mod batch;
 mod generator;
 mod options;
 mod sampling;
 mod slots;
+mod speculative;
 mod static_decoder;
 
 pub use batch::check_prompts;
 pub use generator::Generator;
 pub use options::{DecodeMode, GenerateOptions, Generation, Sampling};
-pub use sampling::{SampleRng, select};
+pub use sampling::{SampleRng, accept_or_resample, probabilities, select};
 pub use slots::SlotCache;
+pub use speculative::{check_speculative, draft_logits};
 pub use static_decoder::break_next_capture;
 
 use tch::Tensor;

@@ -97,6 +97,11 @@ pub struct GenerateOptions {
     /// (restored afterwards): its pool must not spin on the cores the split products' own
     /// threads use (docs/PERFORMANCE.md). `None` leaves the process's setting alone.
     pub decode_threads: Option<i32>,
+    /// Tokens the model's multi-token-prediction layers draft ahead of each verifying
+    /// forward (speculative decoding; 0 = off). Needs a model loaded with its MTP layers;
+    /// the output is the one plain decoding gives (greedy: the same tokens; sampling: the
+    /// same distribution).
+    pub speculative_tokens: usize,
 }
 
 /// The result of one generation.
@@ -120,6 +125,11 @@ pub struct Generation {
     /// With [`GenerateOptions::return_logits`]: per chosen token, the f32 logits `[B, vocab]`
     /// (on the CPU) it was chosen from; rows that had finished are included.
     pub logits: Vec<Tensor>,
+    /// With [`GenerateOptions::speculative_tokens`]: per draft position (the first drafted
+    /// token, the second, ...), how many drafts the rows still running made there, and how
+    /// many of them the main model accepted.
+    pub drafted: Vec<usize>,
+    pub accepted: Vec<usize>,
 }
 
 impl Generation {
@@ -128,5 +138,9 @@ impl Generation {
     }
     pub fn decode_tokens_per_second(&self) -> f64 {
         self.decode_tokens as f64 / self.decode_seconds.max(1e-9)
+    }
+    /// Of the drafts at each position, the share accepted.
+    pub fn acceptance(&self) -> Vec<f64> {
+        self.drafted.iter().zip(&self.accepted).map(|(&d, &a)| a as f64 / d.max(1) as f64).collect()
     }
 }

@@ -60,6 +60,14 @@ pub fn select(logits: &Tensor, s: &Sampling, rng: &mut SampleRng) -> Result<Tens
     if s.temperature == 0.0 {
         return Ok(logits.f_argmax(-1, false)?);
     }
+    let picked: Vec<i64> = probabilities(logits, s)?.iter().map(|row| rng.pick(row) as i64).collect();
+    Ok(Tensor::f_from_slice(&picked)?.f_to_device(logits.device())?)
+}
+
+/// The distribution [`select`] samples from at a positive temperature: per row of the f32
+/// logits `[B, V]`, the probability of each token after temperature, min-p, top-k and
+/// top-p (f64, on the host).
+pub fn probabilities(logits: &Tensor, s: &Sampling) -> Result<Vec<Vec<f64>>> {
     let l = logits.f_to_kind(Kind::Double)?;
     let (max, _) = l.f_max_dim(-1, true)?;
     let mut l = l.f_sub(&max)?.f_div_scalar(s.temperature)?;
@@ -92,8 +100,25 @@ pub fn select(logits: &Tensor, s: &Sampling, rng: &mut SampleRng) -> Result<Tens
     let probs = l.f_softmax(-1, Kind::Double)?.f_to_device(Device::Cpu)?.f_contiguous()?;
     let rows = Vec::<f64>::try_from(&probs.f_reshape([-1])?)?;
     let v = usize::try_from(v).unwrap_or(0).max(1);
-    let picked: Vec<i64> = rows.chunks(v).map(|row| rng.pick(row) as i64).collect();
-    Ok(Tensor::f_from_slice(&picked)?.f_to_device(logits.device())?)
+    Ok(rows.chunks(v).map(<[f64]>::to_vec).collect())
+}
+
+/// Speculative sampling's test of one drafted token (Leviathan et al., Chen et al.): `draft`
+/// drawn from `q` is kept with probability min(1, p / q); otherwise the token is drawn from
+/// what `p` has beyond `q`, normalized (from `p` itself where rounding leaves nothing).
+/// Tokens chosen this way follow `p` exactly. Returns the token and whether it is the draft.
+pub fn accept_or_resample(p: &[f64], q: &[f64], draft: usize, rng: &mut SampleRng) -> (usize, bool) {
+    let (pd, qd) = (p.get(draft).copied().unwrap_or(0.0), q.get(draft).copied().unwrap_or(0.0));
+    if qd > 0.0 && rng.next_f64() * qd < pd {
+        return (draft, true);
+    }
+    let residual: Vec<f64> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
+    if residual.iter().sum::<f64>() > 0.0 { (rng.pick(&residual), false) } else { (rng.pick(p), false) }
+}
+
+/// A token drawn from the distribution `p` (one row of [`probabilities`]).
+pub fn draw(p: &[f64], rng: &mut SampleRng) -> usize {
+    rng.pick(p)
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 //! at load so that the interleaved rotation computes it); the residual add; the
 //! post-attention RMSNorm; a dense gated MLP in the first `first_k_dense_replace` layers,
 //! else the mixture of experts ([`crate::moe`]: the router, the routed experts, the shared
-//! experts); the residual add. Tensors of the multi-token-prediction layers stored after the
-//! decoder layers are not run.
+//! experts); the residual add. The multi-token-prediction layers stored after the decoder
+//! layers run as a speculative decoder ([`super::mtp`]).
 
 use std::ops::Range;
 

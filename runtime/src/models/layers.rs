@@ -565,7 +565,8 @@ impl<'a> Loader<'a> {
         cpu_threads: Option<usize>,
         quantize: Quantize,
     ) -> Loader<'a> {
-        let shapes = dims.weight_shapes().into_iter().collect();
+        let mtp = (0..dims.mtp_layers()).flat_map(|k| dims.mtp_shapes(k));
+        let shapes = dims.weight_shapes().into_iter().chain(mtp).collect();
         Loader { dims, plan, shard, kind, dev, layout, cpu_threads, quantize, shapes }
     }
 

@@ -22,6 +22,7 @@ pub mod glm4_moe;
 pub mod glm4_moe_lite;
 pub mod glm_moe_dsa;
 pub mod layers;
+pub mod mtp;
 
 use std::path::Path;
 
@@ -127,6 +128,14 @@ pub struct Glm {
     /// Last stage only: the final norm and lm_head.
     pub norm: Option<Tensor>,
     pub lm_head: Option<ParallelLmHead>,
+    /// Last stage only, when loaded with [`LoadOptions::mtp`]: the multi-token-prediction
+    /// layers ([`mtp`]).
+    pub mtp: Vec<mtp::MtpLayer>,
+    /// The MTP layers loaded on the run's last stage (the same number on every rank).
+    pub mtp_loaded: usize,
+    /// A last stage that is not the first, with MTP layers: its copy of the embedding,
+    /// which they read.
+    pub mtp_embed: Option<VocabParallelEmbedding>,
     /// This rank's place in the run and its groups.
     pub parallel: Parallel,
 }
@@ -166,6 +175,34 @@ pub trait CausalLm: Send {
     fn splits_weights(&self) -> bool;
     /// Parameters this rank holds.
     fn parameter_count(&self) -> i64;
+    /// Multi-token-prediction layers loaded for speculative decoding (0 unless loaded with
+    /// [`LoadOptions::mtp`]); the same on every rank.
+    fn mtp_layers(&self) -> usize;
+    /// [`CausalLm::forward`], with the final-normed hidden states of every position
+    /// (`[B, T, hidden]`, what the lm_head reads) on the last stage's ranks, `None` elsewhere.
+    fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        step: &Step,
+        cache: &mut KvCache,
+        last_only: bool,
+    ) -> Result<(Tensor, Option<Tensor>)>;
+    /// MTP layer `k` over `ids` ([B, T], the tokens after the positions whose hidden states
+    /// `previous` holds, on the last stage) at the step's slots of its own cache: f32
+    /// logits of the token after each of `ids` (or the last only) on every rank, and the
+    /// layer's hidden states on the last stage (the next layer's or step's `previous`).
+    fn draft(
+        &self,
+        k: usize,
+        ids: &Tensor,
+        previous: Option<&Tensor>,
+        step: &Step,
+        cache: &mut KvCache,
+        last_only: bool,
+    ) -> Result<(Tensor, Option<Tensor>)>;
+    /// A cache for the MTP layers of `batch` rows and `capacity` positions, its memory
+    /// checked first.
+    fn new_mtp_cache(&self, batch: usize, capacity: usize) -> Result<KvCache>;
 }
 
 impl CausalLm for Glm {
@@ -220,6 +257,32 @@ impl CausalLm for Glm {
     fn parameter_count(&self) -> i64 {
         Glm::parameter_count(self)
     }
+    fn mtp_layers(&self) -> usize {
+        self.mtp_loaded
+    }
+    fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        step: &Step,
+        cache: &mut KvCache,
+        last_only: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        self.forward_inner(ids, step, cache, last_only, true)
+    }
+    fn draft(
+        &self,
+        k: usize,
+        ids: &Tensor,
+        previous: Option<&Tensor>,
+        step: &Step,
+        cache: &mut KvCache,
+        last_only: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        Glm::draft(self, k, ids, previous, step, cache, last_only)
+    }
+    fn new_mtp_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
+        Glm::new_mtp_cache(self, batch, capacity)
+    }
 }
 
 /// How to load or build a model. The tensor- and pipeline-parallel sizes are the run's
@@ -249,6 +312,9 @@ pub struct LoadOptions {
     pub expert_parallel: usize,
     /// Weight-only quantization of the projections (see [`Quantize`]).
     pub quantize: Quantize,
+    /// Load the checkpoint's multi-token-prediction layers (on the last pipeline stage),
+    /// for speculative decoding; without it they are vetted and not read.
+    pub mtp: bool,
 }
 
 impl Default for LoadOptions {
@@ -265,6 +331,7 @@ impl Default for LoadOptions {
             rounding: Rounding::Transformers,
             expert_parallel: 1,
             quantize: Quantize::None,
+            mtp: false,
         }
     }
 }
@@ -303,19 +370,32 @@ impl Glm {
                 return Err(Error::MissingTensor { name, expected: vec![dims.hidden as i64] });
             }
         }
-        // Every stored tensor must be one the model has.
+        // Every stored tensor must be one the model has. The multi-token-prediction layers
+        // the runtime runs (glm4_moe's) are vetted like the rest, and must all be there when
+        // they are to be loaded; other families' are passed over.
+        if opts.mtp {
+            check_mtp_family(&dims)?;
+        }
         let expected: std::collections::HashSet<String> = dims.weight_shapes().into_iter().map(|(n, _)| n).collect();
-        let mtp = |name: &str| -> bool {
-            let Some(m) = &dims.moe else { return false };
+        let mtp_required: Vec<(String, Vec<i64>)> = (0..dims.mtp_layers()).flat_map(|k| dims.mtp_shapes(k)).collect();
+        let mtp_known: std::collections::HashMap<String, Vec<i64>> =
+            mtp_required.iter().cloned().chain((0..dims.mtp_layers()).flat_map(|k| dims.mtp_copies(k))).collect();
+        let declared_mtp = dims.moe.as_ref().map_or(0, |m| m.mtp_layers);
+        let in_mtp_layer = |name: &str| -> bool {
             let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
-            layer.is_some_and(|l| l >= dims.layers && l < dims.layers + m.mtp_layers)
+            layer.is_some_and(|l| l >= dims.layers && l < dims.layers + declared_mtp)
         };
-        let mut skipped = 0usize;
+        let mut mtp_stored = 0usize;
         for (name, e) in &ckpt.tensors {
             // A tied checkpoint may still store lm_head.weight (the embedding again).
             let tied_head = dims.tie_embeddings && name == "lm_head.weight";
-            if mtp(name) {
-                skipped += 1;
+            if let Some(shape) = mtp_known.get(name) {
+                ckpt.check(name, shape)?;
+                mtp_stored += 1;
+                continue;
+            }
+            if dims.mtp_layers() == 0 && in_mtp_layer(name) {
+                mtp_stored += 1;
                 continue;
             }
             if !expected.contains(name) && !tied_head {
@@ -326,10 +406,16 @@ impl Glm {
         for (name, shape) in dims.weight_shapes() {
             ckpt.check(&name, &shape)?;
         }
-        if skipped > 0 && parallel.rank == 0 && opts.progress_above_bytes.is_some() {
-            let n = dims.moe.as_ref().map_or(0, |m| m.mtp_layers);
+        if opts.mtp {
+            for (name, shape) in &mtp_required {
+                ckpt.check(name, shape)?;
+            }
+        }
+        if mtp_stored > 0 && !opts.mtp && parallel.rank == 0 && opts.progress_above_bytes.is_some() {
+            let how = if dims.mtp_layers() > 0 { " (--speculative-tokens runs them)" } else { "" };
             eprintln!(
-                "note: {skipped} tensors of {n} multi-token-prediction layer(s) (model.layers.{}.*) are not run",
+                "note: {mtp_stored} tensors of {declared_mtp} multi-token-prediction layer(s) (model.layers.{}.*) are \
+                 not run{how}",
                 dims.layers
             );
         }
@@ -369,6 +455,7 @@ impl Glm {
             ("vocab_padding", opts.vocab_padding.to_string()),
             ("uneven_pipeline", opts.uneven_pipeline.to_string()),
             ("expert_parallel", opts.expert_parallel.to_string()),
+            ("mtp", opts.mtp.to_string()),
         ]
     }
 
@@ -379,8 +466,22 @@ impl Glm {
         crate::parallel::plan::check_pipeline(&dims, parallel.pp, opts.uneven_pipeline)?;
         let stage_layers = crate::parallel::plan::stage_layers(dims.layers, parallel.pp, parallel.stage);
         let (first, last) = (parallel.is_first_stage(), parallel.is_last_stage());
+        if opts.mtp {
+            check_mtp_family(&dims)?;
+        }
+        let mtp_loaded = if opts.mtp { dims.mtp_layers() } else { 0 };
         if opts.device == Device::Cpu {
+            // The MTP layers' parameters, split as evenly as the tensor-parallel ranks split
+            // a decoder layer (an estimate: their norms and eh_proj are whole on each).
+            let mtp_params = if last {
+                let count = |(_, s): (String, Vec<i64>)| s.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
+                (0..mtp_loaded).flat_map(|k| dims.mtp_shapes(k)).map(count).fold(0u64, u64::saturating_add)
+                    / plan.size as u64
+            } else {
+                0
+            };
             let need = rank_parameter_count(&dims, &plan, stage_layers.clone(), first, last)
+                .saturating_add(mtp_params)
                 .saturating_mul(opts.dtype.kind().elt_size_in_bytes() as u64);
             let advice = "use fewer layers, a smaller dtype or more ranks, or free memory";
             check_ranks_memory(|| "the weights".to_owned(), need, parallel.local_size, opts.dtype, advice)?;
@@ -411,6 +512,12 @@ impl Glm {
         let mut layers = Vec::new();
         for l in stage_layers.clone() {
             layers.push(load_layer(&cx, src, l)?);
+        }
+        let mut mtp_layers = Vec::new();
+        if last {
+            for k in 0..mtp_loaded {
+                mtp_layers.push(mtp::load(&cx, src, k)?);
+            }
         }
         // Vocabulary rows of this rank; rows past the real vocabulary are zero padding.
         let vr = plan.vocab(s);
@@ -444,6 +551,14 @@ impl Glm {
         } else {
             None
         };
+        // The MTP layers embed the tokens they draft from: a last stage that is not the
+        // first holds its own copy of the embedding's rows.
+        let mtp_embed = if last && !first && mtp_loaded > 0 {
+            let rows = Some(vocab_rows(src, "model.embed_tokens.weight")?);
+            Some(VocabParallelEmbedding { rows, vocab_start: vr.start as i64, vocab_len: vr.len() as i64 })
+        } else {
+            None
+        };
         drop(cx);
         parallel.loaded()?;
         Ok(Glm {
@@ -459,6 +574,9 @@ impl Glm {
             layers,
             norm,
             lm_head,
+            mtp: mtp_layers,
+            mtp_loaded,
+            mtp_embed,
             parallel,
         })
     }
@@ -494,6 +612,8 @@ impl Glm {
             let more = [l.post_self_attn_layernorm.as_ref(), l.post_mlp_layernorm.as_ref()];
             n += norms.into_iter().chain(more).flatten().map(|t| t.numel() as i64).sum::<i64>();
         }
+        n += self.mtp.iter().map(mtp::MtpLayer::numel).sum::<i64>();
+        n += self.mtp_embed.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64);
         n
     }
 
@@ -578,14 +698,27 @@ impl Glm {
     /// The first stage embeds, the others receive the previous stage's hidden states; the
     /// last stage computes the logits, which every rank then receives from it.
     pub fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
+        Ok(self.forward_inner(ids, step, cache, last_only, false)?.0)
+    }
+
+    /// [`Glm::forward`], with the final-normed hidden states of every position when
+    /// `hidden` (on the last stage's ranks).
+    fn forward_inner(
+        &self,
+        ids: &Tensor,
+        step: &Step,
+        cache: &mut KvCache,
+        last_only: bool,
+        hidden: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let (eps, rounding) = (self.dims.eps, self.rounding);
         let p = &self.parallel;
         let (b, t) = ids.size2()?;
-        let hidden = self.dims.hidden as i64;
+        let hidden_size = self.dims.hidden as i64;
         let mut h = match &self.embed_tokens {
             Some(e) => e.forward(ids, self.lm_head.as_ref(), &p.tp_group)?,
             None => {
-                let h = Tensor::f_empty([b, t, hidden], (self.dtype.kind(), self.device))?;
+                let h = Tensor::f_empty([b, t, hidden_size], (self.dtype.kind(), self.device))?;
                 p.world.recv(&h, p.rank_in_stage(p.stage - 1))?; // cannot wrap: not the first stage
                 h
             }
@@ -615,23 +748,26 @@ impl Glm {
         }
         cache.len = step.start + step.len;
         let rows = if last_only { 1 } else { t };
+        let mut normed = None;
         let logits = match (&self.norm, &self.lm_head) {
-            (Some(norm), Some(head)) => {
+            (Some(norm), Some(_)) => {
+                // Normalized before the rows are picked when every row's state is kept.
+                let h = if hidden {
+                    let all = rms_norm(&h, norm, eps, rounding)?;
+                    normed = Some(all.shallow_clone());
+                    all
+                } else {
+                    h
+                };
                 let h = match &step.keep_at {
                     Some(at) if last_only => {
-                        h.f_gather(1, &at.f_view([b, 1, 1])?.f_expand([b, 1, hidden], false)?, false)?
+                        h.f_gather(1, &at.f_view([b, 1, 1])?.f_expand([b, 1, hidden_size], false)?, false)?
                     }
                     _ if last_only && t > 1 => h.f_narrow(1, t - 1, 1)?,
                     _ => h,
                 };
-                let h = rms_norm(&h, norm, eps, rounding)?;
-                let logits = head.forward(&h, &p.tp_group)?;
-                let logits = if self.plan.padded_vocab != self.dims.vocab {
-                    logits.f_narrow(-1, 0, self.dims.vocab as i64)?
-                } else {
-                    logits
-                };
-                logits.f_to_kind(Kind::Float)?.f_contiguous()?
+                let h = if hidden { h } else { rms_norm(&h, norm, eps, rounding)? };
+                self.head_logits(&h)?
             }
             _ => {
                 p.world.send(&h, p.rank_in_stage(p.stage + 1))?;
@@ -646,7 +782,82 @@ impl Glm {
         if p.pp > 1 {
             p.world.broadcast(&logits, p.logits_root())?;
         }
-        Ok(logits)
+        Ok((logits, normed))
+    }
+
+    /// The lm_head on final-normed hidden states `h` ([B, T, hidden], last stage): f32
+    /// logits of the real vocabulary.
+    fn head_logits(&self, h: &Tensor) -> Result<Tensor> {
+        // cannot fire: called on the last stage, which holds the head.
+        let head = self.lm_head.as_ref().ok_or_else(|| Error::Internal("no lm_head on this rank".into()))?;
+        let logits = head.forward(h, &self.parallel.tp_group)?;
+        let logits = if self.plan.padded_vocab != self.dims.vocab {
+            logits.f_narrow(-1, 0, self.dims.vocab as i64)?
+        } else {
+            logits
+        };
+        Ok(logits.f_to_kind(Kind::Float)?.f_contiguous()?)
+    }
+
+    /// See [`CausalLm::draft`].
+    pub fn draft(
+        &self,
+        k: usize,
+        ids: &Tensor,
+        previous: Option<&Tensor>,
+        step: &Step,
+        cache: &mut KvCache,
+        last_only: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let p = &self.parallel;
+        if k >= self.mtp_loaded {
+            return Err(Error::InvalidArgument(format!(
+                "MTP layer {k} is not loaded: the model holds {} (load with LoadOptions::mtp)",
+                self.mtp_loaded
+            )));
+        }
+        mtp::check_cache(cache, self.mtp.len())?;
+        let (b, t) = ids.size2()?;
+        let rows = if last_only { 1 } else { t };
+        let (logits, out) = match (self.mtp.get(k), previous) {
+            (Some(layer), Some(previous)) => {
+                // cannot fire: a stage with MTP layers holds an embedding (its own past the first).
+                let embed = self.mtp_embed.as_ref().or(self.embed_tokens.as_ref());
+                let embed = embed.ok_or_else(|| Error::Internal("MTP layers without an embedding".into()))?;
+                let e = embed.forward(ids, self.lm_head.as_ref(), &p.tp_group)?;
+                let g = layer.forward(&e, previous, step, &cache.kv[k], &self.dims, self.rounding, &p.tp_group)?;
+                let last = if last_only && t > 1 { g.f_narrow(1, t - 1, 1)? } else { g.shallow_clone() };
+                (self.head_logits(&last)?, Some(g))
+            }
+            (Some(_), None) => {
+                return Err(Error::InvalidArgument("an MTP step needs the previous hidden states".to_owned()));
+            }
+            (None, _) => (Tensor::f_empty([b, rows, self.dims.vocab as i64], (Kind::Float, self.device))?, None),
+        };
+        cache.len = step.start + step.len;
+        if p.pp > 1 {
+            p.world.broadcast(&logits, p.logits_root())?;
+        }
+        Ok((logits, out))
+    }
+
+    /// A cache for the MTP layers of `batch` rows and `capacity` positions (none on a stage
+    /// other than the last), its memory checked first.
+    pub fn new_mtp_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
+        let shapes: Vec<[i64; 4]> =
+            (0..self.mtp.len()).map(|k| self.cache_shape(self.dims.layers + k, batch, capacity)).collect();
+        if self.device == Device::Cpu {
+            let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+            let bytes = shapes
+                .iter()
+                .map(|s| s.iter().fold(elt, |n, &d| n.saturating_mul(d as u64)))
+                .fold(0u64, u64::saturating_add);
+            let what = || format!("the MTP layers' cache for {batch} row(s) of {capacity} positions");
+            self.check_memory(what, bytes, "use a smaller batch or fewer tokens, or free memory")?;
+        }
+        let opts = (self.dtype.kind(), self.device);
+        let kv = shapes.into_iter().map(|s| Tensor::f_zeros(s, opts)).collect::<Result<Vec<_>, _>>()?;
+        Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
     }
 }
 
@@ -670,6 +881,26 @@ impl Glm {
         let k = ix.topk as i64;
         (k < keys).then_some(([b, step.len, k], keys))
     }
+}
+
+/// Whether `dims`' multi-token-prediction layers can be loaded: an error saying why not.
+fn check_mtp_family(dims: &Dims) -> Result<()> {
+    let declared = dims.moe.as_ref().map_or(0, |m| m.mtp_layers);
+    if declared == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "speculative decoding drafts with the checkpoint's multi-token-prediction layers, and this {} config \
+             declares none (num_nextn_predict_layers 0)",
+            dims.family.model_type()
+        )));
+    }
+    if dims.mtp_layers() == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "speculative decoding with multi-token-prediction layers runs on glm4_moe; {}'s are not run yet \
+             (transformers 5.24 has no MTP reference for it)",
+            dims.family.model_type()
+        )));
+    }
+    Ok(())
 }
 
 /// Parameters a rank holds for the layers `layers` of its stage (first and last stages add

@@ -1,0 +1,302 @@
+//! Speculative decoding with the checkpoints' own multi-token-prediction layers, on the
+//! fixtures python/make_mtp_fixtures.py wrote with transformers: the MTP layer's drafts
+//! within 1e-4 of transformers' MtpModel, greedy output identical to plain greedy decoding
+//! and to transformers' `generate(use_mtp=True)` at every draft length, sampling seeded and
+//! following the target distribution, stops honoured inside accepted runs, and checkpoints
+//! vetted.
+
+use std::path::{Path, PathBuf};
+
+use headcount_integration::{fixtures_dir, max_abs_diff, model_fixtures, name, reference};
+use headcount_runtime::generate::draft_logits;
+use headcount_runtime::{Error, GenerateOptions, Glm, LoadOptions, Sampling, generate, logits};
+use tch::Tensor;
+
+const LOGIT_TOLERANCE: f64 = 1e-4;
+
+/// The fixtures with an MTP layer.
+fn mtp_fixtures() -> Vec<PathBuf> {
+    let out: Vec<PathBuf> =
+        model_fixtures().into_iter().filter(|d| reference_tensor(d, "draft_logits").is_some()).collect();
+    assert!(out.len() >= 2, "expected the MTP fixtures, found {out:?}");
+    out
+}
+
+fn reference_tensor(dir: &Path, name: &str) -> Option<Tensor> {
+    let named = Tensor::read_safetensors(dir.join("reference.safetensors")).expect("reference.safetensors");
+    named.into_iter().find(|(k, _)| k == name).map(|(_, t)| t)
+}
+
+fn load_mtp(dir: &Path) -> Glm {
+    Glm::load(dir, &LoadOptions { mtp: true, ..Default::default() }).unwrap_or_else(|e| panic!("{}: {e}", name(dir)))
+}
+
+fn options(n: usize, speculative: usize, sampling: Sampling) -> GenerateOptions {
+    GenerateOptions { max_new_tokens: n, sampling, speculative_tokens: speculative, ..Default::default() }
+}
+
+#[test]
+fn mtp_drafts_match_transformers() {
+    let mut report = Vec::new();
+    for dir in mtp_fixtures() {
+        let model = load_mtp(&dir);
+        let r = reference(&dir);
+        let theirs = reference_tensor(&dir, "draft_logits").unwrap();
+        for (row, ids) in r.input_ids.iter().enumerate() {
+            let ours = draft_logits(&model, ids).unwrap();
+            let diff = max_abs_diff(&ours, &theirs.get(row as i64).unsqueeze(0));
+            report.push(format!("{} row {row}: draft logits max abs diff {diff:.3e}", name(&dir)));
+            assert!(diff <= LOGIT_TOLERANCE, "{} row {row}: {diff}", name(&dir));
+        }
+        // The main model is the one without the MTP layer loaded.
+        let plain = headcount_integration::load(&dir);
+        let ids = &r.input_ids[0];
+        assert_eq!(max_abs_diff(&logits(&model, ids).unwrap(), &logits(&plain, ids).unwrap()), 0.0);
+        assert!(model.parameter_count() > plain.parameter_count());
+    }
+    println!("{}", report.join("\n"));
+}
+
+#[test]
+fn speculative_greedy_is_plain_greedy_and_transformers_use_mtp() {
+    for dir in mtp_fixtures() {
+        let model = load_mtp(&dir);
+        let r = reference(&dir);
+        let mtp_greedy = Vec::<Vec<i64>>::try_from(&reference_tensor(&dir, "mtp_greedy").unwrap()).unwrap();
+        for n in [1, 2, 3] {
+            for (row, ids) in r.input_ids.iter().enumerate() {
+                let expected = &r.greedy[row][ids.len()..];
+                let g = generate(
+                    &model,
+                    std::slice::from_ref(ids),
+                    &options(expected.len(), n, Sampling::greedy()),
+                    |_, _| {},
+                )
+                .unwrap();
+                assert_eq!(g.tokens[0], expected, "{} row {row}, {n} drafts", name(&dir));
+                assert_eq!(g.tokens[0], &mtp_greedy[row][ids.len()..], "{} row {row} vs use_mtp", name(&dir));
+                assert_eq!(g.decode_path, "speculative");
+                assert_eq!(g.drafted.len(), n, "{} row {row}: drafts at {n} positions", name(&dir));
+                // Each round emits its accepted drafts and one token more.
+                assert_eq!(g.decode_steps + g.accepted.iter().sum::<usize>(), expected.len() - 1, "{}", name(&dir));
+            }
+            // A left-padded batch of two prompts of different lengths, in one call.
+            let prompts: Vec<Vec<i64>> = r
+                .padded_input_ids
+                .iter()
+                .zip(&r.padded_attention_mask)
+                .map(|(ids, m)| ids.iter().zip(m).filter(|(_, m)| **m == 1).map(|(i, _)| *i).collect())
+                .collect();
+            let len = r.padded_greedy[0].len() - r.padded_input_ids[0].len();
+            let g = generate(&model, &prompts, &options(len, n, Sampling::greedy()), |_, _| {}).unwrap();
+            for (row, ids) in r.padded_input_ids.iter().enumerate() {
+                assert_eq!(g.tokens[row], &r.padded_greedy[row][ids.len()..], "{} padded row {row}", name(&dir));
+            }
+        }
+    }
+}
+
+/// With one draft a round, every draft comes from the main model's own hidden states, so
+/// a plain MTP pass over the finished sequence gives each one: the acceptance counted is
+/// the one those drafts give.
+#[test]
+fn one_draft_a_round_is_the_mtp_pass_over_the_sequence() {
+    for dir in mtp_fixtures() {
+        let model = load_mtp(&dir);
+        let r = reference(&dir);
+        for ids in &r.input_ids {
+            let g = generate(&model, std::slice::from_ref(ids), &options(8, 1, Sampling::greedy()), |_, _| {}).unwrap();
+            let seq: Vec<i64> = ids.iter().chain(&g.tokens[0]).copied().collect();
+            let drafts: Vec<i64> =
+                Vec::try_from(&draft_logits(&model, &seq).unwrap().get(0).argmax(-1, false)).unwrap();
+            let (mut c, mut drafted, mut accepted) = (ids.len(), 0, 0);
+            // Round at c: the main cache holds c tokens; the draft from position c - 1
+            // scores token c + 1. No round drafts a token past the budget.
+            while c + 2 < seq.len() {
+                drafted += 1;
+                let hit = drafts[c - 1] == seq[c + 1];
+                accepted += usize::from(hit);
+                c += 1 + usize::from(hit);
+            }
+            assert_eq!((g.drafted[0], g.accepted[0]), (drafted, accepted), "{}", name(&dir));
+        }
+    }
+}
+
+fn sampled(temperature: f64, seed: u64) -> Sampling {
+    Sampling { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, seed }
+}
+
+#[test]
+fn speculative_sampling_is_seeded_and_accepts_drafts() {
+    let dir = fixtures_dir().join("glm4moe-mtp");
+    let model = load_mtp(&dir);
+    let ids = reference(&dir).input_ids[0].clone();
+    let run = |seed: u64| {
+        generate(&model, std::slice::from_ref(&ids), &options(24, 3, sampled(3.0, seed)), |_, _| {}).unwrap()
+    };
+    let (a, b, c) = (run(7), run(7), run(8));
+    assert_eq!(a.tokens, b.tokens, "the same seed gives the same tokens");
+    assert_ne!(a.tokens, c.tokens, "another seed gives other tokens");
+    assert_eq!(a.tokens[0].len(), 24);
+    // Flat distributions overlap: drafts are accepted at every position.
+    let total: Vec<usize> = (0..20u64).map(run).fold(vec![0; 3], |mut acc, g| {
+        acc.iter_mut().zip(&g.accepted).for_each(|(x, y)| *x += y);
+        acc
+    });
+    assert!(total.iter().all(|&x| x > 0), "accepted drafts by position: {total:?}");
+}
+
+/// The second new token (the first a draft can give) follows the distribution plain
+/// sampling draws it from: sum over the first token t of p(t) p(second | t), exactly.
+#[test]
+fn speculative_sampling_keeps_the_target_distribution() {
+    let dir = fixtures_dir().join("glm4moe-mtp-tied-fused");
+    let model = load_mtp(&dir);
+    let ids = reference(&dir).input_ids[1].clone();
+    let temperature = 2.0;
+    let probs = |seq: &[i64]| -> Vec<f64> {
+        let l = logits(&model, seq).unwrap().get(0).get(seq.len() as i64 - 1);
+        Vec::try_from(&(l.to_kind(tch::Kind::Double) / temperature).softmax(-1, tch::Kind::Double)).unwrap()
+    };
+    let first = probs(&ids);
+    let mut exact = vec![0.0; first.len()];
+    for (t, &pt) in first.iter().enumerate() {
+        let mut seq = ids.clone();
+        seq.push(t as i64);
+        for (x, q) in exact.iter_mut().zip(probs(&seq)) {
+            *x += pt * q;
+        }
+    }
+    let draws = 4000;
+    let mut counts = vec![0usize; exact.len()];
+    let mut accepted = 0;
+    for seed in 0..draws {
+        let g = generate(&model, std::slice::from_ref(&ids), &options(3, 1, sampled(temperature, seed)), |_, _| {})
+            .unwrap();
+        counts[g.tokens[0][1] as usize] += 1;
+        accepted += g.accepted[0];
+    }
+    // Pearson's chi-squared over the tokens expected at least 5 times (the rest in one bin),
+    // against its mean plus six standard deviations under the exact distribution.
+    let n = draws as f64;
+    let (mut chi2, mut bins, mut rest_p, mut rest_c) = (0.0, 0usize, 0.0, 0usize);
+    for (p, &c) in exact.iter().zip(&counts) {
+        if n * p >= 5.0 {
+            chi2 += (c as f64 - n * p).powi(2) / (n * p);
+            bins += 1;
+        } else {
+            (rest_p, rest_c) = (rest_p + p, rest_c + c);
+        }
+    }
+    if n * rest_p >= 5.0 {
+        chi2 += (rest_c as f64 - n * rest_p).powi(2) / (n * rest_p);
+        bins += 1;
+    }
+    let dof = (bins - 1) as f64;
+    let bound = dof + 6.0 * (2.0 * dof).sqrt();
+    println!(
+        "second token: chi-squared {chi2:.1} over {bins} bins (bound {bound:.1}), {accepted} of {draws} drafts accepted"
+    );
+    assert!(bins >= 10 && chi2 <= bound, "chi-squared {chi2} over {bins} bins > {bound}");
+    assert!(accepted > draws as usize / 10, "drafts were accepted: {accepted} of {draws}");
+}
+
+/// An eos id reached inside a run of accepted drafts ends the row there, and the token
+/// budget is exact.
+#[test]
+fn stops_inside_accepted_runs_and_budgets_are_exact() {
+    let dir = fixtures_dir().join("glm4moe-mtp");
+    let model = load_mtp(&dir);
+    let ids = reference(&dir).input_ids[0].clone();
+    let mut inside = 0;
+    for seed in 0..40u64 {
+        let long =
+            generate(&model, std::slice::from_ref(&ids), &options(20, 3, sampled(3.0, seed)), |_, _| {}).unwrap();
+        assert_eq!(long.tokens[0].len(), 20);
+        // Stop on the token at position 5: the row ends there, with the same tokens.
+        let eos = long.tokens[0][5];
+        let first = long.tokens[0].iter().position(|&t| t == eos).unwrap();
+        let opts = GenerateOptions { eos_token_ids: vec![eos], ..options(20, 3, sampled(3.0, seed)) };
+        let mut streamed = Vec::new();
+        let g = generate(&model, std::slice::from_ref(&ids), &opts, |_, t| streamed.push(t)).unwrap();
+        assert_eq!(g.tokens[0], &long.tokens[0][..=first], "seed {seed}");
+        assert_eq!(streamed, g.tokens[0]);
+        inside += usize::from(g.accepted.iter().sum::<usize>() > 0);
+        for budget in [1, 2, 3, 7] {
+            let g = generate(&model, std::slice::from_ref(&ids), &options(budget, 3, sampled(3.0, seed)), |_, _| {})
+                .unwrap();
+            assert_eq!(g.tokens[0].len(), budget, "seed {seed}");
+        }
+    }
+    assert!(inside > 0, "some stopped generations accepted drafts");
+}
+
+#[test]
+fn speculation_needs_the_mtp_layers() {
+    let dir = fixtures_dir().join("glm4moe-mtp");
+    let plain = headcount_integration::load(&dir);
+    let ids = reference(&dir).input_ids[0].clone();
+    let err = generate(&plain, std::slice::from_ref(&ids), &options(4, 2, Sampling::greedy()), |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("loaded without them"), "{err}");
+    let model = load_mtp(&dir);
+    let opts = GenerateOptions { decode: headcount_runtime::DecodeMode::Static, ..options(4, 2, Sampling::greedy()) };
+    let err = generate(&model, std::slice::from_ref(&ids), &opts, |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("--decode static"), "{err}");
+    // A checkpoint whose config declares no MTP layer, and a family whose MTP layers do not run.
+    let lite = tempfile::tempdir().unwrap();
+    let src = fixtures_dir().join("glm4moelite-qlora");
+    std::fs::copy(src.join("model.safetensors"), lite.path().join("model.safetensors")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["num_nextn_predict_layers"] = 1.into();
+    std::fs::write(lite.path().join("config.json"), config.to_string()).unwrap();
+    for (dir, says) in
+        [(fixtures_dir().join("glm4moe-grouped"), "declares none"), (lite.path().to_owned(), "runs on glm4_moe")]
+    {
+        let err = Glm::load(&dir, &LoadOptions { mtp: true, ..Default::default() })
+            .err()
+            .unwrap_or_else(|| panic!("{} loaded", dir.display()));
+        assert!(err.to_string().contains(says), "{}: {err}", dir.display());
+    }
+}
+
+/// Copies a fixture with one MTP tensor dropped or reshaped.
+fn altered(dir: &Path, tensor: &str, reshape: bool) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(dir.join(f), out.path().join(f)).unwrap();
+    }
+    let named = Tensor::read_safetensors(dir.join("model.safetensors")).unwrap();
+    let kept: Vec<(String, Tensor)> = named
+        .into_iter()
+        .filter_map(|(k, t)| match (k == tensor, reshape) {
+            (false, _) => Some((k, t)),
+            (true, false) => None,
+            (true, true) => Some((k, t.narrow(0, 0, t.size()[0] - 1))),
+        })
+        .collect();
+    Tensor::write_safetensors(&kept, out.path().join("model.safetensors")).unwrap();
+    out
+}
+
+#[test]
+fn mtp_tensors_are_vetted() {
+    let dir = fixtures_dir().join("glm4moe-mtp");
+    let mtp = LoadOptions { mtp: true, ..Default::default() };
+    // Missing: an error when the layer is to run, fine when it is not.
+    let missing = altered(&dir, "model.layers.2.eh_proj.weight", false);
+    match Glm::load(missing.path(), &mtp) {
+        Err(Error::MissingTensor { name, .. }) => assert_eq!(name, "model.layers.2.eh_proj.weight"),
+        other => panic!("{:?}", other.err()),
+    }
+    Glm::load(missing.path(), &LoadOptions::default()).unwrap();
+    // Mis-shaped, even a copy that is not read: an error either way.
+    for t in ["model.layers.2.enorm.weight", "model.layers.2.shared_head.head.weight"] {
+        let bad = altered(&dir, t, true);
+        for opts in [&mtp, &LoadOptions::default()] {
+            let err = Glm::load(bad.path(), opts).err().unwrap_or_else(|| panic!("{t} loaded"));
+            assert!(err.to_string().contains(t), "{err}");
+        }
+    }
+}
