@@ -300,3 +300,77 @@ fn mtp_tensors_are_vetted() {
         }
     }
 }
+
+/// A server's running batch decoding speculatively (`SlotCache::speculative`): rows of
+/// different lengths (one prompt written in chunks, two together), each step's first drafts
+/// equal to the MTP layer's pass over each row's sequence so far, and every row's greedy
+/// tokens those of plain greedy decoding. Row 0 drafts the plain greedy tokens themselves
+/// (every draft accepted), row 1 the right first one and a wrong second, row 2 the MTP
+/// layer's, so every acceptance count rolls the caches back.
+#[test]
+fn a_running_batch_decodes_speculatively() {
+    use headcount_runtime::generate::SlotCache;
+    let dir = fixtures_dir().join("glm4moe-mtp");
+    let model = load_mtp(&dir);
+    let ids = reference(&dir).input_ids;
+    let prompts: Vec<Vec<i64>> = vec![ids[0].clone(), ids[1][..7].to_vec(), ids[1][3..].to_vec()];
+    let k = 2;
+    let mut cache = SlotCache::speculative(&model, 3, 40, k).unwrap();
+    assert_eq!(cache.draft_tokens(), k);
+    let first = cache.extend(&model, 0, &prompts[0][..5]).unwrap();
+    drop(first);
+    let l0 = cache.extend(&model, 0, &prompts[0][5..]).unwrap();
+    let l12 = cache.extend_rows(&model, 1, &[&prompts[1], &prompts[2]]).unwrap();
+    let firsts = Tensor::cat(&[l0, l12], 0).argmax(-1, false);
+    let mut seqs: Vec<Vec<i64>> = prompts.clone();
+    let mut last: Vec<i64> = Vec::try_from(&firsts).unwrap();
+    for (s, &t) in seqs.iter_mut().zip(&last) {
+        s.push(t);
+    }
+    let plain: Vec<Vec<i64>> = prompts
+        .iter()
+        .map(|p| generate(&model, std::slice::from_ref(p), &options(24, 0, Sampling::greedy()), |_, _| {}).unwrap())
+        .map(|g| g.tokens[0].clone())
+        .collect();
+    let vocab = model.dims.vocab as i64;
+    let mut accepted = [0usize; 3];
+    for _ in 0..6 {
+        let d1 = cache.draft_start(&model, &last).unwrap();
+        for (r, s) in seqs.iter().enumerate() {
+            let full = draft_logits(&model, &s[..s.len() - 1]).unwrap().get(0);
+            let theirs = full.get(full.size()[0] - 1);
+            let diff = max_abs_diff(&d1.get(r as i64), &theirs);
+            assert!(diff <= LOGIT_TOLERANCE, "row {r}: first draft differs from the MTP pass by {diff}");
+        }
+        // Row r's draft i: the plain token after it (row 0; row 1's first), one off it (row
+        // 1's others), the MTP layer's (row 2).
+        let oracle = |r: usize, i: usize| plain[r][seqs[r].len() - prompts[r].len() + i];
+        let pick = |mtp: Vec<i64>, i: usize| -> Vec<i64> {
+            vec![oracle(0, i), if i == 0 { oracle(1, 0) } else { (oracle(1, i) + 1) % vocab }, mtp[2]]
+        };
+        let mut drafts: Vec<Vec<i64>> = vec![pick(Vec::try_from(&d1.argmax(-1, false)).unwrap(), 0)];
+        for i in 1..k {
+            let l = cache.draft_next(&model, drafts.last().unwrap()).unwrap();
+            drafts.push(pick(Vec::try_from(&l.argmax(-1, false)).unwrap(), i));
+        }
+        let flat: Vec<i64> =
+            (0..3).flat_map(|r| std::iter::once(last[r]).chain(drafts.iter().map(move |d| d[r]))).collect();
+        let logits = cache.verify(&model, &flat, k + 1).unwrap();
+        let picks: Vec<Vec<i64>> = Vec::try_from(&logits.argmax(-1, false)).unwrap();
+        let mut kept = Vec::new();
+        for r in 0..3 {
+            let a = (0..k).find(|&i| drafts[i][r] != picks[r][i]).unwrap_or(k);
+            accepted[r] += a;
+            seqs[r].extend(drafts.iter().take(a).map(|d| d[r]));
+            seqs[r].push(picks[r][a]);
+            last[r] = picks[r][a];
+            kept.push(a + 1);
+        }
+        cache.accept(&model, &kept).unwrap();
+    }
+    for (r, (p, s)) in prompts.iter().zip(&seqs).enumerate() {
+        assert_eq!(&s[p.len()..], &plain[r][..s.len() - p.len()], "row {r}");
+        assert_eq!(cache.len(r), s.len() - 1, "row {r}: the last token waits for the next step");
+    }
+    assert_eq!(accepted[..2], [6 * k, 6], "every draft of row 0, the first of row 1's: {accepted:?}");
+}

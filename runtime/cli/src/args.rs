@@ -116,7 +116,7 @@ pub struct RuntimeArgs {
     /// Weight-only quantization of the projections, computed at load (CPU).
     #[arg(long, value_enum, default_value_t = QuantizeArg::None)]
     pub quantize: QuantizeArg,
-    /// Speculative decoding (run and bench): the checkpoint's multi-token-prediction layer
+    /// Speculative decoding (run, bench and serve): the checkpoint's multi-token-prediction layer
     /// drafts N tokens ahead of each step of the model, which keeps those it agrees with.
     /// The output is the one plain decoding gives. Loads the MTP layers (glm4_moe).
     #[arg(long, default_value_t = 0, value_name = "N")]

@@ -8,11 +8,6 @@ use headcount_serve::{ServeError, ServeOptions};
 use crate::args::ServeArgs;
 
 pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
-    if a.runtime.speculative_tokens > 0 {
-        return Err(Error::InvalidArgument(
-            "--speculative-tokens runs in headcount run and bench; serve's running batch decodes without it".to_owned(),
-        ));
-    }
     let model = crate::generate::load(&a.model, &a.runtime, quiet)?;
     let opts = ServeOptions {
         host: a.host.clone(),
@@ -25,6 +20,7 @@ pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
         quiet,
         allowed_origins: a.allowed_origins.clone(),
         reasoning: a.reasoning_parser.map(Into::into),
+        speculative_tokens: a.runtime.speculative_tokens,
     };
     match headcount_serve::serve(model, &a.model, &opts) {
         Ok(()) => Ok(ExitCode::SUCCESS),

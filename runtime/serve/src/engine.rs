@@ -3,6 +3,10 @@
 //! gone, admits waiting requests into free rows (their prompts prefilled in chunks, at most
 //! `prefill_chunk` prompt tokens a step, so running streams are never stalled for long),
 //! then advances every running request by one token and retires the finished ones at once.
+//! On a speculative cache ([`SlotCache::speculative`]) a step instead drafts tokens for
+//! every running request with the model's multi-token-prediction layer, verifies them in
+//! one forward, and each request keeps the drafts its own sampling accepts, and one token
+//! more ([`speculative_step`]).
 //!
 //! Requests come in over a channel; each carries its own channel for what it produces, so
 //! the engine never waits for a client: a slow reader's tokens queue up on its side.
@@ -13,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use headcount_runtime::generate::{SampleRng, SlotCache, select};
+use headcount_runtime::generate::{SampleRng, SlotCache, accept_or_resample, probabilities, select};
 use headcount_runtime::{CausalLm, Sampling};
 use tch::{Kind, Tensor};
 use tokio::sync::mpsc::UnboundedSender;
@@ -229,13 +233,18 @@ pub fn run<M: CausalLm>(
         if running.is_empty() {
             continue;
         }
-        let tokens: Vec<i64> = running.iter().map(|r| r.last).collect();
-        let step = cache.decode(&model, &tokens).and_then(|logits| choose(&logits, &mut running));
-        match step {
-            Ok(chosen) => {
+        let step = if cache.draft_tokens() > 0 {
+            speculative_step(&model, &mut cache, &mut running, &metrics)
+        } else {
+            let tokens: Vec<i64> = running.iter().map(|r| r.last).collect();
+            cache.decode(&model, &tokens).and_then(|logits| choose(&logits, &mut running)).map(|chosen| {
                 for (r, (id, lp)) in running.iter_mut().zip(chosen) {
                     emit(r, id, lp, &metrics);
                 }
+            })
+        };
+        match step {
+            Ok(()) => {
                 metrics.decoded();
                 retire(&model, &mut running, &mut filling, &mut cache, &metrics, finished);
             }
@@ -514,6 +523,97 @@ fn emit(r: &mut Running, id: i64, logprobs: Option<TokenLogprobs>, metrics: &Met
     r.job.send(Event::Token { id, logprobs });
 }
 
+/// One speculative step of the running requests: each drafts `cache.draft_tokens()` tokens
+/// with the multi-token-prediction layer (greedy requests its most likely, sampled ones a
+/// draw from its distribution under the request's sampling), the model verifies them all in
+/// one forward, and each request keeps its drafts as long as its own choice agrees (greedy:
+/// the same token; sampled: speculative rejection sampling, so its tokens follow the
+/// distribution plain decoding draws from), then one token more. Tokens go out as they are
+/// kept, and a request that a token ends keeps no more.
+fn speculative_step(
+    model: &dyn CausalLm,
+    cache: &mut SlotCache,
+    running: &mut [Running],
+    metrics: &Metrics,
+) -> headcount_runtime::Result<()> {
+    let k = cache.draft_tokens();
+    let n = running.len();
+    let last: Vec<i64> = running.iter().map(|r| r.last).collect();
+    let mut logits = cache.draft_start(model, &last)?;
+    // drafts[i][j]: request j's draft i, and the distribution a sampled one was drawn from.
+    let mut drafts: Vec<Vec<(i64, Option<Vec<f64>>)>> = Vec::with_capacity(k);
+    for i in 0..k {
+        let argmax = Vec::<i64>::try_from(&logits.f_argmax(-1, false)?.f_to_device(tch::Device::Cpu)?)?;
+        let mut step = Vec::with_capacity(n);
+        for (j, r) in running.iter_mut().enumerate() {
+            if r.job.sampling.temperature == 0.0 {
+                step.push((argmax[j], None));
+            } else {
+                let q = probabilities(&logits.f_narrow(0, j as i64, 1)?, &r.job.sampling)?.remove(0);
+                step.push((headcount_runtime::generate::draw(&q, &mut r.rng) as i64, Some(q)));
+            }
+        }
+        if i + 1 < k {
+            let tokens: Vec<i64> = step.iter().map(|d| d.0).collect();
+            logits = cache.draft_next(model, &tokens)?;
+        }
+        drafts.push(step);
+    }
+    let mut flat = Vec::with_capacity(n * (k + 1));
+    for (j, &t) in last.iter().enumerate() {
+        flat.push(t);
+        flat.extend(drafts.iter().map(|d| d[j].0));
+    }
+    let verified = cache.verify(model, &flat, k + 1)?;
+    let mut kept = vec![1; n];
+    for (j, r) in running.iter_mut().enumerate() {
+        let rows = verified.f_select(0, j as i64)?;
+        let mut accepted = 0;
+        for i in 0..=k {
+            let draft = drafts.get(i).map(|d| (d[j].0, d[j].1.as_deref()));
+            let (id, took) = choose_verified(&rows.f_narrow(0, i as i64, 1)?, r, draft)?;
+            let lp = match r.job.logprobs {
+                Some(top) => Some(token_logprobs(&rows.f_narrow(0, i as i64, 1)?, id, top)?),
+                None => None,
+            };
+            if i < k {
+                metrics.drafted(i, took);
+            }
+            emit(r, id, lp, metrics);
+            accepted += usize::from(took);
+            if !took || finished(r).is_some() {
+                break;
+            }
+        }
+        kept[j] = accepted + 1;
+    }
+    cache.accept(model, &kept)
+}
+
+/// The token request `r` takes at one verified position (`logits` [1, vocab] f32) and
+/// whether it is the draft there (`draft`: the token and, sampled, the distribution it was
+/// drawn from; `None` past the drafts).
+fn choose_verified(
+    logits: &Tensor,
+    r: &mut Running,
+    draft: Option<(i64, Option<&[f64]>)>,
+) -> headcount_runtime::Result<(i64, bool)> {
+    let bent = if r.job.penalties.bends(r.produced) { Some(bend(logits, r)?) } else { None };
+    let l = bent.as_ref().unwrap_or(logits);
+    if r.job.sampling.temperature == 0.0 {
+        let id = l.f_argmax(-1, false)?.f_int64_value(&[0])?;
+        return Ok((id, draft.is_some_and(|(d, _)| d == id)));
+    }
+    let p = probabilities(l, &r.job.sampling)?.remove(0);
+    Ok(match draft {
+        Some((d, Some(q))) => {
+            let (t, took) = accept_or_resample(&p, q, d as usize, &mut r.rng);
+            (t as i64, took)
+        }
+        _ => (headcount_runtime::generate::draw(&p, &mut r.rng) as i64, false),
+    })
+}
+
 /// The next token of each row of `logits` ([n, vocab] f32), chosen with that row's
 /// request's sampling and random stream, and its log probabilities where asked for.
 fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Vec<(i64, Option<TokenLogprobs>)>> {
@@ -532,24 +632,28 @@ fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Ve
         };
         let lp = match r.job.logprobs {
             None => None,
-            Some(k) => {
-                let logp = row()?.f_log_softmax(-1, Kind::Float)?.f_squeeze_dim(0)?;
-                let logprob = logp.f_double_value(&[id])? as f32;
-                let top = if k == 0 {
-                    Vec::new()
-                } else {
-                    let k = (k as i64).min(logp.size().first().copied().unwrap_or(1));
-                    let (vals, idx) = logp.f_topk(k, -1, true, true)?;
-                    let vals = Vec::<f32>::try_from(&vals.f_to_device(tch::Device::Cpu)?)?;
-                    let idx = Vec::<i64>::try_from(&idx.f_to_device(tch::Device::Cpu)?)?;
-                    idx.into_iter().zip(vals).collect()
-                };
-                Some(TokenLogprobs { id, logprob, rank: None, top })
-            }
+            Some(k) => Some(token_logprobs(&row()?, id, k)?),
         };
         out.push((id, lp));
     }
     Ok(out)
+}
+
+/// The log probability of token `id` under `logits` ([1, vocab] f32, before penalties) and
+/// the `k` most likely tokens.
+fn token_logprobs(logits: &Tensor, id: i64, k: usize) -> headcount_runtime::Result<TokenLogprobs> {
+    let logp = logits.f_log_softmax(-1, Kind::Float)?.f_squeeze_dim(0)?;
+    let logprob = logp.f_double_value(&[id])? as f32;
+    let top = if k == 0 {
+        Vec::new()
+    } else {
+        let k = (k as i64).min(logp.size().first().copied().unwrap_or(1));
+        let (vals, idx) = logp.f_topk(k, -1, true, true)?;
+        let vals = Vec::<f32>::try_from(&vals.f_to_device(tch::Device::Cpu)?)?;
+        let idx = Vec::<i64>::try_from(&idx.f_to_device(tch::Device::Cpu)?)?;
+        idx.into_iter().zip(vals).collect()
+    };
+    Ok(TokenLogprobs { id, logprob, rank: None, top })
 }
 
 /// Row `logits` ([1, vocab] f32) with the sequence's logit_bias and penalties applied: the

@@ -57,6 +57,9 @@ pub struct ServeOptions {
     pub allowed_origins: Vec<String>,
     /// How chat answers' reasoning is told from their content (`--reasoning-parser`).
     pub reasoning: Option<reasoning::ReasoningParser>,
+    /// Speculative decoding: drafts a step from the model's multi-token-prediction layer
+    /// (0 = off; the model must be loaded with it).
+    pub speculative_tokens: usize,
 }
 
 impl Default for ServeOptions {
@@ -72,6 +75,7 @@ impl Default for ServeOptions {
             quiet: false,
             allowed_origins: Vec::new(),
             reasoning: None,
+            speculative_tokens: 0,
         }
     }
 }
@@ -109,7 +113,7 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         }
     }
     let vocab = model.dims().vocab as i64;
-    let cache = SlotCache::new(&model, opts.max_batch, max_model_len)?;
+    let cache = slot_cache(&model, opts, max_model_len)?;
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = std::sync::mpsc::channel();
     let engine_opts = EngineOptions { max_batch: opts.max_batch, max_model_len, prefill_chunk: opts.prefill_chunk };
@@ -202,12 +206,20 @@ fn context(model: &dyn CausalLm, opts: &ServeOptions) -> Result<usize, ServeErro
     }
 }
 
+/// The running batch's cache, speculative where asked.
+fn slot_cache(model: &dyn CausalLm, opts: &ServeOptions, max_model_len: usize) -> Result<SlotCache, ServeError> {
+    Ok(match opts.speculative_tokens {
+        0 => SlotCache::new(model, opts.max_batch, max_model_len)?,
+        k => SlotCache::speculative(model, opts.max_batch, max_model_len, k)?,
+    })
+}
+
 /// A rank other than 0 of a served run: runs the forwards rank 0's engine runs, on its own
 /// part of the model, until rank 0 stops. SIGTERM and Ctrl-C are left to rank 0, which
 /// finishes the running requests first and then stops the others.
 pub fn follow<M: CausalLm>(model: M, opts: &ServeOptions) -> Result<(), ServeError> {
     let max_model_len = context(&model, opts)?;
-    let mut cache = SlotCache::new(&model, opts.max_batch, max_model_len)?;
+    let mut cache = slot_cache(&model, opts, max_model_len)?;
     // SAFETY: setting signal dispositions to ignore; no handler runs.
     unsafe {
         libc::signal(libc::SIGTERM, libc::SIG_IGN);

@@ -32,6 +32,8 @@ pub struct Metrics {
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     decode_steps: AtomicU64,
+    /// Speculative decoding: drafts made and accepted, by position in the step.
+    drafts: Mutex<Vec<(u64, u64)>>,
     ttft: Mutex<Histogram>,
     rate: Mutex<Rate>,
 }
@@ -118,6 +120,16 @@ impl Metrics {
     pub fn decoded(&self) {
         self.decode_steps.fetch_add(1, Ordering::Relaxed);
     }
+    /// A draft at `position` (0: a step's first), and whether it was accepted.
+    pub fn drafted(&self, position: usize, accepted: bool) {
+        if let Ok(mut d) = self.drafts.lock() {
+            if d.len() <= position {
+                d.resize(position + 1, (0, 0));
+            }
+            d[position].0 += 1;
+            d[position].1 += u64::from(accepted);
+        }
+    }
     pub fn first_token(&self, after: Duration) {
         if let Ok(mut h) = self.ttft.lock() {
             let s = after.as_secs_f64();
@@ -184,6 +196,25 @@ impl Metrics {
             "Tokens generated a second over the last 10 s.",
             &[(String::new(), format!("{:.3}", self.tokens_per_second(now)))],
         );
+        if let Ok(d) = self.drafts.lock()
+            && !d.is_empty()
+        {
+            let by = |f: fn(&(u64, u64)) -> u64| -> Vec<(String, String)> {
+                d.iter().enumerate().map(|(i, c)| (format!("{{position=\"{i}\"}}"), f(c).to_string())).collect()
+            };
+            metric(
+                "headcount_spec_decode_draft_tokens_total",
+                "counter",
+                "Tokens the multi-token-prediction layer drafted, by position in the step (0: first).",
+                &by(|c| c.0),
+            );
+            metric(
+                "headcount_spec_decode_accepted_tokens_total",
+                "counter",
+                "Drafted tokens the model accepted, by position in the step (0: first).",
+                &by(|c| c.1),
+            );
+        }
         if let Ok(h) = self.ttft.lock() {
             let mut lines: Vec<(String, String)> = TTFT_BUCKETS
                 .iter()

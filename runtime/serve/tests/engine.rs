@@ -236,3 +236,99 @@ fn penalties_bend_the_logits_as_openai_and_vllm_define_them() {
     drop(tx);
     engine.join().unwrap();
 }
+
+/// A sequence's tokens with their log probabilities, and how it ended.
+type Events = (Vec<(i64, Option<f32>)>, Result<Finish, String>);
+
+/// A sequence to serve: prompt, max_tokens, sampling, penalties, stop ids, logprobs.
+type Spec = (Vec<i64>, usize, Sampling, Penalties, Vec<i64>, bool);
+
+/// Every event of a sequence, with the log probabilities of its tokens.
+fn events(mut rx: UnboundedReceiver<(usize, Event)>) -> Events {
+    let mut tokens = Vec::new();
+    loop {
+        match rx.blocking_recv().map(|(_, e)| e) {
+            Some(Event::Token { id, logprobs }) => tokens.push((id, logprobs.map(|l| l.logprob))),
+            Some(Event::Prompt(_)) => {}
+            Some(Event::Done(f)) => return (tokens, Ok(f)),
+            Some(Event::Failed(msg)) => return (tokens, Err(msg)),
+            None => return (tokens, Err("the engine dropped the sequence".into())),
+        }
+    }
+}
+
+/// One run of the engine over jobs made by `jobs` on the glm4moe-mtp fixture (the MTP
+/// layer loaded), speculative with `k` drafts a step (0: plain steps): every sequence's
+/// events, and the metrics.
+fn serve_mtp(k: usize, prefill_chunk: usize, jobs: &[Spec]) -> (Vec<Events>, String) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm4moe-mtp");
+    let model = Glm::load(&dir, &LoadOptions { mtp: true, ..LoadOptions::default() }).unwrap();
+    let cache =
+        if k == 0 { SlotCache::new(&model, 3, 40).unwrap() } else { SlotCache::speculative(&model, 3, 40, k).unwrap() };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let opts = EngineOptions { max_batch: 3, max_model_len: 40, prefill_chunk };
+    let metrics = Arc::new(Metrics::default());
+    let m = metrics.clone();
+    let engine = std::thread::spawn(move || run(model, cache, rx, opts, m));
+    let mut receivers = Vec::new();
+    for (prompt, max_tokens, sampling, penalties, stop, logprobs) in jobs {
+        let (mut j, r) = job(prompt.clone(), *max_tokens);
+        (j.sampling, j.penalties, j.stop_ids) = (sampling.clone(), penalties.clone(), stop.clone());
+        j.logprobs = logprobs.then_some(2);
+        tx.send(j).unwrap();
+        receivers.push(r);
+    }
+    let out = receivers.into_iter().map(events).collect();
+    drop(tx);
+    engine.join().unwrap();
+    (out, metrics.render())
+}
+
+/// A speculative running batch serves greedy sequences exactly as plain steps do (tokens,
+/// log probabilities, penalties, a stop id inside a run of drafts, max_tokens), with
+/// prompts prefilled in chunks beside others and more sequences than rows; sampled
+/// sequences repeat with their seeds; /metrics counts the drafts by position.
+#[test]
+fn speculative_steps_serve_what_plain_steps_serve() {
+    let greedy = Sampling::greedy();
+    let sampled = |seed| Sampling { temperature: 3.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed };
+    let rep = Penalties { repetition: 1.3, frequency: 0.2, ..Penalties::default() };
+    let none = Penalties::default();
+    let p = |v: &[i64]| v.to_vec();
+    let jobs = vec![
+        (p(&[5, 6, 7, 9, 1, 4, 4, 2, 8, 30, 3]), 12, greedy.clone(), none.clone(), vec![], true),
+        (p(&[9, 1, 4]), 9, greedy.clone(), rep.clone(), vec![], false),
+        (p(&[17, 15, 94, 59, 15]), 7, greedy.clone(), none.clone(), vec![], false),
+        (p(&[3, 33, 60]), 20, greedy.clone(), none.clone(), vec![], true),
+        (p(&[44, 2, 71, 8]), 15, sampled(5), none.clone(), vec![], false),
+    ];
+    let (plain, _) = serve_mtp(0, 4, &jobs);
+    for k in [1, 3] {
+        let (spec, metrics) = serve_mtp(k, 4, &jobs);
+        for (i, (a, b)) in plain.iter().zip(&spec).enumerate().take(4) {
+            assert_eq!(a.1, b.1, "sequence {i}, {k} drafts: how it ended");
+            assert_eq!(a.0.len(), b.0.len(), "sequence {i}, {k} drafts");
+            for ((ta, la), (tb, lb)) in a.0.iter().zip(&b.0) {
+                assert_eq!(ta, tb, "sequence {i}, {k} drafts");
+                assert_eq!(la.is_some(), lb.is_some());
+                if let (Some(la), Some(lb)) = (la, lb) {
+                    assert!((la - lb).abs() <= 1e-4, "sequence {i}: log probability {la} vs {lb}");
+                }
+            }
+        }
+        assert_eq!(spec[4].0.len(), 15);
+        assert_eq!(serve_mtp(k, 4, &jobs).0[4], spec[4], "a seeded sampled sequence repeats");
+        assert!(
+            metrics.contains(&format!("headcount_spec_decode_draft_tokens_total{{position=\"{}\"}}", k - 1)),
+            "{metrics}"
+        );
+        assert!(metrics.contains("headcount_spec_decode_accepted_tokens_total{position=\"0\"}"), "{metrics}");
+    }
+    // A stop id a sampled run reaches inside its drafts ends it there.
+    let long = serve_mtp(3, 64, &[(p(&[44, 2, 71, 8]), 20, sampled(9), none.clone(), vec![], false)]).0.remove(0).0;
+    let stop = long[6].0;
+    let first = long.iter().position(|t| t.0 == stop).unwrap();
+    let (stopped, end) = serve_mtp(3, 64, &[(p(&[44, 2, 71, 8]), 20, sampled(9), none, vec![stop], false)]).0.remove(0);
+    assert_eq!(end, Ok(Finish::Stop));
+    assert_eq!(stopped, long[..=first].to_vec());
+}

@@ -10,6 +10,9 @@
 //! run [`SlotCache::follow`] and do the same on theirs, so every rank runs the same forwards.
 //! An idle rank 0 sends [`SlotCache::idle`] now and then, so the others' wait for the next
 //! operation stays within the ranks' timeout, and [`SlotCache::stop`] at the end.
+//!
+//! A cache made by [`SlotCache::speculative`] also holds the model's multi-token-prediction
+//! layer's cache, and its rows take speculative steps (`super::slot_drafts`).
 
 use tch::{Kind, Tensor};
 
@@ -18,7 +21,7 @@ use crate::model::{CausalLm, KvCache, Rope, Step};
 
 /// The operations rank 0 broadcasts (the first of a header's four numbers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
+pub(super) enum Op {
     Extend = 1,
     ExtendRows = 2,
     Decode = 3,
@@ -27,15 +30,23 @@ enum Op {
     Idle = 6,
     Stop = 7,
     ExtendScored = 8,
+    DraftStart = 9,
+    DraftNext = 10,
+    Verify = 11,
+    Accept = 12,
 }
 
 /// The rows of a running batch's cache and how many positions each holds.
 pub struct SlotCache {
-    cache: KvCache,
-    rope: Rope,
-    lens: Vec<usize>,
+    pub(super) cache: KvCache,
+    pub(super) rope: Rope,
+    pub(super) lens: Vec<usize>,
     /// Query heads per kv head of this rank: a prefill's query rows are laid out group-major.
-    group: i64,
+    pub(super) group: i64,
+    /// Positions a row may hold (the cache holds more where speculative steps write past it).
+    pub(super) capacity: usize,
+    /// Speculative decoding's side: the MTP layer's cache and each row's drafting state.
+    pub(super) drafts: Option<super::slot_drafts::Drafts>,
 }
 
 impl SlotCache {
@@ -57,7 +68,24 @@ impl SlotCache {
         let cache = model.new_cache(rows, capacity)?;
         let rope = Rope::new(model.dims(), capacity, model.device())?;
         let group = model.query_group();
-        Ok(SlotCache { cache, rope, lens: vec![0; rows], group })
+        Ok(SlotCache { cache, rope, lens: vec![0; rows], group, capacity, drafts: None })
+    }
+
+    /// A cache of `rows` sequences of up to `capacity` positions whose rows decode
+    /// speculatively, `tokens` drafts a step from the model's multi-token-prediction layer
+    /// (loaded with it): a verification writes up to `tokens` slots past a row's length,
+    /// which the cache holds beyond `capacity`.
+    pub fn speculative(model: &dyn CausalLm, rows: usize, capacity: usize, tokens: usize) -> Result<SlotCache> {
+        if tokens == 0 {
+            return Err(Error::InvalidArgument("a speculative cache drafts at least one token a step".to_owned()));
+        }
+        super::speculative::check_speculative(model, &super::GenerateOptions::default())?;
+        let held = capacity.saturating_add(tokens + 1);
+        let mut c = SlotCache::new(model, rows, capacity)?;
+        c.cache = model.new_cache(rows, held)?;
+        c.rope = Rope::new(model.dims(), held, model.device())?;
+        c.drafts = Some(super::slot_drafts::Drafts::new(model, rows, held, tokens)?);
+        Ok(c)
     }
 
     pub fn rows(&self) -> usize {
@@ -66,7 +94,7 @@ impl SlotCache {
 
     /// Positions a row can hold.
     pub fn capacity(&self) -> usize {
-        self.cache.capacity as usize // cannot wrap: built from a usize
+        self.capacity
     }
 
     /// Positions row `row` holds.
@@ -79,6 +107,9 @@ impl SlotCache {
         self.row_exists(row)?;
         tell(model, Op::Clear, row, 0, &[])?;
         self.lens[row] = 0;
+        if let Some(d) = &mut self.drafts {
+            d.clear(row);
+        }
         Ok(())
     }
 
@@ -121,11 +152,18 @@ impl SlotCache {
         // One new token attends to every key up to it (no mask); several, causally.
         let mask = if t == 1 { None } else { Some(self.causal_mask(&slots, end, kind)?) };
         let step = Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None };
-        let ids = Tensor::f_from_slice(ids)?.f_view([1, end - s])?.f_to_device(dev)?;
+        let input = Tensor::f_from_slice(ids)?.f_view([1, end - s])?.f_to_device(dev)?;
         let mut view = self.view(row, 1)?;
-        let logits = model.forward(&ids, &step, &mut view, !every)?;
+        let (logits, hidden) = if self.drafts.is_some() {
+            model.forward_hidden(&input, &step, &mut view, !every)?
+        } else {
+            (model.forward(&input, &step, &mut view, !every)?, None)
+        };
         let logits = if every { logits.f_select(0, 0)? } else { logits.f_select(1, 0)? };
         self.lens[row] = start + t;
+        if self.drafts.is_some() {
+            self.draft_after_append(model, row, start, ids, hidden.as_ref())?;
+        }
         Ok(logits)
     }
 
@@ -172,9 +210,17 @@ impl SlotCache {
         let step = Step { start: 0, len, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at };
         let ids = Tensor::f_from_slice(&flat)?.f_view([b, len])?.f_to_device(dev)?;
         let mut view = self.view(first, k)?;
-        let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;
+        let (logits, hidden) = if self.drafts.is_some() {
+            model.forward_hidden(&ids, &step, &mut view, true)?
+        } else {
+            (model.forward(&ids, &step, &mut view, true)?, None)
+        };
+        let logits = logits.f_select(1, 0)?;
         for (i, p) in prompts.iter().enumerate() {
             self.lens[first + i] = p.len();
+        }
+        if self.drafts.is_some() {
+            self.draft_after_rows(model, first, prompts, &ids, hidden.as_ref())?;
         }
         Ok(logits)
     }
@@ -246,6 +292,9 @@ impl SlotCache {
         }
         self.lens[to] = self.lens[from];
         self.lens[from] = 0;
+        if let Some(d) = &mut self.drafts {
+            d.move_row(from, to, len)?;
+        }
         Ok(())
     }
 
@@ -292,6 +341,13 @@ impl SlotCache {
                     drop(self.extend_rows(model, a, &prompts)?);
                 }
                 x if x == Op::Decode as i64 => drop(self.decode(model, &payload)?),
+                x if x == Op::DraftStart as i64 => drop(self.draft_start(model, &payload)?),
+                x if x == Op::DraftNext as i64 => drop(self.draft_next(model, &payload)?),
+                x if x == Op::Verify as i64 => drop(self.verify(model, &payload, b)?),
+                x if x == Op::Accept as i64 => {
+                    let counts: Vec<usize> = payload.iter().map(|&c| usize::try_from(c).unwrap_or(0)).collect();
+                    self.accept(model, &counts)?
+                }
                 x if x == Op::Move as i64 => self.move_row(model, a, b)?,
                 x if x == Op::Clear as i64 => self.clear(model, a)?,
                 x if x == Op::Idle as i64 => {}
@@ -302,7 +358,7 @@ impl SlotCache {
     }
 
     /// The cache of rows `first..first + n` as one generation's cache (views, not copies).
-    fn view(&self, first: usize, n: usize) -> Result<KvCache> {
+    pub(super) fn view(&self, first: usize, n: usize) -> Result<KvCache> {
         // cannot wrap: rows are a usize count that fits i64.
         let kv = self.cache.kv.iter().map(|t| t.f_narrow(0, first as i64, n as i64)).collect::<Result<Vec<_>, _>>()?;
         Ok(KvCache { kv, capacity: self.cache.capacity, len: 0 })
@@ -310,7 +366,7 @@ impl SlotCache {
 
     /// The additive causal mask of query slots `slots` over the first `keys` slots:
     /// [1, 1, L (x group), keys].
-    fn causal_mask(&self, slots: &Tensor, keys: i64, kind: Kind) -> Result<Tensor> {
+    pub(super) fn causal_mask(&self, slots: &Tensor, keys: i64, kind: Kind) -> Result<Tensor> {
         let dev = slots.device();
         let k = Tensor::f_arange(keys, (Kind::Int64, dev))?.f_unsqueeze(0)?; // [1, keys]
         let hidden = k.f_gt_tensor(&slots.f_unsqueeze(1)?)?; // [L, keys]
@@ -326,7 +382,7 @@ fn tells(model: &dyn CausalLm) -> bool {
 }
 
 /// Rank 0 broadcasts an operation (header, then its numbers) to the other ranks.
-fn tell(model: &dyn CausalLm, op: Op, a: usize, b: usize, payload: &[i64]) -> Result<()> {
+pub(super) fn tell(model: &dyn CausalLm, op: Op, a: usize, b: usize, payload: &[i64]) -> Result<()> {
     if !tells(model) {
         return Ok(());
     }
@@ -341,7 +397,7 @@ fn tell(model: &dyn CausalLm, op: Op, a: usize, b: usize, payload: &[i64]) -> Re
 }
 
 /// Every id inside the vocabulary.
-fn check_ids(model: &dyn CausalLm, ids: &[i64]) -> Result<()> {
+pub(super) fn check_ids(model: &dyn CausalLm, ids: &[i64]) -> Result<()> {
     let vocab = model.dims().vocab as i64; // cannot wrap: the rules keep vocab_size within i64
     match ids.iter().position(|&id| id < 0 || id >= vocab) {
         Some(pos) => Err(Error::TokenOutOfRange { id: ids[pos], row: 0, pos, vocab }),

@@ -196,10 +196,16 @@ fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
             cache.shallow_clone()
         }
         (None, Some(at)) => {
-            // Row i's entries go to its own slot at[i].
-            let index = at.f_view([b, 1, 1, 1])?.f_expand(new.size(), false)?;
+            // Row i's entries go to its own slots from at[i] on.
+            let from = at.f_view([b, 1, 1, 1])?;
+            let index = if t == 1 {
+                from.f_expand(new.size(), false)?
+            } else {
+                let offsets = Tensor::f_arange(t, (tch::Kind::Int64, at.device()))?.f_view([1, 1, t, 1])?;
+                from.f_add(&offsets)?.f_expand(new.size(), false)?
+            };
             let _ = cache.shallow_clone().f_scatter_(2, &index, new)?;
-            cache.f_narrow(2, 0, step.start + 1)?
+            cache.f_narrow(2, 0, step.start + t)?
         }
         (None, None) => {
             cache.f_narrow(2, step.start, t)?.f_copy_(new)?;

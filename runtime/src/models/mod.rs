@@ -87,10 +87,10 @@ pub struct Step {
     /// the step can be captured in a CUDA graph and replayed at later slots. `start` is then
     /// only bookkeeping.
     pub slot: Option<Tensor>,
-    /// Ragged one-token steps (a server's running batch, each row at its own length): the
-    /// cache slot each row writes at, `[B]` int64 on the device. Keys are then the cache's
-    /// first `start + 1` slots, `start` being the largest of them, and `mask` hides each
-    /// row's slots past its own.
+    /// Ragged steps (a server's running batch, each row at its own length): the cache slot
+    /// each row writes its first token at, `[B]` int64 on the device (its `len` tokens go to
+    /// the slots from there on). Keys are then the cache's first `start + len` slots,
+    /// `start` being the largest of them, and `mask` hides each row's slots past its own.
     pub rows_at: Option<Tensor>,
     /// With `last_only`: the position whose logits each row keeps (`[B]` int64 on the
     /// device), for a batch of prompts padded on the right; `None` keeps the last.
@@ -875,7 +875,7 @@ impl Glm {
         let ix = self.dims.mla.as_ref().and_then(|m| m.indexer.as_ref())?;
         let keys = match (&step.slot, &step.rows_at) {
             (Some(_), _) => capacity,
-            (None, Some(_)) => step.start + 1,
+            (None, Some(_)) => step.start + step.len,
             (None, None) => step.start + step.len,
         };
         let k = ix.topk as i64;
