@@ -2,13 +2,17 @@
 inter-token latency (p50, p99) at several concurrencies, for `headcount serve` and
 `transformers serve --continuous-batching` on the same weights and threads, loopback only.
 
-  python/serve_load.py [--shape demo|4-layer] [--engines headcount,transformers]
+  python/serve_load.py [--shape demo|demo-mtp|4-layer] [--engines headcount,transformers]
                        [--concurrency 1,8,32,128] [--requests 128] [--max-tokens 32]
+                       [--speculative-tokens 2]
 
 Each level sends --requests streaming completions (greedy), --concurrency at a time, after
 a warm-up; a token is a streamed chunk that carries text. The 4-layer shape is a random
 Glm of python/bench/glm-4layer.json saved with a word-level tokenizer ("t17" is id 17), so
-both servers read the same text prompts as the same ids. Prints one markdown table.
+both servers read the same text prompts as the same ids. The demo-mtp shape is the demo's
+glm4_moe version with its multi-token-prediction layer (examples/addition/model-mtp); the
+engine `headcount-speculative` serves it with --speculative-tokens, and its rows add the share
+of drafts accepted (from /metrics). Prints one markdown table.
 """
 
 import argparse
@@ -56,9 +60,11 @@ def prompts(shape: str, n: int, prompt_len: int) -> list[str]:
     out = []
     x = 12345
     for _ in range(n):
-        if shape == "demo":
+        if shape.startswith("demo"):
             x = (x * 1103515245 + 12345) % 2**31
-            out.append(f"<bos>{x % 1000}+{(x >> 10) % 1000}=")
+            # demo-mtp runs headcount only, whose tokenizer puts <bos> first itself.
+            bos = "" if shape == "demo-mtp" else "<bos>"
+            out.append(f"{bos}{x % 1000}+{(x >> 10) % 1000}=")
         else:
             ids = []
             for _ in range(prompt_len):
@@ -68,11 +74,13 @@ def prompts(shape: str, n: int, prompt_len: int) -> list[str]:
     return out
 
 
-def start(engine: str, model: Path, port: int, threads: int, max_batch: int) -> subprocess.Popen:
+def start(engine: str, model: Path, port: int, threads: int, max_batch: int, speculative: int) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    if engine == "headcount":
+    if engine.startswith("headcount"):
         cmd = [str(HEADCOUNT), "serve", "--model", str(model), "--port", str(port), "--max-batch", str(max_batch),
                "--max-queue", "4096", "-q"]
+        if engine == "headcount-speculative":
+            cmd += ["--speculative-tokens", str(speculative)]
     else:
         cmd = [str(ROOT / ".venv/bin/transformers"), "serve", str(model), "--port", str(port), "--host", "127.0.0.1",
                "--device", "cpu", "--continuous-batching", "--log-level", "warning"]
@@ -135,20 +143,38 @@ def level(port: int, model: str, ps: list[str], conc: int, max_tokens: int) -> d
             "ttft50": q(ttft, 0.5), "ttft99": q(ttft, 0.99), "itl50": q(itl, 0.5), "itl99": q(itl, 0.99)}
 
 
+def acceptance(port: int) -> str:
+    """Drafts accepted over drafted, by position, from the server's /metrics."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    counts: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for kind, i in (("draft", 0), ("accepted", 1)):
+            prefix = f"headcount_spec_decode_{kind}_tokens_total{{position=\""
+            if line.startswith(prefix):
+                pos = line[len(prefix):].split('"')[0]
+                counts.setdefault(pos, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+    return ", ".join(f"{int(p) + 1}: {100 * a / max(d, 1):.1f}%" for p, (d, a) in sorted(counts.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="demo", choices=["demo", "4-layer"])
+    ap.add_argument("--shape", default="demo", choices=["demo", "demo-mtp", "4-layer"])
     ap.add_argument("--engines", default="headcount,transformers")
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--speculative-tokens", type=int, default=2)
     a = ap.parse_args()
     levels = [int(c) for c in a.concurrency.split(",")]
     tmp = tempfile.TemporaryDirectory()
     if a.shape == "demo":
         model = ROOT / "examples/addition/model"
+    elif a.shape == "demo-mtp":
+        model = ROOT / "examples/addition/model-mtp"
     else:
         model = Path(tmp.name) / "4-layer"
         four_layer_checkpoint(model)
@@ -156,13 +182,14 @@ def main() -> None:
     rows = []
     for engine in a.engines.split(","):
         port = free_port()
-        p = start(engine, model, port, a.threads, max(levels))
+        p = start(engine, model, port, a.threads, max(levels), a.speculative_tokens)
         try:
             warm = prompts(a.shape, 8, a.prompt_len)
             level(port, name, warm, 4, a.max_tokens)
             for conc in levels:
                 n = max(a.requests, conc)
                 r = level(port, name, prompts(a.shape, n, a.prompt_len), conc, a.max_tokens)
+                r["accepted"] = acceptance(port) if engine == "headcount-speculative" else ""
                 rows.append((engine, conc, n, r))
                 print(f"{engine} c={conc}: {r['req_s']:.1f} req/s {r['tok_s']:.0f} tok/s", file=sys.stderr)
         finally:
@@ -172,11 +199,12 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
     print(f"\nshape {a.shape}, {a.threads} threads, max_tokens {a.max_tokens}, greedy, streaming\n")
-    print("| engine | concurrency | requests | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| engine | concurrency | requests | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
+          "ITL p99 ms | drafts accepted (so far, by position) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for engine, conc, n, r in rows:
         print(f"| {engine} | {conc} | {n} | {r['req_s']:.1f} | {r['tok_s']:.0f} | {r['ttft50']*1e3:.1f} | "
-              f"{r['ttft99']*1e3:.1f} | {r['itl50']*1e3:.2f} | {r['itl99']*1e3:.2f} |")
+              f"{r['ttft99']*1e3:.1f} | {r['itl50']*1e3:.2f} | {r['itl99']*1e3:.2f} | {r['accepted'] or '-'} |")
 
 
 if __name__ == "__main__":

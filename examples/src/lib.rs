@@ -52,7 +52,19 @@ pub struct Glm4_9B;
 )]
 pub struct SmallGlmTp;
 
+/// The addition demo's glm4_moe version (GLM-4.5's layout, small): trained by transformers
+/// together with one multi-token-prediction layer, which drafts for speculative decoding
+/// (python/train_demo_mtp.py).
+#[derive(headcount::Architecture)]
+#[arch(from_config = "addition/model-mtp/config.json")]
+pub struct AdditionGlmMtp;
+
 /// The demo checkpoint folder, `examples/addition/model`.
 pub fn addition_model_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("addition").join("model")
+}
+
+/// The glm4_moe demo's folder, `examples/addition/model-mtp`.
+pub fn addition_mtp_model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("addition").join("model-mtp")
 }

@@ -86,3 +86,33 @@ fn heldout_accuracy_holds_with_quantized_weights() {
         assert!(accuracy >= 0.99, "{flag} accuracy {accuracy}");
     }
 }
+
+/// The glm4_moe demo with its multi-token-prediction layer (python/train_demo_mtp.py): the
+/// held-out answers are transformers' with plain and with speculative decoding, one
+/// problem at a time, and its drafts are accepted (measured: docs/PERFORMANCE.md).
+#[test]
+fn mtp_demo_answers_as_transformers_and_its_drafts_are_accepted() {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["--mtp", "--heldout", "--json"];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_addition")).args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let plain = run(&[]);
+    let speculative = run(&["--one-by-one", "--speculative-tokens", "2"]);
+    for v in [&plain, &speculative] {
+        assert_eq!(v["agree_with_transformers"].as_u64(), Some(500), "answers differ from transformers'");
+        assert!(v["accuracy"].as_f64().unwrap() >= 0.99, "{v}");
+    }
+    assert_eq!(plain["answers"], speculative["answers"]);
+    let drafted: Vec<u64> = serde_json::from_value(speculative["drafted"].clone()).unwrap();
+    let accepted: Vec<u64> = serde_json::from_value(speculative["accepted"].clone()).unwrap();
+    assert_eq!(drafted.len(), 2);
+    let first = accepted[0] as f64 / drafted[0] as f64;
+    assert!(first >= 0.9, "first drafts accepted: {accepted:?} of {drafted:?}");
+    // Fewer verifying steps than tokens: accepted drafts come out several a step.
+    let (steps, tokens) =
+        (speculative["decode_steps"].as_u64().unwrap(), speculative["decode_tokens"].as_u64().unwrap());
+    assert!(steps < tokens, "{steps} steps for {tokens} tokens");
+}

@@ -7,13 +7,19 @@
 //! addition --heldout [--json]    only the held-out evaluation (--int8, --int4: quantized weights)
 //! addition --serve [PORT]         serve the typed model over the OpenAI API (default 8000)
 //! ```
+//!
+//! `--mtp` runs the demo's glm4_moe version instead (python/train_demo_mtp.py), and with
+//! `--speculative-tokens N` its multi-token-prediction layer drafts N tokens a step;
+//! `--one-by-one` answers each problem alone (batch 1).
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use headcount::Architecture;
-use headcount_examples::{AdditionGlm, addition_model_dir};
-use headcount_runtime::{Error, GenerateOptions, LoadOptions, Model, Quantize, Result, Sampling, TextCodec, generate};
+use headcount_examples::{AdditionGlm, AdditionGlmMtp, addition_model_dir, addition_mtp_model_dir};
+use headcount_runtime::{
+    Error, GenerateOptions, Generation, Glm, LoadOptions, Model, Quantize, Result, Sampling, TextCodec, generate,
+};
 
 const MAX_NEW_TOKENS: usize = 5;
 
@@ -29,33 +35,61 @@ fn main() -> ExitCode {
     }
 }
 
+/// Which of the demo's models runs, and how.
+struct Choice {
+    quantize: Quantize,
+    /// The glm4_moe version with its MTP layer.
+    mtp: bool,
+    speculative_tokens: usize,
+    one_by_one: bool,
+}
+
 struct Demo {
-    model: Model<AdditionGlm>,
+    model: Glm,
     codec: TextCodec,
     eos: Vec<i64>,
+    speculative_tokens: usize,
+    one_by_one: bool,
 }
 
 impl Demo {
-    fn load(quantize: Quantize) -> Result<Demo> {
-        let dir = addition_model_dir();
-        let model = Model::<AdditionGlm>::load(&dir, &LoadOptions { quantize, ..Default::default() })?;
+    fn load(c: &Choice) -> Result<Demo> {
+        let dir = if c.mtp { addition_mtp_model_dir() } else { addition_model_dir() };
+        let opts = LoadOptions { quantize: c.quantize, mtp: c.speculative_tokens > 0, ..Default::default() };
+        // Each checkpoint against its declaration, checked when it loads.
+        let (model, eos) = if c.mtp {
+            (Model::<AdditionGlmMtp>::load(&dir, &opts)?.into_inner(), AdditionGlmMtp::EOS_TOKEN_IDS)
+        } else {
+            (Model::<AdditionGlm>::load(&dir, &opts)?.into_inner(), AdditionGlm::EOS_TOKEN_IDS)
+        };
         let codec = TextCodec::from_dir(&dir)?
             .ok_or_else(|| Error::InvalidArgument(format!("{} has no tokenizer.json", dir.display())))?;
-        let eos = AdditionGlm::EOS_TOKEN_IDS.iter().map(|&i| i as i64).collect();
-        Ok(Demo { model, codec, eos })
+        let eos = eos.iter().map(|&i| i as i64).collect();
+        Ok(Demo { model, codec, eos, speculative_tokens: c.speculative_tokens, one_by_one: c.one_by_one })
     }
 
-    /// Greedy answers for prompts like "123+456=", all in one left-padded batch.
-    fn answer(&self, prompts: &[String]) -> Result<(Vec<String>, headcount_runtime::Generation)> {
+    /// Greedy answers for prompts like "123+456=", all in one left-padded batch (or one at
+    /// a time), and the generation's counts (summed over the problems one at a time).
+    fn answer(&self, prompts: &[String]) -> Result<(Vec<String>, Generation)> {
         // The tokenizer puts <bos> first (its post-processor), as transformers' does.
         let batch = prompts.iter().map(|p| self.codec.encode(p)).collect::<Result<Vec<_>>>()?;
         let opts = GenerateOptions {
             max_new_tokens: MAX_NEW_TOKENS,
             sampling: Sampling::greedy(),
             eos_token_ids: self.eos.clone(),
+            speculative_tokens: self.speculative_tokens,
             ..Default::default()
         };
-        let g = generate(self.model.glm(), &batch, &opts, |_, _| {})?;
+        let g = if self.one_by_one {
+            let mut total = Generation::default();
+            for p in &batch {
+                let g = generate(&self.model, std::slice::from_ref(p), &opts, |_, _| {})?;
+                add(&mut total, g);
+            }
+            total
+        } else {
+            generate(&self.model, &batch, &opts, |_, _| {})?
+        };
         let answers = g
             .tokens
             .iter()
@@ -65,6 +99,22 @@ impl Demo {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((answers, g))
+    }
+}
+
+/// Adds one generation's tokens and counts to `total`.
+fn add(total: &mut Generation, g: Generation) {
+    total.tokens.extend(g.tokens);
+    total.prefill_tokens += g.prefill_tokens;
+    total.prefill_seconds += g.prefill_seconds;
+    total.decode_steps += g.decode_steps;
+    total.decode_tokens += g.decode_tokens;
+    total.decode_seconds += g.decode_seconds;
+    total.drafted.resize(total.drafted.len().max(g.drafted.len()), 0);
+    total.accepted.resize(total.drafted.len(), 0);
+    for (i, (d, a)) in g.drafted.into_iter().zip(g.accepted).enumerate() {
+        total.drafted[i] += d;
+        total.accepted[i] += a;
     }
 }
 
@@ -90,8 +140,8 @@ struct Heldout {
     transformers_accuracy: f64,
 }
 
-fn read_heldout() -> Result<Heldout> {
-    let path = addition_model_dir().join("heldout.json");
+fn read_heldout(dir: &std::path::Path) -> Result<Heldout> {
+    let path = dir.join("heldout.json");
     let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
     let bad = |why: &str| Error::BadFile { file: path.clone(), reason: why.to_owned() };
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&e.to_string()))?;
@@ -138,15 +188,42 @@ fn run() -> Result<()> {
     } else {
         Quantize::None
     };
-    let known = ["--json", "--heldout", "--int8", "--int4"];
+    // --speculative-tokens N: the flag and its number.
+    let mut speculative_tokens = 0;
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--speculative-tokens" {
+            let n = it.next().ok_or_else(|| Error::InvalidArgument("--speculative-tokens takes a number".into()))?;
+            speculative_tokens = n.parse().map_err(|_| {
+                Error::InvalidArgument(format!("--speculative-tokens takes a number of tokens, not {n:?}"))
+            })?;
+        } else {
+            rest.push(a.clone());
+        }
+    }
+    let args = rest;
+    let choice = Choice {
+        quantize,
+        mtp: args.iter().any(|a| a == "--mtp"),
+        speculative_tokens,
+        one_by_one: args.iter().any(|a| a == "--one-by-one"),
+    };
+    if speculative_tokens > 0 && !choice.mtp {
+        return Err(Error::InvalidArgument(
+            "--speculative-tokens drafts with the glm4_moe demo's MTP layer: add --mtp".to_owned(),
+        ));
+    }
+    let known = ["--json", "--heldout", "--int8", "--int4", "--mtp", "--one-by-one"];
     if let Some(flag) = args.iter().find(|a| a.starts_with("--") && !known.contains(&a.as_str())) {
         return Err(Error::InvalidArgument(format!(
-            "unknown flag {flag}: use sums like 123+456, --heldout, --json, --int8, --int4 or --serve [PORT]"
+            "unknown flag {flag}: use sums like 123+456, --heldout, --json, --int8, --int4, --mtp, \
+             --speculative-tokens N, --one-by-one or --serve [PORT]"
         )));
     }
     let sums: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     let prompts = sums.iter().map(|s| parse_sum(s)).collect::<Result<Vec<_>>>()?;
-    let demo = Demo::load(quantize)?;
+    let demo = Demo::load(&choice)?;
     if !prompts.is_empty() {
         let (answers, _) = demo.answer(&prompts)?;
         for (p, a) in prompts.iter().zip(answers) {
@@ -158,15 +235,23 @@ fn run() -> Result<()> {
         let examples: Vec<String> =
             ["123+456", "999+1", "58+907", "0+0", "404+303"].iter().map(|s| format!("{s}=")).collect();
         let (answers, _) = demo.answer(&examples)?;
-        println!(
-            "A {}-layer GLM trained by transformers on addition, run by headcount:",
-            AdditionGlm::NUM_HIDDEN_LAYERS
-        );
+        if choice.mtp {
+            println!(
+                "A {}-layer GLM-4.5-shaped model (glm4_moe) with a multi-token-prediction layer, trained by \
+                 transformers on addition, run by headcount:",
+                AdditionGlmMtp::NUM_HIDDEN_LAYERS
+            );
+        } else {
+            println!(
+                "A {}-layer GLM trained by transformers on addition, run by headcount:",
+                AdditionGlm::NUM_HIDDEN_LAYERS
+            );
+        }
         for (p, a) in examples.iter().zip(answers) {
             println!("  {p}{a}");
         }
     }
-    let h = read_heldout()?;
+    let h = read_heldout(&if choice.mtp { addition_mtp_model_dir() } else { addition_model_dir() })?;
     let t = Instant::now();
     let (answers, g) = demo.answer(&h.prompts)?;
     let secs = t.elapsed().as_secs_f64();
@@ -184,6 +269,11 @@ fn run() -> Result<()> {
             "answers": answers,
             "prefill_tokens_per_s": g.prefill_tokens_per_second(),
             "decode_tokens_per_s": g.decode_tokens_per_second(),
+            "decode_steps": g.decode_steps,
+            "decode_tokens": g.decode_tokens,
+            "speculative_tokens": choice.speculative_tokens,
+            "drafted": g.drafted,
+            "accepted": g.accepted,
         });
         println!("{out}");
     } else {
@@ -193,11 +283,22 @@ fn run() -> Result<()> {
             100.0 * h.transformers_accuracy
         );
         println!(
-            "speed: {n} problems in one batch in {:.0} ms; prefill {:.0} tokens/s, decode {:.0} tokens/s",
+            "speed: {n} problems {} in {:.0} ms; prefill {:.0} tokens/s, decode {:.0} tokens/s",
+            if choice.one_by_one { "one at a time" } else { "in one batch" },
             secs * 1e3,
             g.prefill_tokens_per_second(),
             g.decode_tokens_per_second()
         );
+        if choice.speculative_tokens > 0 {
+            let by_position: Vec<String> =
+                g.acceptance().iter().enumerate().map(|(i, a)| format!("{}: {:.1}%", i + 1, 100.0 * a)).collect();
+            println!(
+                "speculative decoding, {} drafts a step: {:.2} tokens a step; drafts accepted by position {}",
+                choice.speculative_tokens,
+                g.decode_tokens as f64 / g.decode_steps.max(1) as f64,
+                by_position.join(", ")
+            );
+        }
     }
     Ok(())
 }

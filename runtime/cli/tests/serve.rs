@@ -206,3 +206,89 @@ fn two_tensor_parallel_ranks_serve_what_one_process_generates() {
     let code = exits_within(&mut server.child, 30, "the ranks, after SIGTERM,");
     assert!(code.success(), "the served run exited with {code} after SIGTERM");
 }
+
+/// One HTTP GET: the body.
+fn get(url: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+/// The glm4_moe demo served with its multi-token-prediction layer drafting 3 tokens a step,
+/// in one process and over two tensor-parallel ranks: the answers the library generates
+/// without speculation, a stream whose stop string ends it inside a run of accepted drafts
+/// (the whole answer after its first digit is drafted and accepted in one step), and the
+/// drafts accepted in /metrics.
+#[test]
+fn speculative_serving_answers_as_plain_decoding() {
+    let dir = root().join("examples/addition/model-mtp");
+    let model = Glm::load(&dir, &LoadOptions::default()).unwrap();
+    let codec = TextCodec::from_dir(&dir).unwrap().unwrap();
+    let prompts = ["123+456=", "999+1=", "58+907=", "404+303="];
+    let plain: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let opts = GenerateOptions {
+                max_new_tokens: 8,
+                sampling: Sampling::greedy(),
+                eos_token_ids: vec![2],
+                ..Default::default()
+            };
+            let g = generate(&model, &[codec.encode(p).unwrap()], &opts, |_, _| {}).unwrap();
+            codec.decode(&g.tokens[0]).unwrap()
+        })
+        .collect();
+    assert_eq!(plain[0], "579");
+    let dir_arg = dir.display().to_string();
+    for extra in [&[][..], &["--tp", "2"][..]] {
+        let mut args = vec!["--model", dir_arg.as_str(), "--speculative-tokens", "3"];
+        args.extend_from_slice(extra);
+        let server = start(&args, &[]);
+        let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    let body = serde_json::json!({"prompt": p, "max_tokens": 8, "temperature": 0}).to_string();
+                    let url = server.url.clone();
+                    s.spawn(move || post(&url, "/v1/completions", &body))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for ((status, body), want) in answers.iter().zip(&plain) {
+            assert_eq!(*status, 200, "{body}");
+            let v: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want, "{extra:?}: {body}");
+        }
+        // "579": 5 from the prefill, then 7, 9 and <eos> drafted and accepted in one step;
+        // the stop string "9" ends the stream inside it.
+        let body = serde_json::json!({"prompt": "123+456=", "max_tokens": 8, "temperature": 0, "stream": true,
+                                      "stop": ["9"]})
+        .to_string();
+        let (status, text) = post(&server.url, "/v1/completions", &body);
+        assert_eq!(status, 200, "{text}");
+        let chunks: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+        assert_eq!(streamed, "57", "{text}");
+        let reasons: Vec<&str> = chunks.iter().filter_map(|c| c["choices"][0]["finish_reason"].as_str()).collect();
+        assert_eq!(reasons, ["stop"], "{text}");
+        let metrics = get(&server.url, "/metrics");
+        let accepted: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("headcount_spec_decode_accepted_tokens_total{position=\"0\"} "))
+            .unwrap_or_else(|| panic!("{metrics}"))
+            .parse()
+            .unwrap();
+        assert!(accepted >= 4.0, "{extra:?}: {metrics}");
+    }
+}
