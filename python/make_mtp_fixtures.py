@@ -1,6 +1,6 @@
-"""Build tiny glm4_moe checkpoints with a multi-token-prediction (MTP) layer, and
-transformers' reference outputs for them (speculative decoding with the checkpoint's own
-MTP layer, `generate(..., use_mtp=True)`).
+"""Build tiny glm4_moe and glm4_moe_lite checkpoints with a multi-token-prediction (MTP)
+layer, and transformers' reference outputs for them (speculative decoding with the
+checkpoint's own MTP layer, `generate(..., use_mtp=True)`).
 
 Run from the repository root:
 
@@ -22,8 +22,12 @@ For each fixture writes tests/fixtures/<name>/:
   reference.json: versions, shapes, notes.
 
 transformers 5.24 finds a checkpoint's MTP tensors by the layer numbers of the published
-models (Glm4MoeForCausalLM._keys_to_ignore_on_load_unexpected names layers 46 and 92), so
-the script points that list at layer L before loading them.
+models (Glm4MoeForCausalLM._keys_to_ignore_on_load_unexpected names layers 46 and 92,
+Glm4MoeLiteForCausalLM's 47), so the script points that list at layer L before loading them.
+Its glm4_moe_lite config has no num_mtp_layers (GLM-4.7-Flash's config.json says
+num_nextn_predict_layers, which it does not read): the script sets num_mtp_layers and
+mtp_mlp_layer_types on the config in memory for MtpModel, and writes config.json with
+num_nextn_predict_layers only, as the published checkpoint does.
 """
 
 import copy
@@ -36,21 +40,21 @@ import torch
 import transformers
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import Glm4MoeForCausalLM
+from transformers import Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM
 from transformers.modeling_layers import MtpModel
 
 sys.path.insert(0, str(Path(__file__).parent))
 from make_fixtures import (  # noqa: E402
-    BATCH, DEFAULT_EOS_ID, FIXTURES, MIN_MARGIN, NEW_TOKENS, PAD_ID, SEQ, build_config, randomize,
+    BATCH, DEFAULT_EOS_ID, FAMILIES, FIXTURES, MIN_MARGIN, NEW_TOKENS, PAD_ID, SEQ, build_config, randomize,
     reference_outputs, top_gap,
 )
 
-# name: (seed, config keys, options). Two main layers and one MTP layer each.
+# name: (family, seed, config keys, options). Two main layers and one MTP layer each.
 MTP_SPECS = {
     # Grouped routing, q/k norm, a dense first layer; the published layout (one tensor per
     # expert), and the MTP layer's copies of the embedding and head that published
     # checkpoints carry (transformers ignores them: both are the main model's).
-    "glm4moe-mtp": (115, dict(
+    "glm4moe-mtp": ("glm4_moe", 115, dict(
         vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5, rope_theta=10000.0,
         tie_word_embeddings=False, attention_bias=True, rms_norm_eps=1e-5, num_hidden_layers=2,
@@ -60,7 +64,7 @@ MTP_SPECS = {
         dict(fused=False, head_copies=True)),
     # Tied embeddings, every layer a mixture of experts, fused experts (transformers 5's
     # own layout), full rotary.
-    "glm4moe-mtp-tied-fused": (116, dict(
+    "glm4moe-mtp-tied-fused": ("glm4_moe", 116, dict(
         vocab_size=112, hidden_size=48, intermediate_size=64, num_attention_heads=6,
         num_key_value_heads=2, head_dim=8, partial_rotary_factor=1.0, rope_theta=20000.0,
         tie_word_embeddings=True, attention_bias=False, rms_norm_eps=1e-6, num_hidden_layers=2,
@@ -68,7 +72,28 @@ MTP_SPECS = {
         n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False,
         routed_scaling_factor=2.5, use_qk_norm=False, num_nextn_predict_layers=1),
         dict(fused=True, head_copies=False)),
+    # GLM-4.7-Flash's layout: latent attention with low-rank queries, interleaved rotary, a
+    # dense first layer; its MTP layer a latent-attention layer with experts.
+    "glm4moelite-mtp": ("glm4_moe_lite", 117, dict(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12,
+        v_head_dim=10, partial_rotary_factor=1.0, rope_theta=10000.0, rope_interleave=True,
+        tie_word_embeddings=False, attention_bias=False, rms_norm_eps=1e-5, num_hidden_layers=2,
+        mlp_layer_types=["dense", "sparse"], moe_intermediate_size=16, n_routed_experts=8,
+        n_shared_experts=1, num_experts_per_tok=3, n_group=2, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=1.8),
+        dict(fused=False, head_copies=True)),
 }
+
+# What transformers' MtpModel reads of a glm4_moe_lite config, which has no such keys.
+MTP_CONFIG_KEYS = {"num_mtp_layers": 1, "mtp_mlp_layer_types": ["sparse"]}
+
+
+def enable_mtp(config) -> None:
+    """The keys MtpModel reads, on a config whose family has none (glm4_moe_lite)."""
+    if config.model_type == "glm4_moe_lite":
+        for k, v in MTP_CONFIG_KEYS.items():
+            setattr(config, k, v)
 
 
 @torch.no_grad()
@@ -91,9 +116,9 @@ def randomize_mtp(mtp: MtpModel, seed: int) -> None:
             b.copy_(0.3 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
 
 
-def point_at_layer(layers: int) -> None:
+def point_at_layer(layers: int, model_cls=Glm4MoeForCausalLM) -> None:
     """Where transformers looks for the MTP tensors: layer `layers` (see the module doc)."""
-    Glm4MoeForCausalLM._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{layers}\..*"]
+    model_cls._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{layers}\..*"]
 
 
 @torch.no_grad()
@@ -119,7 +144,9 @@ def save_with_mtp(main, mtp: MtpModel, out_dir: Path, fused: bool, head_copies: 
     layers = main.config.num_hidden_layers
     big_config = copy.deepcopy(main.config)
     big_config.num_hidden_layers = layers + 1
-    big = Glm4MoeForCausalLM._from_config(big_config, attn_implementation="eager").eval()
+    if getattr(big_config, "mlp_layer_types", None) is not None:
+        big_config.mlp_layer_types = list(big_config.mlp_layer_types) + ["sparse"]
+    big = type(main)._from_config(big_config, attn_implementation="eager").eval()
     state = dict(main.state_dict())
     for k, v in mtp.layers[0].mtp_block.state_dict().items():
         state[f"model.layers.{layers}.{k}"] = v
@@ -128,6 +155,13 @@ def save_with_mtp(main, mtp: MtpModel, out_dir: Path, fused: bool, head_copies: 
     big.save_pretrained(out_dir, save_original_format=not fused)
     main.config.save_pretrained(out_dir)
     main.generation_config.save_pretrained(out_dir)
+    # config.json as the published checkpoints write it: num_nextn_predict_layers only.
+    config_path = out_dir / "config.json"
+    written = json.loads(config_path.read_text())
+    for k in MTP_CONFIG_KEYS:
+        written.pop(k, None)
+    written["num_nextn_predict_layers"] = 1
+    config_path.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
     path = out_dir / "model.safetensors"
     with safe_open(path, framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
@@ -146,15 +180,17 @@ def save_with_mtp(main, mtp: MtpModel, out_dir: Path, fused: bool, head_copies: 
 
 
 @torch.no_grad()
-def make_fixture(name: str, seed: int, keys: dict, opts: dict) -> None:
+def make_fixture(name: str, family: str, seed: int, keys: dict, opts: dict) -> None:
     out_dir = FIXTURES / name
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     torch.manual_seed(seed)
     layers = keys["num_hidden_layers"]
-    config = build_config("glm4_moe", keys, DEFAULT_EOS_ID)
-    main = Glm4MoeForCausalLM._from_config(config, attn_implementation="eager").eval()
+    config = build_config(family, keys, DEFAULT_EOS_ID)
+    enable_mtp(config)
+    model_cls = FAMILIES[family][1]
+    main = model_cls._from_config(config, attn_implementation="eager").eval()
     randomize(main, seed)
     mtp = MtpModel(main, 1).eval()
     randomize_mtp(mtp, seed + 1)
@@ -181,8 +217,9 @@ def make_fixture(name: str, seed: int, keys: dict, opts: dict) -> None:
 
     # transformers reloads both: the main model exactly, and the MTP layer through
     # MtpModel.from_pretrained (every one of its tensors found), and decodes with it.
-    point_at_layer(layers)
-    reloaded = Glm4MoeForCausalLM.from_pretrained(out_dir, attn_implementation="eager").eval()
+    point_at_layer(layers, model_cls)
+    reloaded = model_cls.from_pretrained(out_dir, attn_implementation="eager").eval()
+    enable_mtp(reloaded.config)
     assert (reloaded(input_ids).logits - logits).abs().max().item() == 0.0, name
     loaded = MtpModel.from_pretrained(reloaded)
     ours = dict(mtp.named_parameters())
@@ -215,7 +252,7 @@ def make_fixture(name: str, seed: int, keys: dict, opts: dict) -> None:
     info = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
-        "model_type": "glm4_moe",
+        "model_type": family,
         "max_new_tokens": NEW_TOKENS,
         "seq_len": SEQ,
         "batch": BATCH,
@@ -249,9 +286,9 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
     only = set(sys.argv[1:])
-    for name, (seed, keys, opts) in MTP_SPECS.items():
+    for name, (family, seed, keys, opts) in MTP_SPECS.items():
         if not only or name in only:
-            make_fixture(name, seed, keys, opts)
+            make_fixture(name, family, seed, keys, opts)
 
 
 if __name__ == "__main__":

@@ -250,7 +250,7 @@ fn tensor_2_by_pipeline_2() {
 fn check_speculative(env: &RankEnv, tp: usize, pp: usize) {
     let mut parallel = join(env, tp, pp);
     let mtp = LoadOptions { mtp: true, ..LoadOptions::default() };
-    for fixture in ["glm4moe-mtp", "glm4moe-mtp-tied-fused"] {
+    for fixture in ["glm4moe-mtp", "glm4moe-mtp-tied-fused", "glm4moelite-mtp"] {
         let dir = headcount_integration::fixtures_dir().join(fixture);
         let what = format!("{fixture} tp {tp} pp {pp} rank {}", env.rank);
         let m = Glm::load_rank(&dir, &mtp, parallel).unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -243,17 +243,24 @@ fn speculation_needs_the_mtp_layers() {
     let opts = GenerateOptions { decode: headcount_runtime::DecodeMode::Static, ..options(4, 2, Sampling::greedy()) };
     let err = generate(&model, std::slice::from_ref(&ids), &opts, |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("--decode static"), "{err}");
-    // A checkpoint whose config declares no MTP layer, and a family whose MTP layers do not run.
-    let lite = tempfile::tempdir().unwrap();
-    let src = fixtures_dir().join("glm4moelite-qlora");
-    std::fs::copy(src.join("model.safetensors"), lite.path().join("model.safetensors")).unwrap();
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    config["num_nextn_predict_layers"] = 1.into();
-    std::fs::write(lite.path().join("config.json"), config.to_string()).unwrap();
-    for (dir, says) in
-        [(fixtures_dir().join("glm4moe-grouped"), "declares none"), (lite.path().to_owned(), "runs on glm4_moe")]
-    {
+    // A checkpoint whose config declares no MTP layer, one that declares a layer it does not
+    // hold, and a family whose MTP layers do not run.
+    let declared = |fixture: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let src = fixtures_dir().join(fixture);
+        std::fs::copy(src.join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+        config["num_nextn_predict_layers"] = 1.into();
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        dir
+    };
+    let (lite, dsa) = (declared("glm4moelite-qlora"), declared("glmdsa-shared"));
+    for (dir, says) in [
+        (fixtures_dir().join("glm4moe-grouped"), "declares none"),
+        (lite.path().to_owned(), "model.layers.3."),
+        (dsa.path().to_owned(), "runs on glm4_moe and glm4_moe_lite"),
+    ] {
         let err = Glm::load(&dir, &LoadOptions { mtp: true, ..Default::default() })
             .err()
             .unwrap_or_else(|| panic!("{} loaded", dir.display()));
@@ -309,10 +316,16 @@ fn mtp_tensors_are_vetted() {
 /// layer's, so every acceptance count rolls the caches back.
 #[test]
 fn a_running_batch_decodes_speculatively() {
+    // Grouped and latent attention.
+    for fixture in ["glm4moe-mtp", "glm4moelite-mtp"] {
+        running_batch_on(&fixtures_dir().join(fixture));
+    }
+}
+
+fn running_batch_on(dir: &Path) {
     use headcount_runtime::generate::SlotCache;
-    let dir = fixtures_dir().join("glm4moe-mtp");
-    let model = load_mtp(&dir);
-    let ids = reference(&dir).input_ids;
+    let model = load_mtp(dir);
+    let ids = reference(dir).input_ids;
     let prompts: Vec<Vec<i64>> = vec![ids[0].clone(), ids[1][..7].to_vec(), ids[1][3..].to_vec()];
     let k = 2;
     let mut cache = SlotCache::speculative(&model, 3, 40, k).unwrap();

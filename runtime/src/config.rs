@@ -255,12 +255,13 @@ impl Dims {
         out
     }
 
-    /// Multi-token-prediction layers the runtime can run as a speculative decoder: glm4_moe's
-    /// (transformers 5.24's MtpModel runs no other GLM family's: the latent-attention
-    /// families' configs have no num_mtp_layers there). 0 for the other families.
+    /// Multi-token-prediction layers the runtime can run as a speculative decoder:
+    /// glm4_moe's and glm4_moe_lite's, each a decoder layer of its family with experts, as
+    /// transformers 5.24's MtpModel builds them. 0 for the other families (glm_moe_dsa's
+    /// would need an indexer whose layer type no config names).
     pub fn mtp_layers(&self) -> usize {
         match (&self.moe, self.family) {
-            (Some(m), headcount_spec::Family::Glm4Moe) => m.mtp_layers,
+            (Some(m), headcount_spec::Family::Glm4Moe | headcount_spec::Family::Glm4MoeLite) => m.mtp_layers,
             _ => 0,
         }
     }

@@ -156,7 +156,7 @@ macro_rules! with_fields {
             use_qk_norm, USE_QK_NORM, flag, top, GLM4_MOE, false,
                 "Whether queries and keys pass an RMSNorm over head_dim before the rotary embedding.";
             num_nextn_predict_layers, NUM_NEXTN_PREDICT_LAYERS, number, top, MOE, false,
-                "Multi-token-prediction layers stored after the decoder layers (glm4_moe's: a speculative decoder).";
+                "Multi-token-prediction layers stored after the decoder layers (glm4_moe's and glm4_moe_lite's: a speculative decoder).";
             q_lora_rank, Q_LORA_RANK, rank, top, MLA, false,
                 "Rank of the queries' low-rank projection (q_a_proj, q_a_layernorm, q_b_proj); null: one q_proj.";
             kv_lora_rank, KV_LORA_RANK, count, top, MLA, true,

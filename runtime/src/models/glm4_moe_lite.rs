@@ -4,9 +4,8 @@
 //! shared rotary key through kv_a_proj_with_mqa and kv_a_layernorm, keys and values expanded
 //! by kv_b_proj, interleaved (or rotate-half) rotary over `qk_rope_head_dim` channels; the
 //! residual add; the post-attention RMSNorm; a dense gated MLP or glm4_moe's mixture of
-//! experts, as `mlp_layer_types` says; the residual add. Tensors of the
-//! multi-token-prediction layers stored after the decoder layers are not run (transformers
-//! 5.24 has no MTP model for the family).
+//! experts, as `mlp_layer_types` says; the residual add. The multi-token-prediction layers
+//! stored after the decoder layers run as a speculative decoder ([`super::mtp`]).
 
 use super::glm4_moe::{expert_tensors, moe_layer};
 use super::layers::{DecoderLayer, Loader, SelfAttention};

@@ -895,8 +895,8 @@ fn check_mtp_family(dims: &Dims) -> Result<()> {
     }
     if dims.mtp_layers() == 0 {
         return Err(Error::InvalidArgument(format!(
-            "speculative decoding with multi-token-prediction layers runs on glm4_moe; {}'s are not run yet \
-             (transformers 5.24 has no MTP reference for it)",
+            "speculative decoding with multi-token-prediction layers runs on glm4_moe and glm4_moe_lite; {}'s \
+             are not run yet (its MTP layer's sparse-attention indexer is not described by its config)",
             dims.family.model_type()
         )));
     }

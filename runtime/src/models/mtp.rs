@@ -1,5 +1,5 @@
-//! A checkpoint's multi-token-prediction (MTP) layers, as transformers 5.24's `MtpLayer`
-//! runs them, in the order data flows: the embedding of the next token (the main model's)
+//! A checkpoint's multi-token-prediction (MTP) layers (glm4_moe's and glm4_moe_lite's), as
+//! transformers 5.24's `MtpLayer` runs them, in the order data flows: the embedding of the next token (the main model's)
 //! through `enorm` and the main model's last hidden state (after its final norm) through
 //! `hnorm`, side by side (embedding first) into `eh_proj`; one decoder layer of the family
 //! (always with experts) on a KV cache of its own; `post_norm` (stored as
