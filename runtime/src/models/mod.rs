@@ -896,7 +896,8 @@ fn check_mtp_family(dims: &Dims) -> Result<()> {
     if dims.mtp_layers() == 0 {
         return Err(Error::InvalidArgument(format!(
             "speculative decoding with multi-token-prediction layers runs on glm4_moe and glm4_moe_lite; {}'s \
-             are not run yet (its MTP layer's sparse-attention indexer is not described by its config)",
+             are not run yet (transformers 5.24's MtpModel cannot run a sparse-attention layer, so no reference \
+             says what it computes)",
             dims.family.model_type()
         )));
     }
