@@ -616,3 +616,64 @@ fn launch_args_per_engine() {
         "error[HC2021]: speculative decoding with MTP layers on vLLM: num_nextn_predict_layers is 0",
     );
 }
+
+/// `run --speculative-tokens 2` on the MTP fixtures prints what `run` prints without it and
+/// what transformers' `generate(use_mtp=True)` generated (the fixtures' `mtp_greedy`), and
+/// reports the acceptance; a checkpoint without MTP layers, and `logits`, refuse the flag.
+#[test]
+fn run_decodes_speculatively_with_the_checkpoints_mtp_layer() {
+    for (name, ids) in [("glm4moe-mtp", "72,35,59,5"), ("glm4moelite-mtp", "3,9,27,81,50")] {
+        let model = fixture(name);
+        let run = |extra: &[&str]| {
+            let mut args = vec!["run", "--model", &model, "--ids", ids, "--max-new-tokens", "12"];
+            args.extend_from_slice(extra);
+            headcount(&args)
+        };
+        let plain = run(&[]);
+        let speculative = run(&["--speculative-tokens", "2"]);
+        expect(&speculative, 0, "speculative: ");
+        expect(&speculative, 0, "drafts accepted by position: 1: ");
+        assert_eq!(text(&plain).0, text(&speculative).0, "{name}");
+    }
+    // The fixture's own prompt: transformers' use_mtp continuation.
+    let dir = root().join("tests/fixtures/glm4moe-mtp");
+    let named = tch::Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap();
+    let get = |n: &str| Vec::<Vec<i64>>::try_from(&named.iter().find(|(k, _)| k == n).unwrap().1).unwrap();
+    let (prompt, theirs) = (get("input_ids").remove(0), get("mtp_greedy").remove(0));
+    let ids: Vec<String> = prompt.iter().map(i64::to_string).collect();
+    let o = headcount(&[
+        "run",
+        "-q",
+        "--model",
+        &dir.display().to_string(),
+        "--ids",
+        &ids.join(","),
+        "--max-new-tokens",
+        "8",
+        "--speculative-tokens",
+        "2",
+    ]);
+    let want: Vec<String> = theirs[prompt.len()..].iter().map(i64::to_string).collect();
+    assert_eq!(text(&o).0.trim(), want.join(","), "{}", text(&o).1);
+    expect(
+        &headcount(&["run", "--model", &fixture("glm4moe-grouped"), "--ids", "5", "--speculative-tokens", "2"]),
+        1,
+        "declares none (num_nextn_predict_layers 0)",
+    );
+    let out = std::env::temp_dir().join("headcount-speculative-logits.safetensors");
+    expect(
+        &headcount(&[
+            "logits",
+            "--model",
+            &fixture("glm4moe-mtp"),
+            "--ids",
+            "5",
+            "--out",
+            &out.display().to_string(),
+            "--speculative-tokens",
+            "1",
+        ]),
+        1,
+        "logits computes none",
+    );
+}
