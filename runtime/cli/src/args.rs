@@ -93,6 +93,11 @@ pub struct ServeArgs {
     /// `<think>` ... `</think>` as `reasoning_content` (and `reasoning`) [default: none].
     #[arg(long, value_enum)]
     pub reasoning_parser: Option<ReasoningArg>,
+    /// Read GLM's tool calls (`<tool_call>NAME<arg_key>..</arg_key><arg_value>..</arg_value>
+    /// </tool_call>`) from chat answers into OpenAI `tool_calls`: glm45 (GLM-4.5, 4.6),
+    /// glm47 (GLM-4.7), or auto (the format the chat template writes) [default: none].
+    #[arg(long, value_enum)]
+    pub tool_call_parser: Option<ToolParserArg>,
     /// --model as given (before a repo id is resolved to its folder).
     #[arg(skip)]
     pub model_name: String,
@@ -377,6 +382,25 @@ impl From<EngineArg> for headcount_spec::engines::Engine {
             EngineArg::Sglang => Engine::Sglang,
             EngineArg::Megatron => Engine::Megatron,
             EngineArg::Transformers => Engine::Transformers,
+        }
+    }
+}
+
+/// How tool calls are read from chat answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ToolParserArg {
+    Glm45,
+    Glm47,
+    Auto,
+}
+
+impl From<ToolParserArg> for headcount_serve::tools::ToolParserChoice {
+    fn from(a: ToolParserArg) -> Self {
+        use headcount_serve::tools::{ToolParser, ToolParserChoice};
+        match a {
+            ToolParserArg::Glm45 => ToolParserChoice::Named(ToolParser::Glm45),
+            ToolParserArg::Glm47 => ToolParserChoice::Named(ToolParser::Glm47),
+            ToolParserArg::Auto => ToolParserChoice::Auto,
         }
     }
 }

@@ -21,6 +21,7 @@ pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
         allowed_origins: a.allowed_origins.clone(),
         reasoning: a.reasoning_parser.map(Into::into),
         speculative_tokens: a.runtime.speculative_tokens,
+        tool_call_parser: a.tool_call_parser.map(Into::into),
     };
     match headcount_serve::serve(model, &a.model, &opts) {
         Ok(()) => Ok(ExitCode::SUCCESS),

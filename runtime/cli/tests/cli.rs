@@ -677,3 +677,13 @@ fn run_decodes_speculatively_with_the_checkpoints_mtp_layer() {
         "logits computes none",
     );
 }
+
+/// `serve --tool-call-parser auto` on a checkpoint whose chat template writes no GLM tool
+/// call says so and which formats to name instead.
+#[test]
+fn tool_call_parser_auto_needs_a_template_that_writes_tool_calls() {
+    let demo = root().join("examples/addition/model").display().to_string();
+    let o = headcount(&["serve", "--model", &demo, "--port", "0", "--tool-call-parser", "auto"]);
+    expect(&o, 1, "the chat template writes no GLM tool call");
+    expect(&o, 1, "--tool-call-parser glm45 or glm47");
+}

@@ -61,7 +61,7 @@ impl Body<'_> {
     }
 
     /// A field that is absent or null reads as `None`.
-    fn get(&self, key: &str) -> Option<&Value> {
+    pub fn get(&self, key: &str) -> Option<&Value> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
@@ -287,7 +287,7 @@ const CHAT_FIELDS: &[&str] = &[
 /// Refuses what the server would otherwise ignore: a field it does not read, and a field it
 /// reads only at its neutral value (`response_format`, `tool_choice`, `suffix`,
 /// ...). Each refusal names the field and what is accepted.
-pub fn check_fields(body: &Body, chat: bool) -> Result<(), ApiError> {
+pub fn check_fields(body: &Body, chat: bool, tool_calls_parsed: bool) -> Result<(), ApiError> {
     let own = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
     let endpoint = if chat { "/v1/chat/completions" } else { "/v1/completions" };
     // A null field is an absent one (clients serialize unset options as null).
@@ -311,18 +311,32 @@ pub fn check_fields(body: &Body, chat: bool) -> Result<(), ApiError> {
     match body.get("tool_choice") {
         None => {}
         Some(Value::String(c)) if c == "auto" || c == "none" => {}
+        Some(v) if tool_calls_parsed => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "tool_choice {} is not supported by this server: a call would have to be forced by constrained \
+                     decoding, which it does not do; \"auto\" and \"none\" are accepted",
+                    shown(v)
+                ),
+            ));
+        }
         Some(v) => {
             return Err(ApiError::invalid(
                 "tool_choice",
                 format!(
-                    "tool_choice {} is not supported by this server: tool calls are not parsed from the answer, so only \"auto\" and \"none\" are accepted",
+                    "tool_choice {} is not supported by this server: tool calls are not parsed from the answer (start \
+                     it with --tool-call-parser), so only \"auto\" and \"none\" are accepted",
                     shown(v)
                 ),
             ));
         }
     }
     if body.bool("parallel_tool_calls")? == Some(false) {
-        return refuse("parallel_tool_calls", "false is not supported by this server: tool calls are not parsed");
+        return refuse(
+            "parallel_tool_calls",
+            "false is not supported by this server: every call the model writes is returned",
+        );
     }
     if body.string("suffix")?.is_some_and(|s| !s.is_empty()) {
         return refuse("suffix", "is not supported by this server (no insertion after the completion): leave it out");

@@ -28,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::reasoning::{ReasoningParser, ReasoningSplit};
 use crate::template::ChatTemplate;
 use crate::text::TextStream;
+use crate::tools::{ToolDelta, ToolParser, ToolSplit};
 
 /// Choices one request may ask for (prompts times `n`).
 const MAX_CHOICES: usize = 64;
@@ -54,6 +55,8 @@ pub struct AppState {
     pub allowed_origins: Vec<String>,
     /// How chat answers' reasoning is told from their content (`None`: it is not).
     pub reasoning: Option<ReasoningParser>,
+    /// How tool calls are read from chat answers (`None`: they are not).
+    pub tool_parser: Option<ToolParser>,
     /// What `GET /tokenizer_info` answers (`None`: the checkpoint has no tokenizer).
     pub tokenizer_info: Option<Value>,
 }
@@ -250,6 +253,8 @@ struct Plan {
     /// Chat with a reasoning parser: whether the rendered prompt leaves the answer inside a
     /// `<think>` block.
     reasoning_opened: Option<bool>,
+    /// Chat with a tool-call parser, tools and a `tool_choice` other than `none`: the tools.
+    tools: Option<Value>,
 }
 
 impl Plan {
@@ -407,7 +412,7 @@ pub(crate) fn render_chat(s: &AppState, b: &Body, bytes: &[u8]) -> Result<String
 fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
     let map = Body::parse(bytes)?;
     let b = Body(&map);
-    check_fields(&b, ep == Endpoint::Chat)?;
+    check_fields(&b, ep == Endpoint::Chat, s.tool_parser.is_some())?;
     if let Some(m) = b.string("model")?
         && m != s.model_name
     {
@@ -650,6 +655,11 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         }
     };
     let (include_usage, continuous_usage) = (option("include_usage")?, option("continuous_usage_stats")?);
+    let tools = match (ep, s.tool_parser, b.get("tools"), b.get("tool_choice")) {
+        (_, _, _, Some(Value::String(c))) if c == "none" => None,
+        (Endpoint::Chat, Some(_), Some(t @ Value::Array(list)), _) if !list.is_empty() => Some(t.clone()),
+        _ => None,
+    };
     if (include_usage || continuous_usage) && !stream {
         return Err(ApiError::invalid("stream_options", "stream_options is only allowed with stream: true"));
     }
@@ -669,6 +679,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         include_usage,
         continuous_usage,
         reasoning_opened,
+        tools,
     })
 }
 
@@ -681,6 +692,8 @@ struct Choice {
     /// With a reasoning parser: the answer's split, and its reasoning so far.
     split: Option<ReasoningSplit>,
     reasoning: String,
+    /// With a tool-call parser and tools: the calls read from the content.
+    tools: Option<ToolSplit>,
     /// The echoed prompt, until a stream has sent it.
     echo: Option<String>,
     /// Its bytes: the text offset of the first generated token.
@@ -700,24 +713,49 @@ struct Choice {
 }
 
 impl Choice {
-    /// Adds newly final text (`last`: the answer's end): to the content, or through the
-    /// reasoning split to the reasoning and the content. Returns `(reasoning, content)` added.
-    fn take(&mut self, piece: &str, last: bool) -> (String, String) {
-        let Some(split) = &mut self.split else {
-            self.all.push_str(piece);
-            return (String::new(), piece.to_owned());
+    /// Adds newly final text (`last`: the answer's end): to the content, through the
+    /// reasoning split to the reasoning and the content, and from the content to tool calls.
+    /// Returns the reasoning, content and tool-call deltas added.
+    fn take(&mut self, piece: &str, last: bool) -> Added {
+        let (r, c) = match &mut self.split {
+            None => (String::new(), piece.to_owned()),
+            Some(split) => {
+                let (mut r, mut c) = split.push(piece);
+                if last {
+                    let (r2, c2) = split.finish();
+                    r.push_str(&r2);
+                    c.push_str(&c2);
+                }
+                (r, c)
+            }
         };
-        let (mut r, mut c) = split.push(piece);
-        if last {
-            let (r2, c2) = split.finish();
-            r.push_str(&r2);
-            c.push_str(&c2);
-        }
+        let (c, calls) = match &mut self.tools {
+            None => (c, Vec::new()),
+            Some(tools) => {
+                let (mut c, mut d) = tools.push(&c);
+                if last {
+                    let (c2, d2) = tools.finish();
+                    c.push_str(&c2);
+                    d.extend(d2);
+                }
+                (c, d)
+            }
+        };
         self.reasoning.push_str(&r);
         self.all.push_str(&c);
-        (r, c)
+        (r, c, calls)
+    }
+
+    /// Whether the answer made tool calls.
+    fn called(&self) -> bool {
+        self.tools.as_ref().is_some_and(|t| !t.calls().is_empty())
     }
 }
+
+/// What a piece of an answer added: reasoning, content, tool-call deltas.
+type Added = (String, String, Vec<ToolDelta>);
+
+impl Choice {}
 
 /// Reads a request's events and shapes them as the endpoint answers.
 struct Reader {
@@ -766,6 +804,7 @@ impl Reader {
                     all: echo.clone().unwrap_or_default(),
                     split: plan.reasoning_opened.map(ReasoningSplit::new),
                     reasoning: String::new(),
+                    tools: plan.tools.as_ref().map(|t| ToolSplit::new(t, &format!("call_{}_{c}_", id_number(&id)))),
                     echo_len: echo.as_ref().map_or(0, String::len),
                     echo,
                     tokens: 0,
@@ -798,9 +837,9 @@ impl Reader {
         self.choices.iter().all(|c| c.finish.is_some())
     }
 
-    /// Applies one event to its choice: the new reasoning and content text (`None` if the
-    /// event adds none to the answer's text), or an error.
-    fn apply(&mut self, c: usize, e: Event) -> Result<Option<(String, String)>, String> {
+    /// Applies one event to its choice: the new reasoning, content and tool-call deltas
+    /// (`None` if the event adds none to the answer's text), or an error.
+    fn apply(&mut self, c: usize, e: Event) -> Result<Option<Added>, String> {
         let codec = self.s.codec.clone();
         let (ep, top, prompt_top) = (self.ep, self.top, self.prompt_top);
         let ch = &mut self.choices[c];
@@ -845,11 +884,13 @@ impl Reader {
             }
             Event::Done(f) => {
                 let rest = ch.text.finish();
+                let added = ch.take(&rest, true);
                 ch.finish = Some(match f {
+                    Finish::Stop if ch.called() => "tool_calls",
                     Finish::Stop => "stop",
                     Finish::Length => "length",
                 });
-                Ok(Some(ch.take(&rest, true)))
+                Ok(Some(added))
             }
             Event::Failed(msg) => Err(msg),
         }
@@ -904,6 +945,20 @@ impl Reader {
                     }
                     Endpoint::Chat => {
                         let mut message = json!({"role": "assistant", "content": c.all});
+                        if let Some(tools) = c.tools.as_ref().filter(|t| !t.calls().is_empty()) {
+                            let calls: Vec<Value> = tools
+                                .calls()
+                                .iter()
+                                .map(|t| {
+                                    json!({"id": t.id, "type": "function",
+                                           "function": {"name": t.name, "arguments": t.arguments}})
+                                })
+                                .collect();
+                            message["tool_calls"] = json!(calls);
+                            if c.all.trim().is_empty() {
+                                message["content"] = Value::Null;
+                            }
+                        }
                         if c.split.is_some() {
                             let r = if c.reasoning.is_empty() { Value::Null } else { json!(c.reasoning) };
                             message["reasoning_content"] = r.clone();
@@ -926,8 +981,9 @@ impl Reader {
     }
 
     /// One streamed chunk of choice `i`: `text` (with a reasoning parser, `reasoning` before
-    /// it) and the log probability entries not sent yet.
-    fn chunk(&mut self, i: usize, reasoning: &str, text: &str, finish: Option<&str>) -> Value {
+    /// it; with a tool-call parser, the calls' deltas) and the log probability entries not
+    /// sent yet.
+    fn chunk(&mut self, i: usize, reasoning: &str, text: &str, calls: &[ToolDelta], finish: Option<&str>) -> Value {
         let first = !self.choices[i].started;
         self.choices[i].started = true;
         let c = &self.choices[i];
@@ -946,6 +1002,22 @@ impl Reader {
                 if !reasoning.is_empty() {
                     delta["reasoning_content"] = json!(reasoning);
                     delta["reasoning"] = json!(reasoning);
+                }
+                if !calls.is_empty() {
+                    if text.is_empty() {
+                        delta.as_object_mut().map(|d| d.remove("content"));
+                    }
+                    let entries: Vec<Value> = calls
+                        .iter()
+                        .map(|d| match d {
+                            ToolDelta::Start { index, id, name } => json!({"index": index, "id": id, "type": "function",
+                                                                            "function": {"name": name, "arguments": ""}}),
+                            ToolDelta::Arguments { index, text } => {
+                                json!({"index": index, "function": {"arguments": text}})
+                            }
+                        })
+                        .collect();
+                    delta["tool_calls"] = json!(entries);
                 }
                 json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish})
             }
@@ -1005,18 +1077,23 @@ impl Reader {
                                 && r.choices[c].finish.is_none()
                                 && let Some(echo) = r.choices[c].echo.take()
                             {
-                                pending.push_back(r.chunk(c, "", &echo, None));
+                                pending.push_back(r.chunk(c, "", &echo, &[], None));
                             }
                             match r.apply(c, e) {
                                 Ok(_) if prompt_event => {}
-                                Ok(Some((reasoning, text))) => {
+                                Ok(Some((reasoning, text, calls))) => {
                                     let ch = &r.choices[c];
                                     let fresh_lp = ch.logprobs.len() > ch.logprobs_sent;
-                                    if text.is_empty() && reasoning.is_empty() && !fresh_lp && ch.finish.is_none() {
+                                    if text.is_empty()
+                                        && reasoning.is_empty()
+                                        && calls.is_empty()
+                                        && !fresh_lp
+                                        && ch.finish.is_none()
+                                    {
                                         continue;
                                     }
                                     let finish = ch.finish;
-                                    pending.push_back(r.chunk(c, &reasoning, &text, finish));
+                                    pending.push_back(r.chunk(c, &reasoning, &text, &calls, finish));
                                 }
                                 Ok(None) => {}
                                 Err(msg) => {
@@ -1044,6 +1121,11 @@ impl Reader {
             },
         )
     }
+}
+
+/// The number at the end of a response id (`chatcmpl-12` -> `12`), for its calls' ids.
+fn id_number(id: &str) -> &str {
+    id.rsplit('-').next().unwrap_or(id)
 }
 
 /// A token's text for log probabilities: what it decodes to, else its vocabulary string

@@ -16,6 +16,7 @@ pub mod reasoning;
 pub mod template;
 pub mod text;
 pub mod tokenize;
+pub mod tools;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -60,6 +61,8 @@ pub struct ServeOptions {
     /// Speculative decoding: drafts a step from the model's multi-token-prediction layer
     /// (0 = off; the model must be loaded with it).
     pub speculative_tokens: usize,
+    /// How tool calls are read from chat answers (`None`: they are not).
+    pub tool_call_parser: Option<tools::ToolParserChoice>,
 }
 
 impl Default for ServeOptions {
@@ -76,6 +79,7 @@ impl Default for ServeOptions {
             allowed_origins: Vec::new(),
             reasoning: None,
             speculative_tokens: 0,
+            tool_call_parser: None,
         }
     }
 }
@@ -123,6 +127,11 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         .spawn(move || engine::run(model, cache, rx, engine_opts, engine_metrics))
         .map_err(|e| ServeError::Setup(format!("cannot start the engine thread: {e}")))?;
     let tokenizer_info = tokenize::tokenizer_info_of(dir, template.as_ref().map(ChatTemplate::source), max_model_len);
+    let tool_parser = opts
+        .tool_call_parser
+        .map(|c| c.resolve(template.as_ref().map(ChatTemplate::source)))
+        .transpose()
+        .map_err(ServeError::Setup)?;
     let state = Arc::new(AppState {
         jobs: std::sync::Mutex::new(Some(tx)),
         codec,
@@ -139,6 +148,7 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         next_id: AtomicU64::new(1),
         allowed_origins: opts.allowed_origins.clone(),
         reasoning: opts.reasoning,
+        tool_parser,
         tokenizer_info,
     });
     // A client that closes its connection must not end the server on a write to it.

@@ -17,6 +17,7 @@ use headcount_serve::http::{AppState, router};
 use headcount_serve::metrics::Metrics;
 use headcount_serve::reasoning::ReasoningParser;
 use headcount_serve::template::ChatTemplate;
+use headcount_serve::tools::ToolParser;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -46,6 +47,17 @@ fn scripted(
     reasoning: Option<ReasoningParser>,
     script: Vec<i64>,
 ) -> (axum::Router, Asked) {
+    scripted_with(dir, origins, reasoning, None, script)
+}
+
+/// [`scripted`] with a tool-call parser.
+fn scripted_with(
+    dir: &Path,
+    origins: &[&str],
+    reasoning: Option<ReasoningParser>,
+    tool_parser: Option<ToolParser>,
+    script: Vec<i64>,
+) -> (axum::Router, Asked) {
     let (jobs, rx): (Sender<Job>, Receiver<Job>) = channel();
     let (asked_tx, asked) = channel();
     std::thread::spawn(move || {
@@ -68,8 +80,10 @@ fn scripted(
                 send(Event::Prompt(scored[..half].to_vec()));
                 send(Event::Prompt(scored[half..].to_vec()));
             }
+            let mut last = None;
             for i in 0..j.max_tokens {
                 let id = script[i % script.len()];
+                last = Some(id);
                 let logprobs = j.logprobs.map(|k| TokenLogprobs {
                     id,
                     logprob: -0.5,
@@ -78,7 +92,8 @@ fn scripted(
                 });
                 send(Event::Token { id, logprobs });
             }
-            send(Event::Done(Finish::Length));
+            // An answer that ends on <eos> (id 2) stopped there.
+            send(Event::Done(if last == Some(2) { Finish::Stop } else { Finish::Length }));
         }
     });
     let state = Arc::new(AppState {
@@ -97,6 +112,7 @@ fn scripted(
         next_id: AtomicU64::new(1),
         allowed_origins: origins.iter().map(|o| o.to_string()).collect(),
         reasoning,
+        tool_parser,
         tokenizer_info: headcount_serve::tokenize::tokenizer_info_of(
             dir,
             ChatTemplate::from_dir(dir).unwrap().as_ref().map(ChatTemplate::source),
@@ -550,4 +566,157 @@ fn tokenizer_routes_answer_as_vllm_and_name_bad_fields() {
         }
         assert!(asked.try_recv().is_err(), "a tokenizer route reached the engine");
     });
+}
+
+/// A checkpoint folder whose tokenizer writes GLM's tool-call tags and a few words (one id
+/// each), and a chat template that renders the tools it is given.
+fn tool_checkpoint() -> (tempfile::TempDir, Vec<&'static str>) {
+    let dir = tempfile::tempdir().unwrap();
+    let words = vec![
+        "<pad>",
+        "<bos>",
+        "<eos>",
+        "<unk>",
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+        "get_weather",
+        "now",
+        "city",
+        "Oslo",
+        "days",
+        "3",
+        "\n",
+        "Let me check.",
+    ];
+    let token = |id: usize, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+               "normalized": false, "special": id < 4})
+    };
+    let vocab: serde_json::Map<String, Value> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "normalizer": null, "post_processor": null,
+        "added_tokens": (0..10).map(|i| token(i, words[i])).collect::<Vec<_>>(),
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": vocab},
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let template = "{{ bos_token }}{% for t in tools %}{{ t.function.name }}{% endfor %}\
+                    {% for m in messages %}{{ m.content }}{% endfor %}";
+    let config = json!({"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": template});
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    (dir, words)
+}
+
+/// GLM-4.5 tool calls read into OpenAI `tool_calls`, whole and streamed: text before the
+/// calls as content, two calls (one with no arguments), values typed by the tools' schemas,
+/// the name first in a stream and the arguments after, `finish_reason` "tool_calls";
+/// `tool_choice` "none" leaves the text as the model wrote it, and a forced choice is refused.
+#[test]
+fn glm_tool_calls_come_back_as_openai_tool_calls() {
+    let (dir, words) = tool_checkpoint();
+    let id = |w: &str| words.iter().position(|x| *x == w).unwrap() as i64;
+    let answer: Vec<i64> = [
+        "Let me check.",
+        "<tool_call>",
+        "get_weather",
+        "\n",
+        "<arg_key>",
+        "city",
+        "</arg_key>",
+        "\n",
+        "<arg_value>",
+        "Oslo",
+        "</arg_value>",
+        "\n",
+        "<arg_key>",
+        "days",
+        "</arg_key>",
+        "\n",
+        "<arg_value>",
+        "3",
+        "</arg_value>",
+        "\n",
+        "</tool_call>",
+        "<tool_call>",
+        "now",
+        "\n",
+        "</tool_call>",
+        "<eos>",
+    ]
+    .iter()
+    .map(|w| id(w))
+    .collect();
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+          "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
+        {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}},
+    ]);
+    let n = answer.len();
+    let rt = runtime();
+    let (app, _asked) = scripted_with(dir.path(), &[], None, Some(ToolParser::Glm45), answer);
+    let ask = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "3"}], "tools": tools, "max_tokens": n});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let app = app.clone();
+        rt.block_on(async move { call(&app, "POST", "/v1/chat/completions", &[], body).await })
+    };
+    // The answer ends on <eos>: a stop, which its calls make "tool_calls".
+    let (status, _, text) = ask(json!({}));
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(m["content"], "Let me check.", "{v}");
+    let calls = m["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{v}");
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Oslo", "days": 3}));
+    assert_eq!((&calls[1]["function"]["name"], &calls[1]["function"]["arguments"]), (&json!("now"), &json!("{}")));
+    assert_ne!(calls[0]["id"], calls[1]["id"]);
+    // Streamed: the name first, then the arguments, joined per call.
+    let (status, _, text) = ask(json!({"stream": true}));
+    assert_eq!(status, 200, "{text}");
+    let (mut content, mut names, mut arguments, mut ids) = (String::new(), vec![], vec![String::new(); 2], vec![]);
+    let mut finishes = Vec::new();
+    for d in text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
+        let v: Value = serde_json::from_str(d).unwrap();
+        finishes.extend(v["choices"][0]["finish_reason"].as_str().map(str::to_owned));
+        let delta = &v["choices"][0]["delta"];
+        content += delta["content"].as_str().unwrap_or("");
+        for t in delta["tool_calls"].as_array().into_iter().flatten() {
+            let i = t["index"].as_u64().unwrap() as usize;
+            if let Some(name) = t["function"]["name"].as_str() {
+                assert_eq!(arguments[i], "", "the name comes before the arguments");
+                names.push(name.to_owned());
+                ids.push(t["id"].as_str().unwrap().to_owned());
+            }
+            arguments[i] += t["function"]["arguments"].as_str().unwrap_or("");
+        }
+    }
+    assert_eq!(content, "Let me check.");
+    assert_eq!(names, ["get_weather", "now"]);
+    assert_eq!(serde_json::from_str::<Value>(&arguments[0]).unwrap(), json!({"city": "Oslo", "days": 3}));
+    assert_eq!(arguments[1], "{}");
+    assert_eq!(ids.len(), 2);
+    assert_eq!(finishes, ["tool_calls"]);
+    // tool_choice "none": the text as written, no calls.
+    let (_, _, text) = ask(json!({"tool_choice": "none"}));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().contains("<tool_call>get_weather"), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+    // A call forced by tool_choice would need constrained decoding: refused, naming it.
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "now"}})] {
+        let (status, _, text) = ask(json!({"tool_choice": choice}));
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains("tool_choice") && text.contains("constrained decoding"), "{text}");
+    }
 }
