@@ -292,3 +292,15 @@ fn speculative_serving_answers_as_plain_decoding() {
         assert!(accepted >= 4.0, "{extra:?}: {metrics}");
     }
 }
+
+/// Structured output through the official openai client (python/structured_test.py):
+/// `chat.completions.parse` with a Pydantic model on a random model with a byte-level
+/// tokenizer parses every answer, `json_object` answers are objects, and a schema the
+/// grammar engine refuses is a 400 naming `response_format`.
+#[test]
+fn the_openai_client_parses_structured_answers() {
+    let dir = root().join("tests/fixtures/glm-bytes").display().to_string();
+    let server = start(&["--model", &dir, "--served-model-name", "bytes"], &[]);
+    let status = python_script("python/structured_test.py", &["--url", &server.url, "--model", "bytes"], &[], 120);
+    assert!(status.success(), "python/structured_test.py failed: {status}");
+}

@@ -300,14 +300,6 @@ pub fn check_fields(body: &Body, chat: bool, tool_calls_parsed: bool) -> Result<
         ));
     }
     let refuse = |key: &str, why: &str| Err(ApiError::invalid(key, format!("{key} {why}")));
-    if let Some(v) = body.get("response_format")
-        && v.get("type").and_then(Value::as_str) != Some("text")
-    {
-        return refuse(
-            "response_format",
-            "other than {\"type\": \"text\"} is not supported by this server: answers are not constrained to JSON",
-        );
-    }
     match body.get("tool_choice") {
         None => {}
         Some(Value::String(c)) if c == "auto" || c == "none" => {}

@@ -47,6 +47,8 @@ pub struct Job {
     pub events: UnboundedSender<(usize, Event)>,
     /// Set when the request no longer wants this choice (a stop string ended its text).
     pub cancel: Arc<AtomicBool>,
+    /// Structured output: the grammar the answer must follow (`crate::structured`).
+    pub constraint: Option<llguidance::Matcher>,
     pub arrived: Instant,
 }
 
@@ -516,6 +518,10 @@ fn first_tokens(
 fn emit(r: &mut Running, id: i64, logprobs: Option<TokenLogprobs>, metrics: &Metrics) {
     r.last = id;
     r.produced += 1;
+    if let Some(m) = &mut r.job.constraint {
+        // cannot fire: the token was chosen under the grammar's mask (`constrain`).
+        let _ = m.consume_token(id as u32);
+    }
     if r.job.penalties != Penalties::default() {
         r.output.push(id);
     }
@@ -599,6 +605,7 @@ fn choose_verified(
     draft: Option<(i64, Option<&[f64]>)>,
 ) -> headcount_runtime::Result<(i64, bool)> {
     let bent = if r.job.penalties.bends(r.produced) { Some(bend(logits, r)?) } else { None };
+    let bent = constrain(bent.as_ref().unwrap_or(logits), r)?.or(bent);
     let l = bent.as_ref().unwrap_or(logits);
     if r.job.sampling.temperature == 0.0 {
         let id = l.f_argmax(-1, false)?.f_int64_value(&[0])?;
@@ -624,6 +631,11 @@ fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Ve
         // A greedy row without logprobs needs nothing but the argmax above.
         let row = || logits.f_narrow(0, i as i64, 1);
         let bent = if r.job.penalties.bends(r.produced) { Some(bend(&row()?, r)?) } else { None };
+        let bent = match (&bent, r.job.constraint.is_some()) {
+            (_, false) => bent,
+            (Some(b), true) => constrain(b, r)?,
+            (None, true) => constrain(&row()?, r)?,
+        };
         let id = match (&bent, r.job.sampling.temperature == 0.0) {
             (None, true) => argmax[i],
             (Some(l), true) => l.f_argmax(-1, false)?.f_int64_value(&[0])?,
@@ -637,6 +649,15 @@ fn choose(logits: &Tensor, rows: &mut [Running]) -> headcount_runtime::Result<Ve
         out.push((id, lp));
     }
     Ok(out)
+}
+
+/// Row `logits` ([1, vocab] f32) with the tokens the request's grammar does not allow next
+/// at -inf, or `None` when the request has no grammar.
+fn constrain(logits: &Tensor, r: &mut Running) -> headcount_runtime::Result<Option<Tensor>> {
+    let Some(m) = &mut r.job.constraint else { return Ok(None) };
+    let vocab = logits.size().last().copied().unwrap_or(0).max(0) as usize;
+    let mask = crate::structured::mask(m, vocab, logits.device()).map_err(headcount_runtime::Error::InvalidArgument)?;
+    Ok(Some(logits.f_add(&mask)?))
 }
 
 /// The log probability of token `id` under `logits` ([1, vocab] f32, before penalties) and

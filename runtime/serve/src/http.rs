@@ -59,6 +59,23 @@ pub struct AppState {
     pub tool_parser: Option<ToolParser>,
     /// What `GET /tokenizer_info` answers (`None`: the checkpoint has no tokenizer).
     pub tokenizer_info: Option<Value>,
+    /// The checkpoint folder, whose tokenizer.json structured output's grammars read.
+    pub checkpoint: std::path::PathBuf,
+    /// Structured output's grammars, made from the tokenizer at the first request for one.
+    pub grammars: std::sync::OnceLock<Result<crate::structured::Grammars, String>>,
+}
+
+impl AppState {
+    /// A matcher of answers valid against `schema`, or why there is none (400, `param`).
+    fn grammar(&self, schema: &Value, param: &str) -> Result<llguidance::Matcher, ApiError> {
+        let g = self.grammars.get_or_init(|| {
+            crate::structured::Grammars::from_dir(&self.checkpoint, self.vocab.max(0) as usize, &self.eos)
+        });
+        let g = g.as_ref().map_err(|e| {
+            ApiError::invalid(param, format!("{param} needs structured output, not available here: {e}"))
+        })?;
+        g.matcher(schema).map_err(|e| ApiError::invalid(param, format!("{param}: the schema is refused: {e}")))
+    }
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -255,6 +272,8 @@ struct Plan {
     reasoning_opened: Option<bool>,
     /// Chat with a tool-call parser, tools and a `tool_choice` other than `none`: the tools.
     tools: Option<Value>,
+    /// Structured output: the grammar each choice's answer follows, at its start.
+    constraint: Option<llguidance::Matcher>,
 }
 
 impl Plan {
@@ -325,6 +344,7 @@ fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
                 events: tx.clone(),
                 cancel,
                 arrived: Instant::now(),
+                constraint: plan.constraint.clone(),
             };
             if jobs.send(job).is_err() {
                 s.metrics.dequeued(1);
@@ -655,6 +675,13 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         }
     };
     let (include_usage, continuous_usage) = (option("include_usage")?, option("continuous_usage_stats")?);
+    let constraint = match b.get("response_format") {
+        None => None,
+        Some(f) => match crate::structured::schema_of(f).map_err(|(k, why)| ApiError::invalid(k, why))? {
+            None => None,
+            Some(schema) => Some(s.grammar(&schema, "response_format")?),
+        },
+    };
     let tools = match (ep, s.tool_parser, b.get("tools"), b.get("tool_choice")) {
         (_, _, _, Some(Value::String(c))) if c == "none" => None,
         (Endpoint::Chat, Some(_), Some(t @ Value::Array(list)), _) if !list.is_empty() => Some(t.clone()),
@@ -680,6 +707,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         continuous_usage,
         reasoning_opened,
         tools,
+        constraint,
     })
 }
 

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod http;
 pub mod metrics;
 pub mod reasoning;
+pub mod structured;
 pub mod template;
 pub mod text;
 pub mod tokenize;
@@ -150,6 +151,8 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         reasoning: opts.reasoning,
         tool_parser,
         tokenizer_info,
+        checkpoint: dir.to_path_buf(),
+        grammars: std::sync::OnceLock::new(),
     });
     // A client that closes its connection must not end the server on a write to it.
     // SAFETY: setting a signal's disposition to ignore, before the HTTP threads start.

@@ -113,6 +113,8 @@ fn scripted_with(
         allowed_origins: origins.iter().map(|o| o.to_string()).collect(),
         reasoning,
         tool_parser,
+        checkpoint: dir.to_path_buf(),
+        grammars: std::sync::OnceLock::new(),
         tokenizer_info: headcount_serve::tokenize::tokenizer_info_of(
             dir,
             ChatTemplate::from_dir(dir).unwrap().as_ref().map(ChatTemplate::source),
