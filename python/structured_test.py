@@ -1,7 +1,8 @@
 """Drives `headcount serve` on tests/fixtures/glm-bytes (a random model with a byte-level
-tokenizer) with the official openai client's structured output: `chat.completions.parse`
-with a Pydantic model, a `json_object` answer, and a schema the server refuses. Run by
-runtime/cli/tests/serve.rs.
+tokenizer, served with --tool-call-parser glm45) with the official openai client's structured
+output (`chat.completions.parse` with a Pydantic model, a `json_object` answer, a schema the
+server refuses) and with langchain-openai's tool calling (`ChatOpenAI.bind_tools` with
+tool_choice "required" and a named tool, and streamed). Run by runtime/cli/tests/serve.rs.
 
     .venv/bin/python python/structured_test.py --url http://127.0.0.1:PORT --model NAME
 """
@@ -51,6 +52,49 @@ def main() -> None:
     except openai.BadRequestError as e:
         assert "response_format" in str(e), e
     print("structured output: ok")
+    tools_through_langchain(a.url, a.model)
+
+
+def tools_through_langchain(url: str, model: str) -> None:
+    """Tool calls forced by tool_choice, whatever the weights: each comes back as a call of
+    a bound tool with arguments its schema accepts."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    class GaugeArgs(BaseModel):
+        # Bounded, so that random weights finish the call within max_tokens.
+        station: str = Field(max_length=8)
+        hours: int = Field(ge=1, le=48)
+
+    @tool(args_schema=GaugeArgs)
+    def gauge(station: str, hours: int) -> str:
+        """The river level at a gauging station over the last hours."""
+        return f"{station}: {hours}"
+
+    @tool
+    def clock() -> str:
+        """The time now."""
+        return "now"
+
+    llm = ChatOpenAI(base_url=url + "/v1", api_key="none", model=model, max_tokens=160, temperature=1.0,
+                     max_retries=0)
+    for seed, choice in enumerate(["required", "gauge", "clock"]):
+        bound = llm.bind_tools([gauge, clock], tool_choice=choice).bind(seed=seed)
+        msg = bound.invoke("The river level, please.")
+        assert len(msg.tool_calls) == 1, msg
+        call = msg.tool_calls[0]
+        assert call["name"] in ("gauge", "clock") and (choice == "required" or call["name"] == choice), call
+        if call["name"] == "gauge":
+            # The schema types the arguments: hours is an integer, station a string.
+            assert isinstance(call["args"].get("station"), str) and isinstance(call["args"].get("hours"), int), call
+        print("tool call:", call["name"], call["args"])
+    # Streamed: the chunks add up to one call of the named tool.
+    chunks = None
+    for c in llm.bind_tools([gauge, clock], tool_choice="gauge").bind(seed=9).stream("Level?"):
+        chunks = c if chunks is None else chunks + c
+    assert chunks is not None and [t["name"] for t in chunks.tool_calls] == ["gauge"], chunks
+    assert isinstance(chunks.tool_calls[0]["args"].get("hours"), int), chunks.tool_calls
+    print("langchain tool calls: ok")
 
 
 if __name__ == "__main__":

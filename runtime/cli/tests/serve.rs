@@ -296,11 +296,12 @@ fn speculative_serving_answers_as_plain_decoding() {
 /// Structured output through the official openai client (python/structured_test.py):
 /// `chat.completions.parse` with a Pydantic model on a random model with a byte-level
 /// tokenizer parses every answer, `json_object` answers are objects, and a schema the
-/// grammar engine refuses is a 400 naming `response_format`.
+/// grammar engine refuses is a 400 naming `response_format`; and tool calls through
+/// langchain-openai's `bind_tools`, forced by tool_choice, whole and streamed.
 #[test]
 fn the_openai_client_parses_structured_answers() {
     let dir = root().join("tests/fixtures/glm-bytes").display().to_string();
-    let server = start(&["--model", &dir, "--served-model-name", "bytes"], &[]);
+    let server = start(&["--model", &dir, "--served-model-name", "bytes", "--tool-call-parser", "glm45"], &[]);
     let status = python_script("python/structured_test.py", &["--url", &server.url, "--model", "bytes"], &[], 120);
     assert!(status.success(), "python/structured_test.py failed: {status}");
 }

@@ -303,12 +303,15 @@ pub fn check_fields(body: &Body, chat: bool, tool_calls_parsed: bool) -> Result<
     match body.get("tool_choice") {
         None => {}
         Some(Value::String(c)) if c == "auto" || c == "none" => {}
+        // Forced calls: checked with the request's tools when the answer's grammar is made.
+        Some(Value::String(c)) if tool_calls_parsed && c == "required" => {}
+        Some(Value::Object(_)) if tool_calls_parsed => {}
         Some(v) if tool_calls_parsed => {
             return Err(ApiError::invalid(
                 "tool_choice",
                 format!(
-                    "tool_choice {} is not supported by this server: a call would have to be forced by constrained \
-                     decoding, which it does not do; \"auto\" and \"none\" are accepted",
+                    "tool_choice {} is not one of \"auto\", \"none\", \"required\" or {{\"type\": \"function\", \
+                     \"function\": {{\"name\": ...}}}}",
                     shown(v)
                 ),
             ));

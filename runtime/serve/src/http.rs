@@ -66,15 +66,36 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// A matcher of answers valid against `schema`, or why there is none (400, `param`).
-    fn grammar(&self, schema: &Value, param: &str) -> Result<llguidance::Matcher, ApiError> {
+    /// The tokenizer's grammars, or why there are none (400, `param`).
+    fn grammars(&self, param: &str) -> Result<&crate::structured::Grammars, ApiError> {
         let g = self.grammars.get_or_init(|| {
             crate::structured::Grammars::from_dir(&self.checkpoint, self.vocab.max(0) as usize, &self.eos)
         });
-        let g = g.as_ref().map_err(|e| {
-            ApiError::invalid(param, format!("{param} needs structured output, not available here: {e}"))
+        g.as_ref()
+            .map_err(|e| ApiError::invalid(param, format!("{param} needs structured output, not available here: {e}")))
+    }
+
+    /// A matcher of answers valid against `schema`, or why there is none (400, `param`).
+    fn grammar(&self, schema: &Value, param: &str) -> Result<llguidance::Matcher, ApiError> {
+        self.grammars(param)?
+            .matcher(schema)
+            .map_err(|e| ApiError::invalid(param, format!("{param}: the schema is refused: {e}")))
+    }
+
+    /// A matcher of answers that are one call of the request's `tools` (the one named
+    /// `only`), as the tool-call parser reads them.
+    fn forced_call(&self, tools: Option<&Value>, only: Option<&str>) -> Result<llguidance::Matcher, ApiError> {
+        let param = "tool_choice";
+        // cannot fire: a forced tool_choice passes check_fields only with a parser.
+        let parser = self.tool_parser.ok_or_else(|| ApiError::invalid(param, "tool calls are not parsed here"))?;
+        let tools = tools.filter(|t| t.as_array().is_some_and(|a| !a.is_empty())).ok_or_else(|| {
+            ApiError::invalid(param, format!("{param} forces a call of the request's tools: give tools"))
         })?;
-        g.matcher(schema).map_err(|e| ApiError::invalid(param, format!("{param}: the schema is refused: {e}")))
+        let lark = crate::structured::tool_call_grammar(tools, only, parser)
+            .map_err(|e| ApiError::invalid(param, format!("{param}: {e}")))?;
+        self.grammars(param)?
+            .lark_matcher(&lark)
+            .map_err(|e| ApiError::invalid(param, format!("{param}: the tools' schemas are refused: {e}")))
     }
 }
 
@@ -675,13 +696,34 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         }
     };
     let (include_usage, continuous_usage) = (option("include_usage")?, option("continuous_usage_stats")?);
-    let constraint = match b.get("response_format") {
+    let mut constraint = match b.get("response_format") {
         None => None,
         Some(f) => match crate::structured::schema_of(f).map_err(|(k, why)| ApiError::invalid(k, why))? {
             None => None,
             Some(schema) => Some(s.grammar(&schema, "response_format")?),
         },
     };
+    // tool_choice "required" or a named function: the answer is one call, by grammar.
+    let forced = match b.get("tool_choice") {
+        Some(Value::String(c)) if c == "required" => Some(None),
+        Some(Value::Object(o)) => match o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(name) => Some(Some(name)),
+            None => return Err(ApiError::invalid("tool_choice.function.name", "tool_choice names no function")),
+        },
+        _ => None,
+    };
+    if let Some(only) = forced {
+        if ep != Endpoint::Chat {
+            return Err(ApiError::invalid("tool_choice", "tool_choice forces a call in chat completions only"));
+        }
+        if constraint.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice forces a call and response_format a JSON answer: give one of them",
+            ));
+        }
+        constraint = Some(s.forced_call(b.get("tools"), only)?);
+    }
     let tools = match (ep, s.tool_parser, b.get("tools"), b.get("tool_choice")) {
         (_, _, _, Some(Value::String(c))) if c == "none" => None,
         (Endpoint::Chat, Some(_), Some(t @ Value::Array(list)), _) if !list.is_empty() => Some(t.clone()),

@@ -64,6 +64,15 @@ impl Grammars {
         }
     }
 
+    /// A matcher of text in the Lark grammar `lark`.
+    pub fn lark_matcher(&self, lark: &str) -> Result<Matcher, String> {
+        let matcher = Matcher::new(self.factory.create_parser(TopLevelGrammar::from_lark(lark.to_owned())));
+        match matcher.get_error() {
+            Some(e) => Err(e),
+            None => Ok(matcher),
+        }
+    }
+
     /// The vocabulary the masks cover.
     pub fn vocab(&self) -> usize {
         self.vocab
@@ -85,6 +94,63 @@ pub fn schema_of(format: &Value) -> Result<Option<Value>, (String, String)> {
         },
         _ => bad(".type", "must be \"text\", \"json_object\" or \"json_schema\""),
     }
+}
+
+/// The Lark grammar of an answer that is one GLM tool call (in `parser`'s format, see
+/// `crate::tools`) to one of `tools` (OpenAI's list), or to the one named `only`: each
+/// parameter in the order the schema lists it, the required ones always, the others
+/// optionally; a string parameter's value its text (its `enum`, or up to `maxLength`
+/// characters other than `<`), any other a JSON value its schema validates.
+pub fn tool_call_grammar(
+    tools: &Value,
+    only: Option<&str>,
+    parser: crate::tools::ToolParser,
+) -> Result<String, String> {
+    let sep = if parser == crate::tools::ToolParser::Glm45 { "\n" } else { "" };
+    let lit = |s: &str| Value::String(s.to_owned()).to_string();
+    let mut rules = Vec::new();
+    let mut calls = Vec::new();
+    for (i, t) in tools.as_array().into_iter().flatten().enumerate() {
+        let f = &t["function"];
+        let Some(name) = f["name"].as_str() else { continue };
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let props = f["parameters"]["properties"].as_object().cloned().unwrap_or_default();
+        let required: Vec<&str> =
+            f["parameters"]["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let mut call = vec![lit(&format!("<tool_call>{name}{sep}"))];
+        for (j, (key, schema)) in props.iter().enumerate() {
+            let value = format!("v_{i}_{j}");
+            let body = match (schema["type"].as_str(), schema["enum"].as_array()) {
+                (Some("string"), Some(options)) => {
+                    options.iter().filter_map(Value::as_str).map(lit).collect::<Vec<_>>().join(" | ")
+                }
+                (Some("string"), None) => match schema["maxLength"].as_u64() {
+                    Some(n) => format!("/[^<]{{0,{n}}}/"),
+                    None => "/[^<]*/".to_owned(),
+                },
+                _ => format!("%json {schema}"),
+            };
+            rules.push(format!("{value}: {body}"));
+            let arg = format!(
+                "{} {value} {}",
+                lit(&format!("<arg_key>{key}</arg_key>{sep}<arg_value>")),
+                lit(&format!("</arg_value>{sep}"))
+            );
+            call.push(if required.contains(&key.as_str()) { format!("({arg})") } else { format!("({arg})?") });
+        }
+        call.push(lit("</tool_call>"));
+        rules.push(format!("call_{i}: {}", call.join(" ")));
+        calls.push(format!("call_{i}"));
+    }
+    if calls.is_empty() {
+        return Err(match only {
+            Some(o) => format!("no tool named {o:?} is among the request's tools"),
+            None => "the request has no tools to call".to_owned(),
+        });
+    }
+    Ok(format!("start: {}\n{}\n", calls.join(" | "), rules.join("\n")))
 }
 
 /// The additive mask (0 allowed, -inf not) of the tokens `m` allows next, `[1, vocab]` f32
@@ -134,5 +200,41 @@ mod tests {
         let last = m.compute_mask_or_eos().unwrap();
         assert!(last.is_allowed(2) && !last.is_allowed(byte(b'}')));
         assert!(g.matcher(&json!({"type": "no such type"})).is_err());
+    }
+
+    /// A forced tool call: the grammar of the tools' calls walks a GLM-4.5 call with its
+    /// required argument and an optional one, then allows only eos.
+    #[test]
+    fn a_tool_call_grammar_writes_one_call_of_a_listed_tool() {
+        use crate::tools::ToolParser;
+        let g = Grammars::from_dir(&bytes_fixture(), 260, &[2]).unwrap();
+        let tools = json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+              "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer"}},
+              "required": ["city"]}}},
+            {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}},
+        ]);
+        let lark = tool_call_grammar(&tools, None, ToolParser::Glm45).unwrap();
+        let mut m = g.lark_matcher(&lark).unwrap();
+        let call = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n\
+                    <arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>";
+        for b in call.bytes() {
+            assert!(m.compute_mask().unwrap().is_allowed(4 + b as u32), "{lark}\nat {:?}", b as char);
+            m.consume_token(4 + b as u32).unwrap();
+        }
+        assert!(m.compute_mask_or_eos().unwrap().is_allowed(2));
+        // The required argument cannot be left out; a named tool allows only itself.
+        let mut m = g.lark_matcher(&lark).unwrap();
+        for b in "<tool_call>get_weather\n".bytes() {
+            m.consume_token(4 + b as u32).unwrap();
+        }
+        let next = m.compute_mask().unwrap();
+        assert!(next.is_allowed(4 + b'<' as u32) && !next.is_allowed(4 + b'x' as u32));
+        let only = tool_call_grammar(&tools, Some("now"), ToolParser::Glm47).unwrap();
+        let mut m = g.lark_matcher(&only).unwrap();
+        for b in "<tool_call>now</tool_call>".bytes() {
+            m.consume_token(4 + b as u32).unwrap();
+        }
+        assert!(tool_call_grammar(&tools, Some("nope"), ToolParser::Glm45).unwrap_err().contains("nope"));
     }
 }
