@@ -2,9 +2,9 @@
 inter-token latency (p50, p99) at several concurrencies, for `headcount serve` and
 `transformers serve --continuous-batching` on the same weights and threads, loopback only.
 
-  python/serve_load.py [--shape demo|demo-mtp|4-layer] [--engines headcount,transformers]
+  python/serve_load.py [--shape demo|demo-mtp|bytes|4-layer] [--engines headcount,transformers]
                        [--concurrency 1,8,32,128] [--requests 128] [--max-tokens 32]
-                       [--speculative-tokens 2]
+                       [--speculative-tokens 2] [--json-schema]
 
 Each level sends --requests streaming completions (greedy), --concurrency at a time, after
 a warm-up; a token is a streamed chunk that carries text. The 4-layer shape is a random
@@ -12,7 +12,10 @@ Glm of python/bench/glm-4layer.json saved with a word-level tokenizer ("t17" is 
 both servers read the same text prompts as the same ids. The demo-mtp shape is the demo's
 glm4_moe version with its multi-token-prediction layer (examples/addition/model-mtp); the
 engine `headcount-speculative` serves it with --speculative-tokens, and its rows add the share
-of drafts accepted (from /metrics). Prints one markdown table.
+of drafts accepted (from /metrics). The bytes shape is tests/fixtures/glm-bytes (a random
+model with a byte-level tokenizer); with --json-schema every request asks for an answer that
+follows a small JSON schema (structured output), so a run with and one without it compare
+constrained with unconstrained throughput. Prints one markdown table.
 """
 
 import argparse
@@ -60,7 +63,10 @@ def prompts(shape: str, n: int, prompt_len: int) -> list[str]:
     out = []
     x = 12345
     for _ in range(n):
-        if shape.startswith("demo"):
+        if shape == "bytes":
+            x = (x * 1103515245 + 12345) % 2**31
+            out.append(f"Reading {x % 1000}:")
+        elif shape.startswith("demo"):
             x = (x * 1103515245 + 12345) % 2**31
             # demo-mtp runs headcount only, whose tokenizer puts <bos> first itself.
             bos = "" if shape == "demo-mtp" else "<bos>"
@@ -101,9 +107,18 @@ def start(engine: str, model: Path, port: int, threads: int, max_batch: int, spe
     sys.exit(f"{engine} serve did not start")
 
 
+SCHEMA = {"type": "object", "properties": {"station": {"type": "string", "maxLength": 8},
+                                         "level": {"type": "integer", "minimum": 0, "maximum": 999},
+                                         "ok": {"type": "boolean"}},
+          "required": ["station", "level", "ok"], "additionalProperties": False}
+CONSTRAINED = False
+
+
 def one(port: int, model: str, prompt: str, max_tokens: int) -> dict:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if CONSTRAINED:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reading", "schema": SCHEMA}}
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = c.getresponse()
@@ -160,7 +175,7 @@ def acceptance(port: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="demo", choices=["demo", "demo-mtp", "4-layer"])
+    ap.add_argument("--shape", default="demo", choices=["demo", "demo-mtp", "bytes", "4-layer"])
     ap.add_argument("--engines", default="headcount,transformers")
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--requests", type=int, default=128)
@@ -168,13 +183,18 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--speculative-tokens", type=int, default=2)
+    ap.add_argument("--json-schema", action="store_true")
     a = ap.parse_args()
+    global CONSTRAINED
+    CONSTRAINED = a.json_schema
     levels = [int(c) for c in a.concurrency.split(",")]
     tmp = tempfile.TemporaryDirectory()
     if a.shape == "demo":
         model = ROOT / "examples/addition/model"
     elif a.shape == "demo-mtp":
         model = ROOT / "examples/addition/model-mtp"
+    elif a.shape == "bytes":
+        model = ROOT / "tests/fixtures/glm-bytes"
     else:
         model = Path(tmp.name) / "4-layer"
         four_layer_checkpoint(model)
@@ -198,7 +218,8 @@ def main() -> None:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
-    print(f"\nshape {a.shape}, {a.threads} threads, max_tokens {a.max_tokens}, greedy, streaming\n")
+    how = ", answers constrained to a JSON schema" if a.json_schema else ""
+    print(f"\nshape {a.shape}, {a.threads} threads, max_tokens {a.max_tokens}, greedy, streaming{how}\n")
     print("| engine | concurrency | requests | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
           "ITL p99 ms | drafts accepted (so far, by position) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
