@@ -157,6 +157,8 @@ pub fn tool_call_grammar(
 /// on `device`; only the eos ids once the JSON is complete.
 pub fn mask(m: &mut Matcher, vocab: usize, device: tch::Device) -> Result<Tensor, String> {
     let allowed = m.compute_mask_or_eos().map_err(|e| e.to_string())?;
+    // On the host, a flag a token: expanding the mask's 32-bit words by tensor operations
+    // was slower on the byte-level fixture (docs/SERVING.md).
     let row: Vec<f32> =
         (0..vocab).map(|t| if allowed.is_allowed(t as u32) { 0.0 } else { f32::NEG_INFINITY }).collect();
     let t = Tensor::f_from_slice(&row).and_then(|t| t.f_view([1, vocab as i64])).map_err(|e| e.to_string())?;
@@ -200,6 +202,13 @@ mod tests {
         let last = m.compute_mask_or_eos().unwrap();
         assert!(last.is_allowed(2) && !last.is_allowed(byte(b'}')));
         assert!(g.matcher(&json!({"type": "no such type"})).is_err());
+        // The additive mask says the same as the matcher, token by token.
+        let mut m = g.matcher(&schema).unwrap();
+        let row = Vec::<f32>::try_from(mask(&mut m, 260, tch::Device::Cpu).unwrap().squeeze_dim(0)).unwrap();
+        let bits = g.matcher(&schema).unwrap().compute_mask().unwrap();
+        for (t, &v) in row.iter().enumerate() {
+            assert_eq!(v == 0.0, bits.is_allowed(t as u32), "token {t}");
+        }
     }
 
     /// A forced tool call: the grammar of the tools' calls walks a GLM-4.5 call with its
