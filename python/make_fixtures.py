@@ -190,7 +190,13 @@ def randomize(model, seed: int) -> None:
     sorted order with one generator, so the result depends only on the seed and the shapes.
     """
     gen = torch.Generator().manual_seed(seed)
-    params = dict(model.named_parameters())  # tied lm_head shares embed_tokens and is listed once
+    # tied lm_head shares embed_tokens and is listed once
+    fill(dict(model.named_parameters()), dict(model.named_buffers()), gen)
+
+
+@torch.no_grad()
+def fill(params: dict, buffers: dict, gen: torch.Generator) -> None:
+    """randomize's draws for `params` and `buffers` (by name, in sorted order) from `gen`."""
     for name in sorted(params):
         p = params[name]
         noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
@@ -204,7 +210,7 @@ def randomize(model, seed: int) -> None:
             p.copy_(noise * (1.5 / p.shape[-1] ** 0.5))
     # glm4_moe's router correction bias is a buffer: non-zero, so that it changes which
     # experts are chosen (and never the weights, which come from the unbiased scores).
-    for name, b in sorted(model.named_buffers()):
+    for name, b in sorted(buffers.items()):
         if name.endswith("e_score_correction_bias"):
             b.copy_(0.3 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
 

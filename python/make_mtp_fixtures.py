@@ -45,7 +45,7 @@ from transformers.modeling_layers import MtpModel
 
 sys.path.insert(0, str(Path(__file__).parent))
 from make_fixtures import (  # noqa: E402
-    BATCH, DEFAULT_EOS_ID, FAMILIES, FIXTURES, MIN_MARGIN, NEW_TOKENS, PAD_ID, SEQ, build_config, randomize,
+    BATCH, DEFAULT_EOS_ID, FAMILIES, FIXTURES, MIN_MARGIN, NEW_TOKENS, PAD_ID, SEQ, build_config, fill, randomize,
     reference_outputs, top_gap,
 )
 
@@ -100,20 +100,8 @@ def enable_mtp(config) -> None:
 def randomize_mtp(mtp: MtpModel, seed: int) -> None:
     """The MTP layer's own parameters, drawn as make_fixtures.randomize draws a model's (the
     shared embedding and head stay the main model's)."""
-    gen = torch.Generator().manual_seed(seed)
-    params = {n: p for n, p in mtp.named_parameters() if n.startswith("layers.")}
-    for name in sorted(params):
-        p = params[name]
-        noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.1 * noise)
-        elif name.endswith(".bias"):
-            p.copy_(0.2 * noise)
-        else:
-            p.copy_(noise * (1.5 / p.shape[-1] ** 0.5))
-    for name, b in sorted(mtp.named_buffers()):
-        if name.startswith("layers.") and name.endswith("e_score_correction_bias"):
-            b.copy_(0.3 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
+    own = lambda named: {n: t for n, t in named if n.startswith("layers.")}  # noqa: E731
+    fill(own(mtp.named_parameters()), own(mtp.named_buffers()), torch.Generator().manual_seed(seed))
 
 
 def point_at_layer(layers: int, model_cls=Glm4MoeForCausalLM) -> None:

@@ -202,16 +202,7 @@ impl ToolSplit {
                         true
                     } else if rest.starts_with(CLOSE) {
                         self.held.drain(..skipped + CLOSE.len());
-                        let index = self.calls.len();
-                        let text = if self.args.is_empty() { "{}".to_owned() } else { "}".to_owned() };
-                        self.args.push_str(&text);
-                        deltas.push(ToolDelta::Arguments { index, text });
-                        self.calls.push(ToolCall {
-                            id: format!("{}{index}", self.id_prefix),
-                            name: std::mem::take(&mut self.name),
-                            arguments: std::mem::take(&mut self.args),
-                        });
-                        self.part = Part::Text;
+                        deltas.push(self.close_call());
                         true
                     } else if !rest.is_empty() && !KEY.starts_with(rest) && !CLOSE.starts_with(rest) {
                         // Not a tag where one must be: the text stays in the call (a value
@@ -290,18 +281,24 @@ impl ToolSplit {
             }
         };
         if self.part != Part::Text {
-            let index = self.calls.len();
-            let text = if self.args.is_empty() { "{}".to_owned() } else { "}".to_owned() };
-            self.args.push_str(&text);
-            deltas.push(ToolDelta::Arguments { index, text });
-            self.calls.push(ToolCall {
-                id: format!("{}{index}", self.id_prefix),
-                name: std::mem::take(&mut self.name),
-                arguments: std::mem::take(&mut self.args),
-            });
-            self.part = Part::Text;
+            deltas.push(self.close_call());
         }
         (content, deltas)
+    }
+
+    /// Ends the current call: its arguments' closing brace (`{}` when it has none), and the
+    /// call among the finished ones.
+    fn close_call(&mut self) -> ToolDelta {
+        let index = self.calls.len();
+        let text = if self.args.is_empty() { "{}".to_owned() } else { "}".to_owned() };
+        self.args.push_str(&text);
+        self.calls.push(ToolCall {
+            id: format!("{}{index}", self.id_prefix),
+            name: std::mem::take(&mut self.name),
+            arguments: std::mem::take(&mut self.args),
+        });
+        self.part = Part::Text;
+        ToolDelta::Arguments { index, text }
     }
 
     /// The JSON text one more argument adds (`raw` its value as written): `{"k": v` for the
