@@ -177,12 +177,7 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
             assert_eq!(g.tokens[0], expected, "{what} row {row}");
         }
         // A left-padded batch.
-        let prompts: Vec<Vec<i64>> = r
-            .padded_input_ids
-            .iter()
-            .zip(&r.padded_attention_mask)
-            .map(|(ids, mask)| ids.iter().zip(mask).filter(|(_, k)| **k == 1).map(|(i, _)| *i).collect())
-            .collect();
+        let prompts = r.unpadded_prompts();
         let n = r.padded_greedy[0].len() - r.padded_input_ids[0].len();
         let batched = generate(&m, &prompts, &greedy(n), |_, _| {}).unwrap();
         for (row, theirs) in r.padded_greedy.iter().enumerate() {

@@ -52,12 +52,7 @@ fn padded_batch_matches_transformers_and_single_rows() {
         let model = load(&dir);
         let r = reference(&dir);
         // Strip transformers' left padding; our generate pads again itself.
-        let prompts: Vec<Vec<i64>> = r
-            .padded_input_ids
-            .iter()
-            .zip(&r.padded_attention_mask)
-            .map(|(ids, m)| ids.iter().zip(m).filter(|(_, m)| **m == 1).map(|(i, _)| *i).collect())
-            .collect();
+        let prompts = r.unpadded_prompts();
         assert!(prompts[0].len() != prompts[1].len(), "the fixture's batch is padded");
         let n = r.padded_greedy[0].len() - r.padded_input_ids[0].len();
         let batched = generate(&model, &prompts, &greedy(n), |_, _| {}).unwrap();

@@ -81,12 +81,7 @@ fn speculative_greedy_is_plain_greedy_and_transformers_use_mtp() {
                 assert_eq!(g.decode_steps + g.accepted.iter().sum::<usize>(), expected.len() - 1, "{}", name(&dir));
             }
             // A left-padded batch of two prompts of different lengths, in one call.
-            let prompts: Vec<Vec<i64>> = r
-                .padded_input_ids
-                .iter()
-                .zip(&r.padded_attention_mask)
-                .map(|(ids, m)| ids.iter().zip(m).filter(|(_, m)| **m == 1).map(|(i, _)| *i).collect())
-                .collect();
+            let prompts = r.unpadded_prompts();
             let len = r.padded_greedy[0].len() - r.padded_input_ids[0].len();
             let g = generate(&model, &prompts, &options(len, n, Sampling::greedy()), |_, _| {}).unwrap();
             for (row, ids) in r.padded_input_ids.iter().enumerate() {

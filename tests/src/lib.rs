@@ -70,6 +70,17 @@ pub struct Reference {
     pub padded_greedy: Vec<Vec<i64>>,
 }
 
+impl Reference {
+    /// The padded batch's prompts without transformers' left padding (generate pads again).
+    pub fn unpadded_prompts(&self) -> Vec<Vec<i64>> {
+        self.padded_input_ids
+            .iter()
+            .zip(&self.padded_attention_mask)
+            .map(|(ids, m)| ids.iter().zip(m).filter(|(_, m)| **m == 1).map(|(i, _)| *i).collect())
+            .collect()
+    }
+}
+
 fn rows(t: &Tensor) -> Vec<Vec<i64>> {
     Vec::<Vec<i64>>::try_from(t).expect("2-D int64 tensor")
 }
