@@ -146,6 +146,8 @@ struct Running {
     last: i64,
     /// The tokens produced, where penalties read them.
     output: Vec<i64>,
+    /// When the last token went out (inter-token latency).
+    last_token_at: Option<Instant>,
 }
 
 impl Running {
@@ -249,6 +251,9 @@ pub fn run<M: CausalLm>(
             Ok(()) => {
                 metrics.decoded();
                 retire(&model, &mut running, &mut filling, &mut cache, &metrics, finished);
+                let held = running.len() + usize::from(filling.is_some());
+                let used = (0..held).map(|r| cache.len(r)).sum();
+                metrics.set_kv_usage(used, cache.rows() * cache.capacity());
             }
             Err(e) => {
                 // The step failed for every running request: they end with the error, the
@@ -339,6 +344,7 @@ fn retire(
         // The moves copy cache rows on the device; one can only fail with the device
         // itself, and then the next step fails and reports it.
         let _ = cache.move_row(model, last, row);
+        metrics.request_latency(r.job.arrived.elapsed());
         match outcome {
             Outcome::Finished(f) => {
                 r.job.send(Event::Done(f));
@@ -439,6 +445,7 @@ fn prefill(
             // Only scored: the row is free again.
             r.job.send(Event::Done(Finish::Length));
             metrics.finished();
+            metrics.request_latency(r.job.arrived.elapsed());
             let _ = cache.clear(model, row);
             continue;
         }
@@ -449,7 +456,7 @@ fn prefill(
 
 fn start(job: Job) -> Running {
     let rng = SampleRng::new(job.sampling.seed);
-    Running { job, rng, prefilled: 0, produced: 0, last: 0, output: Vec::new() }
+    Running { job, rng, prefilled: 0, produced: 0, last: 0, output: Vec::new(), last_token_at: None }
 }
 
 /// Prefills whole prompts into the rows after the running ones, in one forward.
@@ -526,6 +533,10 @@ fn emit(r: &mut Running, id: i64, logprobs: Option<TokenLogprobs>, metrics: &Met
         r.output.push(id);
     }
     metrics.generated(1);
+    let now = Instant::now();
+    if let Some(t) = r.last_token_at.replace(now) {
+        metrics.inter_token(now - t);
+    }
     r.job.send(Event::Token { id, logprobs });
 }
 

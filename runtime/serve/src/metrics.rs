@@ -8,14 +8,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Upper bounds (seconds) of the time-to-first-token histogram's buckets.
-const TTFT_BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const TTFT_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Of the inter-token latency histogram's.
+const ITL_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+/// Of the end-to-end request latency histogram's.
+const E2E_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
 /// Decode throughput is averaged over this window.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 /// Tokens are counted in slices of the window this long.
 const RATE_SLICE: Duration = Duration::from_millis(100);
 
-#[derive(Default)]
 pub struct Metrics {
     /// Requests answered, by HTTP status class.
     pub ok: AtomicU64,
@@ -35,14 +38,76 @@ pub struct Metrics {
     /// Speculative decoding: drafts made and accepted, by position in the step.
     drafts: Mutex<Vec<(u64, u64)>>,
     ttft: Mutex<Histogram>,
+    itl: Mutex<Histogram>,
+    e2e: Mutex<Histogram>,
+    /// The share of the KV cache's positions the running sequences hold, in millionths.
+    kv_usage: AtomicU64,
     rate: Mutex<Rate>,
 }
 
-#[derive(Default)]
+/// A Prometheus histogram of seconds: cumulative counts at each bound.
 struct Histogram {
-    counts: [u64; TTFT_BUCKETS.len()],
+    bounds: &'static [f64],
+    counts: Vec<u64>,
     count: u64,
     sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, counts: vec![0; bounds.len()], count: 0, sum: 0.0 }
+    }
+
+    fn observe(&mut self, after: Duration) {
+        let s = after.as_secs_f64();
+        for (c, &b) in self.counts.iter_mut().zip(self.bounds) {
+            if s <= b {
+                *c += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += s;
+    }
+
+    /// Its exposition lines (`_bucket{le=...}`, `_sum`, `_count`).
+    fn lines(&self) -> Vec<(String, String)> {
+        let mut lines: Vec<(String, String)> = self
+            .bounds
+            .iter()
+            .zip(&self.counts)
+            .map(|(b, c)| (format!("_bucket{{le=\"{b}\"}}"), c.to_string()))
+            .collect();
+        lines.push(("_bucket{le=\"+Inf\"}".into(), self.count.to_string()));
+        lines.push(("_sum".into(), format!("{:.6}", self.sum)));
+        lines.push(("_count".into(), self.count.to_string()));
+        lines
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            ok: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            invalid: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            engine_stopped: std::sync::atomic::AtomicBool::new(false),
+            queued: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            decode_steps: AtomicU64::new(0),
+            drafts: Mutex::new(Vec::new()),
+            ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
+            itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
+            e2e: Mutex::new(Histogram::new(E2E_BUCKETS)),
+            kv_usage: AtomicU64::new(0),
+            rate: Mutex::new(Rate::default()),
+        }
+    }
 }
 
 /// Tokens produced in each slice of the last window (oldest first): when each slice
@@ -132,15 +197,25 @@ impl Metrics {
     }
     pub fn first_token(&self, after: Duration) {
         if let Ok(mut h) = self.ttft.lock() {
-            let s = after.as_secs_f64();
-            for (i, &b) in TTFT_BUCKETS.iter().enumerate() {
-                if s <= b {
-                    h.counts[i] += 1;
-                }
-            }
-            h.count += 1;
-            h.sum += s;
+            h.observe(after);
         }
+    }
+    /// A sequence's token came `after` its previous one.
+    pub fn inter_token(&self, after: Duration) {
+        if let Ok(mut h) = self.itl.lock() {
+            h.observe(after);
+        }
+    }
+    /// A sequence ended (finished, cancelled or failed) `after` it arrived.
+    pub fn request_latency(&self, after: Duration) {
+        if let Ok(mut h) = self.e2e.lock() {
+            h.observe(after);
+        }
+    }
+    /// The running sequences hold `used` of the KV cache's `total` positions.
+    pub fn set_kv_usage(&self, used: usize, total: usize) {
+        let share = if total == 0 { 0 } else { (used as u128 * 1_000_000 / total as u128) as u64 };
+        self.kv_usage.store(share, Ordering::Relaxed);
     }
 
     /// Tokens produced a second over the window reaching back from `now`.
@@ -215,21 +290,25 @@ impl Metrics {
                 &by(|c| c.1),
             );
         }
-        if let Ok(h) = self.ttft.lock() {
-            let mut lines: Vec<(String, String)> = TTFT_BUCKETS
-                .iter()
-                .zip(h.counts)
-                .map(|(b, c)| (format!("_bucket{{le=\"{b}\"}}"), c.to_string()))
-                .collect();
-            lines.push(("_bucket{le=\"+Inf\"}".into(), h.count.to_string()));
-            lines.push(("_sum".into(), format!("{:.6}", h.sum)));
-            lines.push(("_count".into(), h.count.to_string()));
-            metric(
+        metric(
+            "headcount_kv_cache_usage_ratio",
+            "gauge",
+            "Share of the KV cache's positions the running sequences hold (0 to 1).",
+            &[(String::new(), format!("{:.6}", load(&self.kv_usage) as f64 / 1e6))],
+        );
+        let histograms = [
+            (
+                &self.ttft,
                 "headcount_time_to_first_token_seconds",
-                "histogram",
                 "Seconds from a request's arrival to its first token.",
-                &lines,
-            );
+            ),
+            (&self.itl, "headcount_inter_token_latency_seconds", "Seconds between two tokens of a sequence."),
+            (&self.e2e, "headcount_e2e_request_latency_seconds", "Seconds from a sequence's arrival to its end."),
+        ];
+        for (h, name, help) in histograms {
+            if let Ok(h) = h.lock() {
+                metric(name, "histogram", help, &h.lines());
+            }
         }
         out
     }
@@ -242,6 +321,28 @@ mod tests {
     fn rate(text: &str) -> f64 {
         let line = text.lines().find(|l| l.starts_with("headcount_generation_tokens_per_second ")).unwrap();
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn latencies_fill_cumulative_buckets_and_the_cache_share_reads_back() {
+        let m = Metrics::default();
+        m.inter_token(Duration::from_millis(3));
+        m.inter_token(Duration::from_millis(30));
+        m.request_latency(Duration::from_secs(2));
+        m.set_kv_usage(3, 12);
+        let text = m.render();
+        for line in [
+            "headcount_inter_token_latency_seconds_bucket{le=\"0.0025\"} 0",
+            "headcount_inter_token_latency_seconds_bucket{le=\"0.005\"} 1",
+            "headcount_inter_token_latency_seconds_bucket{le=\"0.05\"} 2",
+            "headcount_inter_token_latency_seconds_count 2",
+            "headcount_e2e_request_latency_seconds_bucket{le=\"1\"} 0",
+            "headcount_e2e_request_latency_seconds_bucket{le=\"2.5\"} 1",
+            "headcount_kv_cache_usage_ratio 0.250000",
+            "headcount_time_to_first_token_seconds_count 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
+        }
     }
 
     #[test]

@@ -324,6 +324,14 @@ fn speculative_steps_serve_what_plain_steps_serve() {
             "{metrics}"
         );
         assert!(metrics.contains("headcount_spec_decode_accepted_tokens_total{position=\"0\"}"), "{metrics}");
+        // Every sequence's end, and every token after a sequence's first, is timed.
+        let count = |name: &str| -> u64 {
+            let line = metrics.lines().find(|l| l.starts_with(&format!("{name}_count "))).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        assert_eq!(count("headcount_e2e_request_latency_seconds"), jobs.len() as u64, "{metrics}");
+        let tokens: usize = spec.iter().map(|e| e.0.len()).sum();
+        assert_eq!(count("headcount_inter_token_latency_seconds"), (tokens - jobs.len()) as u64, "{metrics}");
     }
     // A stop id a sampled run reaches inside its drafts ends it there.
     let long = serve_mtp(3, 64, &[(p(&[44, 2, 71, 8]), 20, sampled(9), none.clone(), vec![], false)]).0.remove(0).0;
