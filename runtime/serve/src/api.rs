@@ -327,7 +327,7 @@ pub fn check_fields(body: &Body, chat: bool, tool_calls_parsed: bool) -> Result<
             ));
         }
     }
-    if body.bool("parallel_tool_calls")? == Some(false) {
+    if !tool_calls_parsed && body.bool("parallel_tool_calls")? == Some(false) {
         return refuse(
             "parallel_tool_calls",
             "false is not supported by this server: every call the model writes is returned",

@@ -293,6 +293,8 @@ struct Plan {
     reasoning_opened: Option<bool>,
     /// Chat with a tool-call parser, tools and a `tool_choice` other than `none`: the tools.
     tools: Option<Value>,
+    /// `parallel_tool_calls: false`: only an answer's first call is returned.
+    first_call_only: bool,
     /// Structured output: the grammar each choice's answer follows, at its start.
     constraint: Option<llguidance::Matcher>,
 }
@@ -749,6 +751,7 @@ fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
         continuous_usage,
         reasoning_opened,
         tools,
+        first_call_only: b.bool("parallel_tool_calls")? == Some(false),
         constraint,
     })
 }
@@ -874,7 +877,10 @@ impl Reader {
                     all: echo.clone().unwrap_or_default(),
                     split: plan.reasoning_opened.map(ReasoningSplit::new),
                     reasoning: String::new(),
-                    tools: plan.tools.as_ref().map(|t| ToolSplit::new(t, &format!("call_{}_{c}_", id_number(&id)))),
+                    tools: plan.tools.as_ref().map(|t| {
+                        let split = ToolSplit::new(t, &format!("call_{}_{c}_", id_number(&id)));
+                        if plan.first_call_only { split.first_call_only() } else { split }
+                    }),
                     echo_len: echo.as_ref().map_or(0, String::len),
                     echo,
                     tokens: 0,

@@ -121,6 +121,8 @@ pub struct ToolSplit {
     calls: Vec<ToolCall>,
     /// Prefix of call ids (unique to the request) and the next call's number.
     id_prefix: String,
+    /// OpenAI's `parallel_tool_calls: false`: only the first call is returned.
+    single: bool,
 }
 
 impl ToolSplit {
@@ -144,12 +146,28 @@ impl ToolSplit {
             args: String::new(),
             calls: Vec::new(),
             id_prefix: id_prefix.to_owned(),
+            single: false,
         }
+    }
+
+    /// Returns only the answer's first call (`parallel_tool_calls: false`); the others are
+    /// read and dropped.
+    pub fn first_call_only(mut self) -> ToolSplit {
+        self.single = true;
+        self
     }
 
     /// The calls finished so far.
     pub fn calls(&self) -> &[ToolCall] {
-        &self.calls
+        if self.single { &self.calls[..self.calls.len().min(1)] } else { &self.calls }
+    }
+
+    /// `deltas` without those of calls past the first where only it is returned.
+    fn kept(&self, mut deltas: Vec<ToolDelta>) -> Vec<ToolDelta> {
+        if self.single {
+            deltas.retain(|d| matches!(d, ToolDelta::Start { index: 0, .. } | ToolDelta::Arguments { index: 0, .. }));
+        }
+        deltas
     }
 
     /// Adds the next piece of final text: the content and the call deltas it completes.
@@ -255,7 +273,7 @@ impl ToolSplit {
                 break;
             }
         }
-        (content, deltas)
+        (content, self.kept(deltas))
     }
 
     /// The answer ended: text held back is content; a call left open ends there, with the
@@ -283,7 +301,7 @@ impl ToolSplit {
         if self.part != Part::Text {
             deltas.push(self.close_call());
         }
-        (content, deltas)
+        (content, self.kept(deltas))
     }
 
     /// Ends the current call: its arguments' closing brace (`{}` when it has none), and the
@@ -413,6 +431,24 @@ mod tests {
                 assert_eq!(joined, args);
             }
         }
+    }
+
+    #[test]
+    fn only_the_first_call_where_parallel_calls_are_off() {
+        let mut s = ToolSplit::new(&tools(), "call_").first_call_only();
+        let (content, deltas) = s.push(GLM45);
+        let (_, rest) = s.finish();
+        assert_eq!(content, "Let me check.\n\n");
+        assert_eq!(s.calls().len(), 1);
+        assert_eq!(s.calls()[0].name, "get_weather");
+        let indices: Vec<usize> = deltas
+            .iter()
+            .chain(&rest)
+            .map(|d| match d {
+                ToolDelta::Start { index, .. } | ToolDelta::Arguments { index, .. } => *index,
+            })
+            .collect();
+        assert!(!indices.is_empty() && indices.iter().all(|&i| i == 0), "{indices:?}");
     }
 
     #[test]

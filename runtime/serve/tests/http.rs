@@ -709,6 +709,12 @@ fn glm_tool_calls_come_back_as_openai_tool_calls() {
     assert_eq!(arguments[1], "{}");
     assert_eq!(ids.len(), 2);
     assert_eq!(finishes, ["tool_calls"]);
+    // parallel_tool_calls false: the first call only.
+    let (_, _, text) = ask(json!({"parallel_tool_calls": false}));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
     // tool_choice "none": the text as written, no calls.
     let (_, _, text) = ask(json!({"tool_choice": "none"}));
     let v: Value = serde_json::from_str(&text).unwrap();
