@@ -687,3 +687,10 @@ fn tool_call_parser_auto_needs_a_template_that_writes_tool_calls() {
     expect(&o, 1, "the chat template writes no GLM tool call");
     expect(&o, 1, "--tool-call-parser glm45 or glm47");
 }
+
+/// `serve --speculative-tokens` beyond what a cache row holds is refused with the legal range.
+#[test]
+fn serve_refuses_more_drafts_than_a_row_holds() {
+    let o = headcount(&["serve", "--model", &fixture("glm4moe-mtp"), "--port", "0", "--speculative-tokens", "99999"]);
+    expect(&o, 1, "speculative decoding drafts 1 to 63 tokens a step in rows of 64 positions, not 99999");
+}

@@ -76,11 +76,14 @@ impl SlotCache {
     /// (loaded with it): a verification writes up to `tokens` slots past a row's length,
     /// which the cache holds beyond `capacity`.
     pub fn speculative(model: &dyn CausalLm, rows: usize, capacity: usize, tokens: usize) -> Result<SlotCache> {
-        if tokens == 0 {
-            return Err(Error::InvalidArgument("a speculative cache drafts at least one token a step".to_owned()));
+        if tokens == 0 || tokens >= capacity {
+            return Err(Error::InvalidArgument(format!(
+                "speculative decoding drafts 1 to {} tokens a step in rows of {capacity} positions, not {tokens}",
+                capacity.saturating_sub(1)
+            )));
         }
         super::speculative::check_speculative(model, &super::GenerateOptions::default())?;
-        let held = capacity.saturating_add(tokens + 1);
+        let held = capacity + tokens + 1; // cannot wrap: tokens < capacity <= max_position_embeddings
         let mut c = SlotCache::new(model, rows, capacity)?;
         c.cache = model.new_cache(rows, held)?;
         c.rope = Rope::new(model.dims(), held, model.device())?;
