@@ -108,11 +108,7 @@ impl<'m> Generator<'m> {
             self.decoder = None;
         }
         let cache = if keeps { 0 } else { model.cache_bytes_on_cpu(b, capacity) };
-        let need_bytes = cache.saturating_add(model.activation_bytes_on_cpu(b, longest));
-        let rows = if b == 1 { "row" } else { "rows" };
-        let what = || format!("a generation of {b} {rows} over {capacity} positions (KV cache and prefill)");
-        let advice = "use fewer or shorter prompts, or fewer new tokens";
-        check_ranks_memory(what, need_bytes, model.parallel().local_size, model.dtype(), advice)?;
+        check_generation_memory(model, cache, b, capacity, longest)?;
         let (batch, ids) = Batch::new(model, prompts, longest, capacity)?;
         let mut rng = SampleRng::new(opts.sampling.seed);
         let mut state = if path == DecodePath::Eager {
@@ -243,8 +239,24 @@ impl State<'_> {
     }
 }
 
+/// Whether a generation of `b` rows over `capacity` positions fits the free memory: a new
+/// cache of `cache` bytes beside the prefill's activations over `longest` positions.
+pub(super) fn check_generation_memory(
+    model: &dyn CausalLm,
+    cache: u64,
+    b: usize,
+    capacity: usize,
+    longest: usize,
+) -> Result<()> {
+    let need_bytes = cache.saturating_add(model.activation_bytes_on_cpu(b, longest));
+    let rows = if b == 1 { "row" } else { "rows" };
+    let what = || format!("a generation of {b} {rows} over {capacity} positions (KV cache and prefill)");
+    let advice = "use fewer or shorter prompts, or fewer new tokens";
+    check_ranks_memory(what, need_bytes, model.parallel().local_size, model.dtype(), advice)
+}
+
 /// Keeps a copy of a step's logits when asked to (a replayed graph overwrites its own).
-fn keep(out: &mut Generation, opts: &GenerateOptions, logits: &Tensor) -> Result<()> {
+pub(super) fn keep(out: &mut Generation, opts: &GenerateOptions, logits: &Tensor) -> Result<()> {
     if opts.return_logits {
         out.logits.push(logits.f_detach_copy()?.f_to_device(Device::Cpu)?);
     }

@@ -20,7 +20,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::slots::{Op, SlotCache, check_ids, tell};
+use super::slots::{Op, SlotCache, check_ids, copy_row, rows_view, tell};
 use crate::error::{Error, Result};
 use crate::model::{CausalLm, KvCache, Step};
 
@@ -67,11 +67,7 @@ impl Drafts {
     /// Row `from`'s first `len` slots and its state to row `to`.
     pub(super) fn move_row(&mut self, from: usize, to: usize, len: i64) -> Result<()> {
         if len > 0 {
-            for kv in &self.cache.kv {
-                // cannot wrap: rows are a usize count that fits i64.
-                let src = kv.f_narrow(0, from as i64, 1)?.f_narrow(2, 0, len)?;
-                kv.f_narrow(0, to as i64, 1)?.f_narrow(2, 0, len)?.f_copy_(&src)?;
-            }
+            copy_row(&self.cache, from, to, len)?;
         }
         self.pending[to] = self.pending[from].take();
         self.cursor[to] = self.cursor[from];
@@ -81,9 +77,7 @@ impl Drafts {
 
     /// The MTP cache of rows `first..first + n` (views).
     fn view(&self, first: usize, n: usize) -> Result<KvCache> {
-        // cannot wrap: rows are a usize count that fits i64.
-        let kv = self.cache.kv.iter().map(|t| t.f_narrow(0, first as i64, n as i64)).collect::<Result<Vec<_>, _>>()?;
-        Ok(KvCache { kv, capacity: self.cache.capacity, len: 0 })
+        rows_view(&self.cache, first, n)
     }
 }
 

@@ -287,11 +287,7 @@ impl SlotCache {
         let len = self.lens[from] as i64; // cannot wrap: below the capacity
         if len > 0 {
             let _guard = tch::no_grad_guard();
-            for kv in &self.cache.kv {
-                // cannot wrap: rows are a usize count that fits i64.
-                let src = kv.f_narrow(0, from as i64, 1)?.f_narrow(2, 0, len)?;
-                kv.f_narrow(0, to as i64, 1)?.f_narrow(2, 0, len)?.f_copy_(&src)?;
-            }
+            copy_row(&self.cache, from, to, len)?;
         }
         self.lens[to] = self.lens[from];
         self.lens[from] = 0;
@@ -362,9 +358,7 @@ impl SlotCache {
 
     /// The cache of rows `first..first + n` as one generation's cache (views, not copies).
     pub(super) fn view(&self, first: usize, n: usize) -> Result<KvCache> {
-        // cannot wrap: rows are a usize count that fits i64.
-        let kv = self.cache.kv.iter().map(|t| t.f_narrow(0, first as i64, n as i64)).collect::<Result<Vec<_>, _>>()?;
-        Ok(KvCache { kv, capacity: self.cache.capacity, len: 0 })
+        rows_view(&self.cache, first, n)
     }
 
     /// The additive causal mask of query slots `slots` over the first `keys` slots:
@@ -377,6 +371,24 @@ impl SlotCache {
         let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
         Ok(m.f_unsqueeze(0)?.f_unsqueeze(0)?)
     }
+}
+
+/// Rows `first..first + n` of `cache` as a cache of their own (views, not copies).
+pub(super) fn rows_view(cache: &KvCache, first: usize, n: usize) -> Result<KvCache> {
+    // cannot wrap: rows are a usize count that fits i64.
+    let kv = cache.kv.iter().map(|t| t.f_narrow(0, first as i64, n as i64)).collect::<Result<Vec<_>, _>>()?;
+    Ok(KvCache { kv, capacity: cache.capacity, len: 0 })
+}
+
+/// Row `from`'s first `len` slots of every layer of `cache` copied to row `to`.
+pub(super) fn copy_row(cache: &KvCache, from: usize, to: usize, len: i64) -> Result<()> {
+    let _guard = tch::no_grad_guard();
+    for kv in &cache.kv {
+        // cannot wrap: rows are a usize count that fits i64.
+        let src = kv.f_narrow(0, from as i64, 1)?.f_narrow(2, 0, len)?;
+        kv.f_narrow(0, to as i64, 1)?.f_narrow(2, 0, len)?.f_copy_(&src)?;
+    }
+    Ok(())
 }
 
 /// Whether this rank tells the others what it does: rank 0 of a run of several.

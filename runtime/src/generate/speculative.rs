@@ -19,11 +19,10 @@ use std::time::Instant;
 use tch::{Kind, Tensor};
 
 use super::batch::{Batch, StepKind, check_prompts};
-use super::generator::IntraOpThreads;
+use super::generator::{IntraOpThreads, check_generation_memory, keep};
 use super::options::{DecodeMode, GenerateOptions, Generation};
 use super::sampling::{SampleRng, accept_or_resample, draw, probabilities, select};
 use crate::error::{Error, Result};
-use crate::memory::check_ranks_memory;
 use crate::model::{CausalLm, Rope};
 
 /// Whether `model` and `opts` can decode speculatively: an error saying why not.
@@ -71,13 +70,7 @@ pub(super) fn generate(
     }
     // Verification writes at most up to the last token the budget allows (see `drafts`).
     let capacity = (longest + budget).max(opts.min_capacity.min(model.dims().max_positions));
-    let need = [model.cache_bytes_on_cpu(b, capacity), model.activation_bytes_on_cpu(b, longest)]
-        .into_iter()
-        .fold(0u64, u64::saturating_add);
-    let rows = if b == 1 { "row" } else { "rows" };
-    let what = || format!("a generation of {b} {rows} over {capacity} positions (KV cache and prefill)");
-    let advice = "use fewer or shorter prompts, or fewer new tokens";
-    check_ranks_memory(what, need, model.parallel().local_size, model.dtype(), advice)?;
+    check_generation_memory(model, model.cache_bytes_on_cpu(b, capacity), b, capacity, longest)?;
     let (batch, ids) = Batch::new(model, prompts, longest, capacity)?;
     let (dev, kind, rounding) = (model.device(), model.dtype().kind(), model.rounding());
     let rope = Rope::new(model.dims(), capacity, dev)?;
@@ -245,14 +238,6 @@ pub(super) fn generate(
 /// One token per row as a `[B, 1]` int64 tensor on `dev`.
 fn to_device(tokens: &[i64], b: usize, dev: tch::Device) -> Result<Tensor> {
     Ok(Tensor::f_from_slice(tokens)?.f_view([b as i64, 1])?.f_to_kind(Kind::Int64)?.f_to_device(dev)?)
-}
-
-/// Keeps a copy of a token's logits when asked to.
-fn keep(out: &mut Generation, opts: &GenerateOptions, logits: &Tensor) -> Result<()> {
-    if opts.return_logits {
-        out.logits.push(logits.f_detach_copy()?.f_to_device(tch::Device::Cpu)?);
-    }
-    Ok(())
 }
 
 /// The MTP layer's f32 logits at every position of one sequence `ids` (`[1, T, vocab]`):
