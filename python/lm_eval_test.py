@@ -4,9 +4,10 @@ Run by runtime/cli/tests/serve.rs, which starts the server.
 
   lm_eval_test.py --url URL --model NAME --dir MODEL_DIR [--limit N] [--summary FILE]
 
-Five local tasks over the demo's held-out sums (examples/addition/model/heldout.json):
-generation ("12+34=" -> "46"), the same as a chat, the answer's loglikelihood, a 4-way
-multiple choice, and a rolling loglikelihood (perplexity) of whole sums. Each runs on:
+Six local tasks over the demo's held-out sums (examples/addition/model/heldout.json):
+generation ("12+34=" -> "46"), the same after three solved sums (few-shot prompts that share
+their first tokens), the same as a chat, the answer's loglikelihood, a 4-way multiple choice,
+and a rolling loglikelihood (perplexity) of whole sums. Each runs on:
 
 - hf: transformers' GlmForCausalLM, f32, on CPU (the reference);
 - ids: `local-completions` sending token ids (lm-eval's default), with the checkpoint's
@@ -27,10 +28,12 @@ import tempfile
 from pathlib import Path
 
 TOLERANCE = 1e-4
+# The tasks scored by token ids against transformers.
+SCORED = ("addition_gen", "addition_fewshot", "addition_loglik", "addition_mc", "addition_rolling")
 
 
 def write_tasks(model_dir: Path, out: Path, limit: int) -> dict[str, dict]:
-    """The five task configs, their documents written as JSON lines under `out`."""
+    """The six task configs, their documents written as JSON lines under `out`."""
     problems = json.loads((model_dir / "heldout.json").read_text())["problems"][:limit]
     rng = random.Random(20261201)
     docs = []
@@ -51,6 +54,11 @@ def write_tasks(model_dir: Path, out: Path, limit: int) -> dict[str, dict]:
     return {
         "addition_gen": {**common, **generation, "task": "addition_gen", "doc_to_text": "{{prompt}}"},
         "addition_chat": {**common, **generation, "task": "addition_chat", "doc_to_text": "{{question}}"},
+        # The same three solved sums before every question: prompts that share a prefix, which
+        # the server's prefix cache reuses.
+        "addition_fewshot": {**common, **generation, "task": "addition_fewshot", "doc_to_text": "{{prompt}}",
+                             "num_fewshot": 3, "fewshot_split": "test", "fewshot_delimiter": "",
+                             "fewshot_config": {"sampler": "first_n"}},
         "addition_loglik": {**common, "task": "addition_loglik", "output_type": "loglikelihood",
                             "doc_to_text": "{{prompt}}", "doc_to_target": "{{answer}}",
                             "metric_list": [{"metric": "acc"}, {"metric": "perplexity"}]},
@@ -133,7 +141,7 @@ def main() -> None:
     tokenizer_agrees(a.url, a.model, model_dir)
     with tempfile.TemporaryDirectory() as tmp:
         tasks = write_tasks(model_dir, Path(tmp), a.limit)
-        scored = [tasks[t] for t in ("addition_gen", "addition_loglik", "addition_mc", "addition_rolling")]
+        scored = [tasks[t] for t in SCORED]
         hf_args = {"pretrained": str(model_dir), "dtype": "float32", "device": "cpu", "batch_size": 8}
         api = {"model": a.model, "tokenizer": str(model_dir), "tokenizer_backend": "huggingface",
                "max_length": 64, "num_concurrent": 4, "max_retries": 1}
@@ -150,7 +158,7 @@ def main() -> None:
         }
     summary = {run: {t: r["scores"] for t, r in res.items()} for run, res in runs.items()}
     gaps = {}
-    for t in ("addition_gen", "addition_loglik", "addition_mc", "addition_rolling"):
+    for t in SCORED:
         gaps[f"ids {t}"] = compare(t, runs["hf"][t], runs["ids"][t])
     gaps["text addition_gen"] = compare("addition_gen", runs["hf"]["addition_gen"], runs["text"]["addition_gen"])
     gaps["chat addition_chat"] = compare("addition_chat", runs["hf chat"]["addition_chat"],

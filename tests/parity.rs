@@ -390,6 +390,78 @@ fn ragged_running_batch_matches_transformers() {
     }
 }
 
+/// Automatic prefix caching (SlotCache::with_prefix_cache) on every fixture family: a
+/// sequence that begins with the whole blocks an earlier one kept takes them from the pool
+/// and computes only its rest, and its logits, then those of its decode steps beside the
+/// earlier row, equal those of a cache without a prefix cache that computes it all (f32,
+/// within 1e-5 of the largest logit, as a prompt prefilled in two chunks does). A prompt of only whole blocks keeps its last token to compute; a pool too
+/// small for the blocks keeps what fits and still gives the same logits.
+#[test]
+fn prefix_cache_gives_the_logits_of_a_whole_prefill() {
+    use headcount_runtime::generate::{PREFIX_BLOCK, SlotCache};
+    // Of the largest logit: measured at most 1.9e-6 (a prompt prefilled in two chunks at
+    // the same boundary differs as much from a whole prefill).
+    const TOL: f64 = 1e-5;
+    let mut report = Vec::new();
+    for dir in model_fixtures() {
+        let model = load(&dir);
+        let vocab = model.dims.vocab as i64;
+        let ids =
+            |n: usize, salt: i64| -> Vec<i64> { (0..n as i64).map(|i| (i * 31 + salt * 17 + 5) % vocab).collect() };
+        let shared = ids(40, 0);
+        let first: Vec<i64> = shared.iter().copied().chain(ids(7, 1)).collect();
+        let second: Vec<i64> = shared.iter().copied().chain(ids(9, 2)).collect();
+        let steps = [3i64 % vocab, 11 % vocab, 7 % vocab];
+        // Without a prefix cache: the first sequence, then the second whole, and their
+        // steps side by side.
+        let mut plain = SlotCache::new(&model, 2, 64).unwrap();
+        drop(plain.extend(&model, 0, &first).unwrap());
+        let mut want = vec![plain.extend(&model, 1, &second).unwrap()];
+        for &t in &steps {
+            want.push(plain.decode(&model, &[t, t]).unwrap().get(1).unsqueeze(0));
+        }
+        for blocks in [8usize, 1] {
+            let mut cached = SlotCache::new(&model, 2, 64).unwrap().with_prefix_cache(&model, blocks).unwrap();
+            drop(cached.extend(&model, 0, &first).unwrap());
+            cached.keep_prefix(&model, 0, &first).unwrap();
+            assert_eq!(cached.prefix_usage(), Some((blocks.min(2), blocks)), "{}", name(&dir));
+            let hit = cached.reuse_prefix(&model, 1, &second).unwrap();
+            assert_eq!((hit.queried, hit.reused), (second.len(), blocks.min(2) * PREFIX_BLOCK), "{}", name(&dir));
+            assert_eq!(cached.len(1), hit.reused);
+            let mut got = vec![cached.extend(&model, 1, &second[hit.reused..]).unwrap()];
+            // Row 1 decodes beside row 0, which sits at another length.
+            for &t in &steps {
+                let both = cached.decode(&model, &[t, t]).unwrap();
+                got.push(both.get(1).unsqueeze(0));
+            }
+            let diff = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f64::max);
+            let scale = want.iter().map(|w| w.abs().max().double_value(&[])).fold(0.0, f64::max);
+            // The same prompt prefilled in two chunks at the same boundary, without a
+            // prefix cache, for comparison: f32 rounding of products of other shapes.
+            let mut chunked = SlotCache::new(&model, 2, 64).unwrap();
+            drop(chunked.extend(&model, 0, &first).unwrap());
+            drop(chunked.extend(&model, 1, &second[..hit.reused]).unwrap());
+            let c = chunked.extend(&model, 1, &second[hit.reused..]).unwrap();
+            report.push(format!(
+                "{} ({blocks} blocks): {:.1e} of the largest logit; in two chunks {:.1e}",
+                name(&dir),
+                diff / scale,
+                max_abs_diff(&c, &want[0]) / scale
+            ));
+            assert!(diff <= TOL * scale, "{} with {blocks} blocks: max abs diff {diff} > {TOL} x {scale}", name(&dir));
+            assert_eq!(got[0].argmax(-1, false), want[0].argmax(-1, false));
+        }
+        // A prompt of whole blocks only: its last block is computed, for its last logits.
+        let mut cached = SlotCache::new(&model, 2, 64).unwrap().with_prefix_cache(&model, 8).unwrap();
+        let whole = &second[..32];
+        drop(cached.extend(&model, 0, whole).unwrap());
+        cached.keep_prefix(&model, 0, whole).unwrap();
+        assert_eq!(cached.reuse_prefix(&model, 1, whole).unwrap().reused, 16);
+        assert_eq!(cached.cached_prefix(whole), 16);
+    }
+    println!("{}", report.join("\n"));
+}
+
 /// Quantized weights (`--quantize int8|int4`): every dense fixture's logits within a stated
 /// distance of transformers' f32 logits, in f32 and bf16 activations, and in f32 the same
 /// greedy tokens (int8) or a stated share of them (int4). The distance is the codes'

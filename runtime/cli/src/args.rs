@@ -98,6 +98,18 @@ pub struct ServeArgs {
     /// glm47 (GLM-4.7), or auto (the format the chat template writes) [default: none].
     #[arg(long, value_enum)]
     pub tool_call_parser: Option<ToolParserArg>,
+    /// Automatic prefix caching (on unless --speculative-tokens is given): prompts that
+    /// begin with what an earlier sequence held reuse its KV-cache entries, in blocks of 16
+    /// positions, and compute only the rest.
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turns automatic prefix caching off.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+    /// Memory of the prefix cache's blocks (`512MiB`, `2GiB`) [default: what 4 sequences of
+    /// --max-model-len positions take].
+    #[arg(long, value_name = "SIZE", value_parser = bytes)]
+    pub prefix_cache_memory: Option<u64>,
     /// --model as given (before a repo id is resolved to its folder).
     #[arg(skip)]
     pub model_name: String,
@@ -302,6 +314,19 @@ fn gib(s: &str) -> Result<u64, String> {
         Ok(0) => Err("must be at least 1 GiB".to_owned()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("{s:?} is not a size in GiB, such as 80GiB")),
+    }
+}
+
+/// `512MiB`, `2GiB`, `64KiB` or a count of bytes.
+fn bytes(s: &str) -> Result<u64, String> {
+    let (digits, unit) = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)]
+        .into_iter()
+        .find_map(|(suffix, unit)| s.strip_suffix(suffix).map(|d| (d, unit)))
+        .unwrap_or((s, 1));
+    match digits.parse::<u64>().ok().and_then(|n| n.checked_mul(unit)) {
+        Some(0) => Err("must be more than 0 bytes".to_owned()),
+        Some(n) => Ok(n),
+        None => Err(format!("{s:?} is not a size such as 512MiB or 2GiB")),
     }
 }
 

@@ -1,13 +1,14 @@
 //! lm-evaluation-harness (python/lm_eval_test.py) scores the addition demo through
-//! `headcount serve` exactly as through transformers: generation by token ids, by text and as
-//! a chat, loglikelihood, multiple choice and rolling loglikelihood by token ids, each sample
-//! compared. Loopback only; the server is killed on the way out, pass or fail.
+//! `headcount serve` exactly as through transformers: generation by token ids (plain and
+//! few-shot), by text and as a chat, loglikelihood, multiple choice and rolling loglikelihood by token ids, each sample
+//! compared, with the server's prefix cache on (its default) and reusing entries. Loopback
+//! only; the server is killed on the way out, pass or fail.
 
 mod common;
 
 use std::ffi::OsStr;
 
-use common::{demo, python_script, start};
+use common::{demo, get, python_script, start};
 
 #[test]
 fn lm_evaluation_harness_scores_the_demo_through_the_server_as_through_transformers() {
@@ -33,4 +34,12 @@ fn lm_evaluation_harness_scores_the_demo_through_the_server_as_through_transform
     // The comparison the script asserted, read back: the loglikelihood tasks were scored.
     assert_eq!(v["ids"]["addition_loglik"]["acc,none"], v["hf"]["addition_loglik"]["acc,none"]);
     assert!(v["largest loglikelihood gap"]["ids addition_rolling"].as_f64().is_some_and(|g| g <= 1e-4), "{v}");
+    let metrics = get(&server.url, "/metrics");
+    let count = |name: &str| -> u64 {
+        let line = metrics.lines().find_map(|l| l.strip_prefix(&format!("{name} ")));
+        line.unwrap_or_else(|| panic!("{metrics}")).parse().unwrap()
+    };
+    let (hits, queries) = (count("headcount_prefix_cache_hits_total"), count("headcount_prefix_cache_queries_total"));
+    eprintln!("prefix cache: {hits} of {queries} prompt tokens looked up were reused");
+    assert!(hits > 0, "{metrics}");
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{demo, exits_within, python_script, root, start};
+use common::{demo, exits_within, get, python_script, root, start};
 use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, TextCodec, generate};
 
 /// What the library generates for each prompt alone: the answers the server must give.
@@ -207,18 +207,6 @@ fn two_tensor_parallel_ranks_serve_what_one_process_generates() {
     assert!(code.success(), "the served run exited with {code} after SIGTERM");
 }
 
-/// One HTTP GET: the body.
-fn get(url: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let addr = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.split_once("\r\n\r\n").unwrap().1.to_owned()
-}
-
 /// The glm4_moe demo served with its multi-token-prediction layer drafting 3 tokens a step,
 /// in one process and over two tensor-parallel ranks: the answers the library generates
 /// without speculation, a stream whose stop string ends it inside a run of accepted drafts
@@ -290,6 +278,72 @@ fn speculative_serving_answers_as_plain_decoding() {
             .parse()
             .unwrap();
         assert!(accepted >= 4.0, "{extra:?}: {metrics}");
+    }
+}
+
+/// Automatic prefix caching over the server's layouts (glm-bytes, a byte-level tokenizer):
+/// in one process, over two tensor-parallel ranks and over two pipeline stages, requests
+/// that share a 56-byte prefix get from a server with its prefix cache (on by default) the
+/// text and token log probabilities a server started with --no-enable-prefix-caching gives,
+/// and /metrics counts the reused tokens. Flags that cannot hold are refused at start.
+#[test]
+fn prefix_caching_serves_what_uncached_serving_does_on_every_layout() {
+    let dir = root().join("tests/fixtures/glm-bytes");
+    let dir_arg = dir.display().to_string();
+    let shared = "You are a careful assistant. Answer in one short line. ";
+    assert_eq!(shared.len(), 55);
+    let prompts: Vec<String> = ["Q: 1", "Q: 22", "Q: 333"].iter().map(|q| format!("{shared}{q}")).collect();
+    let serve = |extra: &[&str]| -> (Vec<(String, Vec<f64>)>, String) {
+        let mut args = vec!["--model", dir_arg.as_str(), "--max-model-len", "128"];
+        args.extend_from_slice(extra);
+        let server = start(&args, &[]);
+        let answers = prompts
+            .iter()
+            .map(|p| {
+                let body = serde_json::json!({"prompt": p, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+                                              "logprobs": 0})
+                .to_string();
+                let (status, text) = post(&server.url, "/v1/completions", &body);
+                assert_eq!(status, 200, "{extra:?}: {text}");
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                let c = &v["choices"][0];
+                let lps = c["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap());
+                (c["text"].as_str().unwrap().to_owned(), lps.collect())
+            })
+            .collect();
+        (answers, get(&server.url, "/metrics"))
+    };
+    for layout in [&[][..], &["--tp", "2"][..], &["--pp", "2"][..]] {
+        let (plain, plain_metrics) = serve(&[layout, &["--no-enable-prefix-caching"][..]].concat());
+        assert!(!plain_metrics.contains("headcount_prefix_cache_hits_total"), "{plain_metrics}");
+        let (cached, metrics) = serve(layout);
+        for (p, c) in plain.iter().zip(&cached) {
+            assert_eq!(p.0, c.0, "{layout:?}");
+            let diff = p.1.iter().zip(&c.1).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(diff <= 1e-5, "{layout:?}: log probabilities differ by {diff}");
+        }
+        // A byte a token: the shared prefix holds 3 whole blocks, which the second and
+        // third requests reuse.
+        let hits = metrics.lines().find_map(|l| l.strip_prefix("headcount_prefix_cache_hits_total "));
+        assert_eq!(hits, Some("96"), "{layout:?}: {metrics}");
+    }
+    let demo_mtp = root().join("examples/addition/model-mtp").display().to_string();
+    for (args, says) in [
+        (
+            vec!["--model", demo_mtp.as_str(), "--speculative-tokens", "2", "--enable-prefix-caching"],
+            "cannot be used together",
+        ),
+        (vec!["--model", dir_arg.as_str(), "--prefix-cache-memory", "64"], "less than one block"),
+        (
+            vec!["--model", dir_arg.as_str(), "--no-enable-prefix-caching", "--prefix-cache-memory", "1MiB"],
+            "needs prefix caching",
+        ),
+        (vec!["--model", dir_arg.as_str(), "--prefix-cache-memory", "2TB"], "not a size"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_headcount")).arg("serve").args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        assert!(err.contains(says), "{args:?}: {err}");
     }
 }
 

@@ -144,7 +144,7 @@ struct Running {
     /// Tokens produced so far, and the last one (the next step's input).
     produced: usize,
     last: i64,
-    /// The tokens produced, where penalties read them.
+    /// The tokens produced (penalties read them; the prefix cache keeps them).
     output: Vec<i64>,
     /// When the last token went out (inter-token latency).
     last_token_at: Option<Instant>,
@@ -339,6 +339,13 @@ fn retire(
     let n = running.len();
     for row in (0..n).rev() {
         let Some(outcome) = why(&running[row]) else { continue };
+        if let Outcome::Finished(_) = outcome {
+            // The row holds the prompt and every token but the last (never fed back).
+            let r = &running[row];
+            let held = cache.len(row).saturating_sub(r.job.prompt.len()).min(r.output.len());
+            let tokens: Vec<i64> = r.job.prompt.iter().chain(&r.output[..held]).copied().collect();
+            keep_prefix(model, cache, row, &tokens, metrics);
+        }
         let r = running.swap_remove(row);
         let last = running.len();
         // The moves copy cache rows on the device; one can only fail with the device
@@ -382,7 +389,11 @@ fn prefill(
             let free = cache.rows() - running.len();
             let (mut k, mut longest) = (0, 0);
             // A prompt to score goes alone, through the chunked path below.
-            while k < free.min(waiting.len()) && waiting[k].prompt_logprobs.is_none() {
+            // So does a prompt with a cached prefix: its row starts from that prefix.
+            while k < free.min(waiting.len())
+                && waiting[k].prompt_logprobs.is_none()
+                && cache.cached_prefix(&waiting[k].prompt) == 0
+            {
                 let l = waiting[k].prompt.len().max(longest);
                 if (k + 1) * l > budget {
                     break;
@@ -404,7 +415,23 @@ fn prefill(
                 Some(job) => {
                     metrics.dequeued(1);
                     let _ = cache.clear(model, running.len());
-                    start(job)
+                    let mut r = start(job);
+                    // A prompt to score needs the logits of every position: none is reused.
+                    if r.job.prompt_logprobs.is_none() && cache.prefix_usage().is_some() {
+                        match cache.reuse_prefix(model, running.len(), &r.job.prompt) {
+                            Ok(hit) => {
+                                metrics.prefix_lookup(hit.queried, hit.reused);
+                                r.prefilled = hit.reused;
+                            }
+                            Err(e) => {
+                                r.job.send(Event::Failed(format!("the prefill failed: {e}")));
+                                metrics.failed();
+                                let _ = cache.clear(model, running.len());
+                                continue;
+                            }
+                        }
+                    }
+                    r
                 }
                 None => return,
             },
@@ -441,6 +468,7 @@ fn prefill(
             *filling = Some(r);
             return;
         }
+        keep_prefix(model, cache, row, &r.job.prompt, metrics);
         if r.job.max_tokens == 0 {
             // Only scored: the row is free again.
             r.job.send(Event::Done(Finish::Length));
@@ -451,6 +479,16 @@ fn prefill(
         }
         running.push(r);
         first_tokens(model, &logits, running, row, cache, filling, metrics);
+    }
+}
+
+/// Keeps the whole blocks of row `row`'s `tokens` in the prefix cache, if there is one. A
+/// copy between cache tensors on the device can only fail with the device itself, or with
+/// the ranks of a run; the next step then fails and reports it.
+fn keep_prefix(model: &dyn CausalLm, cache: &mut SlotCache, row: usize, tokens: &[i64], metrics: &Metrics) {
+    let _ = cache.keep_prefix(model, row, tokens);
+    if let Some((held, blocks)) = cache.prefix_usage() {
+        metrics.set_prefix_blocks(held, blocks);
     }
 }
 
@@ -477,6 +515,12 @@ fn prefill_together(
     metrics.prefilled(prompts.iter().map(|p| p.len() as u64).sum());
     match logits {
         Ok(l) => {
+            for (i, p) in prompts.iter().enumerate() {
+                if cache.prefix_usage().is_some() {
+                    metrics.prefix_lookup(p.len(), 0);
+                }
+                keep_prefix(model, cache, first + i, p, metrics);
+            }
             running.extend(jobs.into_iter().map(|job| {
                 let mut r = start(job);
                 r.prefilled = r.job.prompt.len();
@@ -529,9 +573,7 @@ fn emit(r: &mut Running, id: i64, logprobs: Option<TokenLogprobs>, metrics: &Met
         // cannot fire: the token was chosen under the grammar's mask (`constrain`).
         let _ = m.consume_token(id as u32);
     }
-    if r.job.penalties != Penalties::default() {
-        r.output.push(id);
-    }
+    r.output.push(id);
     metrics.generated(1);
     let now = Instant::now();
     if let Some(t) = r.last_token_at.replace(now) {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use headcount_runtime::generate::SlotCache;
+use headcount_runtime::generate::{PREFIX_BLOCK, SlotCache};
 use headcount_runtime::{CausalLm, Model, Sampling, TextCodec};
 use headcount_spec::Architecture;
 
@@ -64,7 +64,25 @@ pub struct ServeOptions {
     pub speculative_tokens: usize,
     /// How tool calls are read from chat answers (`None`: they are not).
     pub tool_call_parser: Option<tools::ToolParserChoice>,
+    /// Automatic prefix caching.
+    pub prefix_caching: PrefixCaching,
+    /// Bytes of the prefix cache's blocks [default: what [`PREFIX_CACHE_ROWS`] rows of the
+    /// context take].
+    pub prefix_cache_memory: Option<u64>,
 }
+
+/// Whether the server keeps a prefix cache (`headcount_runtime::generate`'s blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefixCaching {
+    /// On, unless speculative decoding is (whose drafting layer's cache it does not keep).
+    Auto,
+    On,
+    Off,
+}
+
+/// The default prefix cache holds as many positions as this many requests of the whole
+/// context.
+pub const PREFIX_CACHE_ROWS: usize = 4;
 
 impl Default for ServeOptions {
     fn default() -> Self {
@@ -81,6 +99,8 @@ impl Default for ServeOptions {
             reasoning: None,
             speculative_tokens: 0,
             tool_call_parser: None,
+            prefix_caching: PrefixCaching::Auto,
+            prefix_cache_memory: None,
         }
     }
 }
@@ -120,6 +140,10 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
     let vocab = model.dims().vocab as i64;
     let cache = slot_cache(&model, opts, max_model_len)?;
     let metrics = Arc::new(Metrics::default());
+    let prefix_blocks = cache.prefix_usage().map(|(held, blocks)| {
+        metrics.set_prefix_blocks(held, blocks);
+        blocks
+    });
     let (tx, rx) = std::sync::mpsc::channel();
     let engine_opts = EngineOptions { max_batch: opts.max_batch, max_model_len, prefill_chunk: opts.prefill_chunk };
     let engine_metrics = metrics.clone();
@@ -170,10 +194,11 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
         if !opts.quiet {
             eprintln!(
-                "serving {} on http://{local} (batch {}, context {max_model_len}, queue {}{})",
+                "serving {} on http://{local} (batch {}, context {max_model_len}, queue {}{}{})",
                 opts.model_name,
                 opts.max_batch,
                 opts.max_queue,
+                prefix_blocks.map(|b| format!(", prefix cache of {b} blocks")).unwrap_or_default(),
                 if state.template.is_some() { ", chat template" } else { "" }
             );
         }
@@ -219,11 +244,44 @@ fn context(model: &dyn CausalLm, opts: &ServeOptions) -> Result<usize, ServeErro
     }
 }
 
-/// The running batch's cache, speculative where asked.
+/// The running batch's cache, speculative where asked, with its prefix cache.
 fn slot_cache(model: &dyn CausalLm, opts: &ServeOptions, max_model_len: usize) -> Result<SlotCache, ServeError> {
-    Ok(match opts.speculative_tokens {
+    let cache = match opts.speculative_tokens {
         0 => SlotCache::new(model, opts.max_batch, max_model_len)?,
         k => SlotCache::speculative(model, opts.max_batch, max_model_len, k)?,
+    };
+    let on = match opts.prefix_caching {
+        PrefixCaching::Off => false,
+        PrefixCaching::Auto => opts.speculative_tokens == 0,
+        PrefixCaching::On if opts.speculative_tokens > 0 => {
+            return Err(ServeError::Setup(
+                "--enable-prefix-caching and --speculative-tokens cannot be used together: the prefix cache does                  not keep the multi-token-prediction layer's entries"
+                    .into(),
+            ));
+        }
+        PrefixCaching::On => true,
+    };
+    if !on {
+        if opts.prefix_cache_memory.is_some() {
+            return Err(ServeError::Setup("--prefix-cache-memory needs prefix caching on".into()));
+        }
+        return Ok(cache);
+    }
+    let block = model.cache_bytes(1, PREFIX_BLOCK).max(1);
+    let blocks = match opts.prefix_cache_memory {
+        Some(bytes) => usize::try_from(bytes / block).unwrap_or(usize::MAX),
+        None => (PREFIX_CACHE_ROWS * max_model_len).div_ceil(PREFIX_BLOCK),
+    };
+    if blocks == 0 {
+        return Err(ServeError::Setup(format!(
+            "--prefix-cache-memory is less than one block of {PREFIX_BLOCK} positions ({block} bytes on this rank)"
+        )));
+    }
+    cache.with_prefix_cache(model, blocks).map_err(|e| match e {
+        headcount_runtime::Error::OutOfMemory { .. } => ServeError::Setup(format!(
+            "{e} (the prefix cache: give --prefix-cache-memory a smaller size, or --no-enable-prefix-caching)"
+        )),
+        e => ServeError::Runtime(e),
     })
 }
 

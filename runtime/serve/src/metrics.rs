@@ -42,6 +42,11 @@ pub struct Metrics {
     e2e: Mutex<Histogram>,
     /// The share of the KV cache's positions the running sequences hold, in millionths.
     kv_usage: AtomicU64,
+    /// Automatic prefix caching: prompt tokens looked up and found, and the blocks held
+    /// (`None` until the engine says it has a prefix cache).
+    prefix_queries: AtomicU64,
+    prefix_hits: AtomicU64,
+    prefix_blocks: Mutex<Option<(usize, usize)>>,
     rate: Mutex<Rate>,
 }
 
@@ -105,6 +110,9 @@ impl Default for Metrics {
             itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
             e2e: Mutex::new(Histogram::new(E2E_BUCKETS)),
             kv_usage: AtomicU64::new(0),
+            prefix_queries: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            prefix_blocks: Mutex::new(None),
             rate: Mutex::new(Rate::default()),
         }
     }
@@ -218,6 +226,19 @@ impl Metrics {
         self.kv_usage.store(share, Ordering::Relaxed);
     }
 
+    /// A prompt of `queried` tokens was looked up in the prefix cache and `hit` of them
+    /// were reused.
+    pub fn prefix_lookup(&self, queried: usize, hit: usize) {
+        self.prefix_queries.fetch_add(queried as u64, Ordering::Relaxed);
+        self.prefix_hits.fetch_add(hit as u64, Ordering::Relaxed);
+    }
+    /// The prefix cache holds `held` of its `blocks` blocks.
+    pub fn set_prefix_blocks(&self, held: usize, blocks: usize) {
+        if let Ok(mut b) = self.prefix_blocks.lock() {
+            *b = Some((held, blocks));
+        }
+    }
+
     /// Tokens produced a second over the window reaching back from `now`.
     fn tokens_per_second(&self, now: Instant) -> f64 {
         self.rate.lock().map(|mut r| r.per_second(now)).unwrap_or(0.0)
@@ -296,6 +317,28 @@ impl Metrics {
             "Share of the KV cache's positions the running sequences hold (0 to 1).",
             &[(String::new(), format!("{:.6}", load(&self.kv_usage) as f64 / 1e6))],
         );
+        if let Ok(b) = self.prefix_blocks.lock()
+            && let Some((held, blocks)) = *b
+        {
+            metric(
+                "headcount_prefix_cache_queries_total",
+                "counter",
+                "Prompt tokens looked up in the prefix cache.",
+                &one(load(&self.prefix_queries)),
+            );
+            metric(
+                "headcount_prefix_cache_hits_total",
+                "counter",
+                "Prompt tokens whose KV-cache entries came from the prefix cache.",
+                &one(load(&self.prefix_hits)),
+            );
+            metric(
+                "headcount_prefix_cache_usage_ratio",
+                "gauge",
+                "Share of the prefix cache's blocks in use (0 to 1).",
+                &[(String::new(), format!("{:.6}", held as f64 / blocks.max(1) as f64))],
+            );
+        }
         let histograms = [
             (
                 &self.ttft,

@@ -424,3 +424,89 @@ fn constrained_answers_follow_their_schema_whatever_the_weights() {
     drop(tx);
     engine.join().unwrap();
 }
+
+/// Automatic prefix caching in the engine (glm-gqa2): requests that share a prefix, one at a
+/// time and several admitted in one step, and a second turn that repeats an earlier answer,
+/// get the tokens and log probabilities of an engine without a prefix cache, and the
+/// reused tokens /metrics counts are exactly the whole blocks each had cached: the shared
+/// prompt's, and for the second turn its first turn's answer too.
+#[test]
+fn prefix_caching_answers_as_an_engine_without_it_and_counts_what_it_reused() {
+    use headcount_runtime::generate::PREFIX_BLOCK;
+    let shared: Vec<i64> = (0..40).map(|i| (i * 37 + 11) % 128).collect();
+    let with = |tail: &[i64]| -> Vec<i64> { shared.iter().chain(tail).copied().collect() };
+    let first = with(&[1, 2, 3]);
+    let together = [with(&[4, 5]), with(&[6]), with(&[7, 8, 9, 10])];
+    let serve = |blocks: Option<usize>| {
+        let model = Glm::load(&fixture(), &LoadOptions::default()).unwrap();
+        let mut cache = SlotCache::new(&model, 4, 64).unwrap();
+        if let Some(b) = blocks {
+            cache = cache.with_prefix_cache(&model, b).unwrap();
+        }
+        let metrics = Arc::new(Metrics::default());
+        let (tx, jobs) = std::sync::mpsc::channel();
+        let opts = EngineOptions { max_batch: 4, max_model_len: 64, prefill_chunk: 64 };
+        let m = metrics.clone();
+        let engine = std::thread::spawn(move || run(model, cache, jobs, opts, m));
+        let ask = |prompts: &[Vec<i64>], max: usize| -> Vec<(Vec<i64>, Vec<f32>)> {
+            let rxs: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    let (mut j, rx) = job(p.clone(), max);
+                    j.logprobs = Some(1);
+                    tx.send(j).unwrap();
+                    rx
+                })
+                .collect();
+            rxs.into_iter().map(|rx| answer(rx)).collect()
+        };
+        let mut out = ask(std::slice::from_ref(&first), 8);
+        // The second turn: the first prompt, its answer and one token more.
+        let turn: Vec<i64> = first.iter().chain(&out[0].0).chain(&[7]).copied().collect();
+        out.extend(ask(&[turn.clone()], 4));
+        out.extend(ask(&together, 5));
+        drop(tx);
+        engine.join().unwrap();
+        (out, metrics.render(), turn)
+    };
+    let (plain, plain_metrics, _) = serve(None);
+    let (cached, metrics, turn) = serve(Some(16));
+    assert!(!plain_metrics.contains("headcount_prefix_cache"), "{plain_metrics}");
+    for (i, (p, c)) in plain.iter().zip(&cached).enumerate() {
+        assert_eq!(p.0, c.0, "request {i}: tokens");
+        let diff = p.1.iter().zip(&c.1).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff <= 1e-5, "request {i}: log probabilities differ by {diff}");
+    }
+    let count = |name: &str| -> usize {
+        let line =
+            metrics.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or_else(|| panic!("{metrics}"));
+        line.parse().unwrap()
+    };
+    // The first turn held 43 + 7 positions at its end: 3 whole blocks, which the second
+    // turn (51 tokens) reuses; each of the three together reuses the shared 2.
+    let whole = |n: usize| n / PREFIX_BLOCK * PREFIX_BLOCK;
+    assert_eq!(whole(first.len() + 7), 48);
+    assert_eq!(count("headcount_prefix_cache_hits_total"), 48 + 3 * whole(shared.len()));
+    let queried = first.len() + turn.len() + together.iter().map(Vec::len).sum::<usize>();
+    assert_eq!(count("headcount_prefix_cache_queries_total"), queried);
+}
+
+/// A sequence's tokens and their log probabilities, after it ended by its length.
+fn answer(mut rx: UnboundedReceiver<(usize, Event)>) -> (Vec<i64>, Vec<f32>) {
+    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
+    loop {
+        match rx.blocking_recv().map(|(_, e)| e) {
+            Some(Event::Token { id, logprobs: lp }) => {
+                tokens.push(id);
+                logprobs.push(lp.expect("log probabilities were asked").logprob);
+            }
+            Some(Event::Prompt(_)) => {}
+            Some(Event::Done(f)) => {
+                assert_eq!(f, Finish::Length);
+                return (tokens, logprobs);
+            }
+            Some(Event::Failed(msg)) => panic!("{msg}"),
+            None => panic!("the engine dropped the sequence"),
+        }
+    }
+}

@@ -34,6 +34,8 @@ pub(super) enum Op {
     DraftNext = 10,
     Verify = 11,
     Accept = 12,
+    LoadBlocks = 13,
+    StoreBlocks = 14,
 }
 
 /// The rows of a running batch's cache and how many positions each holds.
@@ -47,6 +49,8 @@ pub struct SlotCache {
     pub(super) capacity: usize,
     /// Speculative decoding's side: the MTP layer's cache and each row's drafting state.
     pub(super) drafts: Option<super::slot_drafts::Drafts>,
+    /// Automatic prefix caching's block pool (`super::prefix`).
+    pub(super) prefix: Option<super::prefix::PrefixCache>,
 }
 
 impl SlotCache {
@@ -68,7 +72,7 @@ impl SlotCache {
         let cache = model.new_cache(rows, capacity)?;
         let rope = Rope::new(model.dims(), capacity, model.device())?;
         let group = model.query_group();
-        Ok(SlotCache { cache, rope, lens: vec![0; rows], group, capacity, drafts: None })
+        Ok(SlotCache { cache, rope, lens: vec![0; rows], group, capacity, drafts: None, prefix: None })
     }
 
     /// A cache of `rows` sequences of up to `capacity` positions whose rows decode
@@ -347,6 +351,8 @@ impl SlotCache {
                     let counts: Vec<usize> = payload.iter().map(|&c| usize::try_from(c).unwrap_or(0)).collect();
                     self.accept(model, &counts)?
                 }
+                x if x == Op::LoadBlocks as i64 => self.load_blocks(a, &payload)?,
+                x if x == Op::StoreBlocks as i64 => self.store_blocks(a, &payload)?,
                 x if x == Op::Move as i64 => self.move_row(model, a, b)?,
                 x if x == Op::Clear as i64 => self.clear(model, a)?,
                 x if x == Op::Idle as i64 => {}

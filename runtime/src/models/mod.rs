@@ -167,6 +167,8 @@ pub trait CausalLm: Send {
     fn check_cache_memory(&self, batch: usize, capacity: usize) -> Result<()>;
     /// Bytes such a cache takes on this rank, if it is on the CPU.
     fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64;
+    /// Bytes such a cache takes on this rank, on its device.
+    fn cache_bytes(&self, batch: usize, capacity: usize) -> u64;
     /// A lower bound of a forward pass's activations over `rows` rows of `len` positions.
     fn activation_bytes_on_cpu(&self, rows: usize, len: usize) -> u64;
     /// The most bytes the logits of `rows` positions hold at once.
@@ -244,6 +246,9 @@ impl CausalLm for Glm {
     }
     fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64 {
         Glm::cache_bytes_on_cpu(self, batch, capacity)
+    }
+    fn cache_bytes(&self, batch: usize, capacity: usize) -> u64 {
+        Glm::cache_bytes(self, batch, capacity)
     }
     fn activation_bytes_on_cpu(&self, rows: usize, len: usize) -> u64 {
         Glm::activation_bytes_on_cpu(self, rows, len)
@@ -663,6 +668,11 @@ impl Glm {
         if self.device != Device::Cpu {
             return 0;
         }
+        self.cache_bytes(batch, capacity)
+    }
+
+    /// Bytes a cache for `batch` rows and `capacity` positions takes on this rank.
+    pub fn cache_bytes(&self, batch: usize, capacity: usize) -> u64 {
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
         let layer = |l| self.cache_shape(l, batch, capacity).into_iter().fold(elt, |n, d| n.saturating_mul(d as u64));
         self.stage_layers.clone().map(layer).fold(0u64, u64::saturating_add)

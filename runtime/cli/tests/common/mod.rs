@@ -94,3 +94,15 @@ pub fn python_script(script: &str, args: &[&str], env: &[(&str, &OsStr)], secs: 
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// One HTTP GET: the body.
+pub fn get(url: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.split_once("\r\n\r\n").unwrap().1.to_owned()
+}

@@ -1,0 +1,411 @@
+//! Automatic prefix caching for a running batch ([`SlotCache::with_prefix_cache`]): a pool
+//! of fixed-size blocks of KV-cache entries ([`PREFIX_BLOCK`] positions each, every layer
+//! of this rank), indexed by the whole prefix they end.
+//!
+//! A block is stored under its parent (the block before it, or none for a prompt's first)
+//! and its own tokens, so a block is found only by a walk from a prompt's first token
+//! through every block before it: the key is the exact prefix, tokens and positions, and no
+//! two prefixes share one (no hash decides a match). A sequence written into a row first
+//! takes the longest run of its whole blocks the pool holds, copied into the row, and only
+//! its remaining tokens are computed; the row's full blocks are kept in the pool when its
+//! prompt is in, and when it ends. When the pool is full the least recently used block
+//! goes, with the blocks stored under it (which no walk can reach once it is gone). A
+//! lookup touches the blocks it takes last first, so a prefix's first blocks outlive its
+//! later ones.
+//!
+//! The running rows keep their own contiguous cache, where attention reads a row's keys in
+//! place: a hit costs a copy of the reused entries (per layer, one gather), far less than
+//! the forward that would compute them. In a run of several ranks, rank 0 keeps the index
+//! and tells the others which pool blocks to copy; every rank holds the blocks of its own
+//! part of the model.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tch::Tensor;
+
+use super::slots::{Op, SlotCache, tell};
+use crate::error::{Error, Result};
+use crate::model::{CausalLm, KvCache};
+
+/// Positions a block of the prefix cache holds.
+pub const PREFIX_BLOCK: usize = 16;
+
+/// Which blocks the pool holds, and under which prefix (rank 0's bookkeeping).
+#[derive(Debug, Default)]
+pub(super) struct PrefixIndex {
+    /// By pool slot: the block stored there, if any.
+    entries: Vec<Option<Entry>>,
+    /// (parent block's id, tokens) to its slot; id 0 is the start of a sequence.
+    by_key: HashMap<(u64, [i64; PREFIX_BLOCK]), u32>,
+    /// Last use to slot, oldest first.
+    lru: BTreeMap<u64, u32>,
+    free: Vec<u32>,
+    clock: u64,
+    next_id: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// This block's identity as a parent: fresh for every block stored, so a block stored
+    /// again after its parent went is not reached through the parent's old entry.
+    id: u64,
+    key: (u64, [i64; PREFIX_BLOCK]),
+    parent: Option<u32>,
+    children: Vec<u32>,
+    used: u64,
+}
+
+impl PrefixIndex {
+    pub(super) fn new(blocks: usize) -> PrefixIndex {
+        // cannot wrap: the pool's blocks were allocated, far fewer than u32::MAX.
+        PrefixIndex {
+            entries: (0..blocks).map(|_| None).collect(),
+            free: (0..blocks as u32).rev().collect(),
+            next_id: 1,
+            ..PrefixIndex::default()
+        }
+    }
+
+    pub(super) fn blocks(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Blocks in use.
+    pub(super) fn held(&self) -> usize {
+        self.entries.len() - self.free.len()
+    }
+
+    /// The slots of the longest run of whole blocks of `tokens[..limit]` the pool holds,
+    /// from the first; with `touch`, they become the most recently used, the first last.
+    pub(super) fn lookup(&mut self, tokens: &[i64], limit: usize, touch: bool) -> Vec<u32> {
+        let mut found = Vec::new();
+        let mut parent = 0u64;
+        for block in tokens[..limit.min(tokens.len())].chunks_exact(PREFIX_BLOCK) {
+            let Some(&slot) = self.by_key.get(&(parent, to_key(block))) else { break };
+            found.push(slot);
+            parent = self.entry(slot).id;
+        }
+        if touch {
+            for &slot in found.iter().rev() {
+                self.touch(slot);
+            }
+        }
+        found
+    }
+
+    /// Stores the whole blocks of `tokens` the pool lacks, evicting the least recently used
+    /// blocks for room (never one of these tokens' own): returns each new block's index in
+    /// `tokens` and its slot, for the caller to copy its entries there. The blocks it holds
+    /// too few slots for are not stored.
+    pub(super) fn insert(&mut self, tokens: &[i64]) -> Vec<(usize, u32)> {
+        let mut new = Vec::new();
+        let mut chain: Vec<u32> = Vec::new();
+        let start = self.clock;
+        let mut parent: Option<u32> = None;
+        for (i, block) in tokens.chunks_exact(PREFIX_BLOCK).enumerate() {
+            let key = (parent.map_or(0, |p| self.entry(p).id), to_key(block));
+            let slot = match self.by_key.get(&key) {
+                Some(&slot) => slot,
+                None => {
+                    let Some(slot) = self.take_slot(start) else { break };
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.entries[slot as usize] = Some(Entry { id, key, parent, children: Vec::new(), used: 0 });
+                    self.by_key.insert(key, slot);
+                    if let Some(p) = parent {
+                        self.entry_mut(p).children.push(slot);
+                    }
+                    new.push((i, slot));
+                    slot
+                }
+            };
+            self.touch(slot); // this chain's blocks are safe from its own evictions
+            chain.push(slot);
+            parent = Some(slot);
+        }
+        for &slot in chain.iter().rev() {
+            self.touch(slot);
+        }
+        new
+    }
+
+    /// A free slot, or the least recently used block's, unless that one was used after
+    /// `since` (a block of the chain being stored).
+    fn take_slot(&mut self, since: u64) -> Option<u32> {
+        if let Some(slot) = self.free.pop() {
+            return Some(slot);
+        }
+        let (&used, &slot) = self.lru.iter().next()?;
+        if used > since {
+            return None;
+        }
+        self.evict(slot);
+        self.free.pop()
+    }
+
+    /// Drops the block in `slot` and every block stored under it.
+    fn evict(&mut self, slot: u32) {
+        let Some(e) = self.entries[slot as usize].take() else { return };
+        self.by_key.remove(&e.key);
+        self.lru.remove(&e.used);
+        if let Some(p) = e.parent
+            && let Some(parent) = self.entries[p as usize].as_mut()
+        {
+            parent.children.retain(|&c| c != slot);
+        }
+        for c in e.children {
+            self.evict(c);
+        }
+        self.free.push(slot);
+    }
+
+    fn touch(&mut self, slot: u32) {
+        self.clock += 1;
+        let clock = self.clock;
+        let e = self.entry_mut(slot);
+        let old = std::mem::replace(&mut e.used, clock);
+        self.lru.remove(&old);
+        self.lru.insert(clock, slot);
+    }
+
+    fn entry(&self, slot: u32) -> &Entry {
+        // cannot fire: slots come from by_key, children and chains, which hold only stored blocks.
+        self.entries[slot as usize].as_ref().expect("a stored block")
+    }
+
+    fn entry_mut(&mut self, slot: u32) -> &mut Entry {
+        // cannot fire: as in `entry`.
+        self.entries[slot as usize].as_mut().expect("a stored block")
+    }
+}
+
+fn to_key(block: &[i64]) -> [i64; PREFIX_BLOCK] {
+    let mut k = [0; PREFIX_BLOCK];
+    k.copy_from_slice(block);
+    k
+}
+
+/// The pool's entries (each layer `[blocks, n, PREFIX_BLOCK, D]`, the layout of a cache
+/// row) and, on rank 0, its index.
+pub(super) struct PrefixCache {
+    pool: KvCache,
+    index: PrefixIndex,
+}
+
+/// What a sequence's lookup in the prefix cache found: counted by the server's metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixHit {
+    /// Tokens looked up (the sequence's).
+    pub queried: usize,
+    /// Tokens whose entries were reused.
+    pub reused: usize,
+}
+
+impl SlotCache {
+    /// This cache with a prefix cache of `blocks` blocks of [`PREFIX_BLOCK`] positions (its
+    /// memory checked first, as a cache of that many rows would be). Not for a speculative
+    /// cache: its multi-token-prediction layer's entries are not kept.
+    pub fn with_prefix_cache(mut self, model: &dyn CausalLm, blocks: usize) -> Result<SlotCache> {
+        if self.drafts.is_some() {
+            return Err(Error::InvalidArgument(
+                "prefix caching does not keep the multi-token-prediction layer's cache: it is not available \
+                 with speculative decoding"
+                    .to_owned(),
+            ));
+        }
+        if blocks == 0 {
+            return Err(Error::InvalidArgument("a prefix cache needs at least one block".to_owned()));
+        }
+        let pool = model.new_cache(blocks, PREFIX_BLOCK)?;
+        self.prefix = Some(PrefixCache { pool, index: PrefixIndex::new(blocks) });
+        Ok(self)
+    }
+
+    /// Blocks the prefix cache holds and has room for (`None`: no prefix cache).
+    pub fn prefix_usage(&self) -> Option<(usize, usize)> {
+        self.prefix.as_ref().map(|p| (p.index.held(), p.index.blocks()))
+    }
+
+    /// Tokens of `tokens` a [`SlotCache::reuse_prefix`] would take from the prefix cache now.
+    pub fn cached_prefix(&mut self, tokens: &[i64]) -> usize {
+        match &mut self.prefix {
+            Some(p) => p.index.lookup(tokens, tokens.len().saturating_sub(1), false).len() * PREFIX_BLOCK,
+            None => 0,
+        }
+    }
+
+    /// Writes the longest prefix of `tokens` the prefix cache holds (whole blocks, and
+    /// always short of the last token, whose logits the caller needs) into the empty row
+    /// `row`, which then holds it; the caller extends the row with the rest.
+    pub fn reuse_prefix(&mut self, model: &dyn CausalLm, row: usize, tokens: &[i64]) -> Result<PrefixHit> {
+        let queried = tokens.len();
+        let Some(p) = &mut self.prefix else { return Ok(PrefixHit { queried, reused: 0 }) };
+        if self.lens.get(row) != Some(&0) {
+            return Err(Error::InvalidArgument(format!("cache row {row} is not empty or does not exist")));
+        }
+        let limit = queried.saturating_sub(1).min(self.capacity);
+        let slots = p.index.lookup(tokens, limit, true);
+        if slots.is_empty() {
+            return Ok(PrefixHit { queried, reused: 0 });
+        }
+        let payload: Vec<i64> = slots.iter().map(|&s| i64::from(s)).collect();
+        tell(model, Op::LoadBlocks, row, 0, &payload)?;
+        self.load_blocks(row, &payload)?;
+        Ok(PrefixHit { queried, reused: slots.len() * PREFIX_BLOCK })
+    }
+
+    /// Keeps the whole blocks of row `row`'s sequence, `tokens` (what the row holds, from
+    /// its first position), that the prefix cache lacks.
+    pub fn keep_prefix(&mut self, model: &dyn CausalLm, row: usize, tokens: &[i64]) -> Result<()> {
+        let Some(p) = &mut self.prefix else { return Ok(()) };
+        let held = self.lens.get(row).copied().unwrap_or(0);
+        if tokens.len() > held {
+            return Err(Error::InvalidArgument(format!(
+                "row {row} holds {held} positions, not the {} tokens to keep",
+                tokens.len()
+            )));
+        }
+        let new = p.index.insert(tokens);
+        if new.is_empty() {
+            return Ok(());
+        }
+        // cannot wrap: block indices and slots are small counts.
+        let mut payload: Vec<i64> = new.iter().map(|&(b, _)| b as i64).collect();
+        payload.extend(new.iter().map(|&(_, s)| i64::from(s)));
+        tell(model, Op::StoreBlocks, row, new.len(), &payload)?;
+        self.store_blocks(row, &payload)
+    }
+
+    /// Copies pool blocks `slots` into row `row`'s first positions, in order.
+    pub(super) fn load_blocks(&mut self, row: usize, slots: &[i64]) -> Result<()> {
+        let Some(p) = &self.prefix else {
+            return Err(Error::Parallel("rank 0 reuses prefix-cache blocks this rank does not have".to_owned()));
+        };
+        check_slots(slots, p.index.blocks())?;
+        let len = slots.len() * PREFIX_BLOCK;
+        if len > self.capacity || row >= self.rows() {
+            return Err(Error::InvalidArgument(format!("{len} positions of prefix into row {row}")));
+        }
+        let _guard = tch::no_grad_guard();
+        // cannot wrap: positions and rows are small counts.
+        let (m, row_i, len_i) = (slots.len() as i64, row as i64, len as i64);
+        for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+            let index = Tensor::f_from_slice(slots)?.f_to_device(pool.device())?;
+            let picked = pool.f_index_select(0, &index)?; // [m, n, block, D]
+            let s = picked.size();
+            let rows = picked.f_permute([1, 0, 2, 3])?.f_reshape([s[1], m * s[2], s[3]])?;
+            kv.f_select(0, row_i)?.f_narrow(1, 0, len_i)?.f_copy_(&rows)?;
+        }
+        self.lens[row] = len;
+        Ok(())
+    }
+
+    /// Copies row `row`'s blocks `payload[..k]` (block indices) to pool slots `payload[k..]`.
+    pub(super) fn store_blocks(&mut self, row: usize, payload: &[i64]) -> Result<()> {
+        let Some(p) = &self.prefix else {
+            return Err(Error::Parallel("rank 0 keeps prefix-cache blocks this rank does not have".to_owned()));
+        };
+        let (blocks, slots) = payload.split_at(payload.len() / 2);
+        check_slots(slots, p.index.blocks())?;
+        let Some(&last) = blocks.iter().max() else { return Ok(()) };
+        let held = self.lens.get(row).copied().unwrap_or(0) / PREFIX_BLOCK;
+        if blocks.iter().any(|&b| b < 0) || last as usize >= held {
+            return Err(Error::InvalidArgument(format!("row {row} holds {held} whole blocks, not block {last}")));
+        }
+        let _guard = tch::no_grad_guard();
+        // cannot wrap: as in `load_blocks`.
+        let (nb, row_i) = (last + 1, row as i64);
+        for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+            let dev = pool.device();
+            let r = kv.f_select(0, row_i)?.f_narrow(1, 0, nb * PREFIX_BLOCK as i64)?; // [n, nb·block, D]
+            let s = r.size();
+            let by_block = r.f_view([s[0], nb, PREFIX_BLOCK as i64, s[2]])?.f_permute([1, 0, 2, 3])?;
+            let picked = by_block.f_index_select(0, &Tensor::f_from_slice(blocks)?.f_to_device(dev)?)?;
+            let _ = pool.shallow_clone().f_index_copy_(0, &Tensor::f_from_slice(slots)?.f_to_device(dev)?, &picked)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_slots(slots: &[i64], blocks: usize) -> Result<()> {
+    // cannot wrap: the pool's block count fits i64.
+    match slots.iter().find(|&&s| s < 0 || s >= blocks as i64) {
+        Some(s) => Err(Error::Parallel(format!("prefix-cache block {s} of {blocks} does not exist on this rank"))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(n: usize, salt: i64) -> Vec<i64> {
+        (0..n as i64).map(|i| i * 7 + salt).collect()
+    }
+
+    #[test]
+    fn a_prefix_is_found_by_its_whole_blocks_only() {
+        let mut ix = PrefixIndex::new(8);
+        let a = seq(40, 0); // 2 whole blocks and 8 tokens
+        assert_eq!(ix.insert(&a).len(), 2);
+        assert_eq!(ix.lookup(&a, a.len(), false).len(), 2);
+        // The same second block after a different first block is not a hit.
+        let mut b = a.clone();
+        b[3] += 1;
+        assert_eq!(ix.lookup(&b, b.len(), false).len(), 0);
+        let mut c = a.clone();
+        c[20] += 1;
+        assert_eq!(ix.lookup(&c, c.len(), false).len(), 1);
+        // The limit keeps a block that reaches it out.
+        assert_eq!(ix.lookup(&a, 31, false).len(), 1);
+        assert_eq!(ix.lookup(&a, 32, false).len(), 2);
+        // Storing again stores nothing new.
+        assert!(ix.insert(&a).is_empty());
+        assert_eq!(ix.held(), 2);
+    }
+
+    #[test]
+    fn the_least_recently_used_block_goes_with_the_blocks_under_it() {
+        let mut ix = PrefixIndex::new(4);
+        let a = seq(32, 0);
+        let b = seq(32, 1000);
+        ix.insert(&a);
+        ix.insert(&b);
+        assert_eq!(ix.held(), 4);
+        // a is used again: b is now the least recent, its first block last.
+        assert_eq!(ix.lookup(&a, 32, true).len(), 2);
+        let c = seq(16, 5000);
+        assert_eq!(ix.insert(&c).len(), 1);
+        // b's second block went (the least recent); b keeps its first.
+        assert_eq!(ix.lookup(&b, 32, false).len(), 1);
+        assert_eq!(ix.lookup(&a, 32, false).len(), 2);
+        // Evicting b's first block now takes nothing else of a.
+        let d = seq(16, 9000);
+        ix.insert(&d);
+        assert_eq!(ix.lookup(&b, 32, false).len(), 0);
+        assert_eq!(ix.lookup(&a, 32, false).len(), 2);
+        assert_eq!(ix.held(), 4);
+    }
+
+    #[test]
+    fn a_parent_evicted_takes_its_children_and_a_restored_parent_does_not_find_them() {
+        let mut ix = PrefixIndex::new(3);
+        let a = seq(48, 0);
+        assert_eq!(ix.insert(&a).len(), 3);
+        // Only a's first block is used again, then its other blocks are least recent; a
+        // new sequence takes one slot: a's third block goes.
+        ix.lookup(&a, 16, true);
+        ix.insert(&seq(16, 777));
+        assert_eq!(ix.lookup(&a, 48, false).len(), 2);
+        // A chain longer than the pool stores what fits and never evicts its own blocks.
+        let long = seq(16 * 5, 3333);
+        let stored = ix.insert(&long);
+        assert_eq!(stored.len(), 3);
+        assert_eq!(ix.lookup(&long, long.len(), false).len(), 3);
+        assert_eq!(ix.lookup(&a, 48, false).len(), 0);
+        // Every slot is accounted for exactly once.
+        assert_eq!(ix.held() + ix.free.len(), 3);
+        assert_eq!(ix.by_key.len(), ix.held());
+        assert_eq!(ix.lru.len(), ix.held());
+    }
+}
