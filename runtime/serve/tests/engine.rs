@@ -458,12 +458,12 @@ fn prefix_caching_answers_as_an_engine_without_it_and_counts_what_it_reused() {
                     rx
                 })
                 .collect();
-            rxs.into_iter().map(|rx| answer(rx)).collect()
+            rxs.into_iter().map(answer).collect()
         };
         let mut out = ask(std::slice::from_ref(&first), 8);
         // The second turn: the first prompt, its answer and one token more.
         let turn: Vec<i64> = first.iter().chain(&out[0].0).chain(&[7]).copied().collect();
-        out.extend(ask(&[turn.clone()], 4));
+        out.extend(ask(std::slice::from_ref(&turn), 4));
         out.extend(ask(&together, 5));
         drop(tx);
         engine.join().unwrap();
