@@ -4,7 +4,7 @@ inter-token latency (p50, p99) at several concurrencies, for `headcount serve` a
 
   python/serve_load.py [--shape demo|demo-mtp|bytes|4-layer] [--engines headcount,transformers]
                        [--concurrency 1,8,32,128] [--requests 128] [--max-tokens 32]
-                       [--speculative-tokens 2] [--json-schema]
+                       [--speculative-tokens 2] [--json-schema] [--shared-prefix N]
 
 Each level sends --requests streaming completions (greedy), --concurrency at a time, after
 a warm-up; a token is a streamed chunk that carries text. The 4-layer shape is a random
@@ -15,7 +15,10 @@ engine `headcount-speculative` serves it with --speculative-tokens, and its rows
 of drafts accepted (from /metrics). The bytes shape is tests/fixtures/glm-bytes (a random
 model with a byte-level tokenizer); with --json-schema every request asks for an answer that
 follows a small JSON schema (structured output), so a run with and one without it compare
-constrained with unconstrained throughput. Prints one markdown table.
+constrained with unconstrained throughput. With --shared-prefix N (the 4-layer shape), every
+prompt begins with the same N tokens (a system prompt), and the engine
+`headcount-no-prefix-cache` is headcount serve with --no-enable-prefix-caching, to compare
+with its prefix cache. Prints one markdown table.
 """
 
 import argparse
@@ -59,9 +62,12 @@ def four_layer_checkpoint(dir: Path) -> None:
     (dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
-def prompts(shape: str, n: int, prompt_len: int) -> list[str]:
+def prompts(shape: str, n: int, prompt_len: int, shared: int = 0, salt: int = 0) -> list[str]:
     out = []
-    x = 12345
+    # With a shared prefix, each call's own parts differ (salt), so no level finds a whole
+    # prompt of the warm-up or of another level in the prefix cache.
+    x = 12345 + (salt if shared else 0)
+    system = " ".join(f"t{2 + (i * 7919) % 31000}" for i in range(shared))
     for _ in range(n):
         if shape == "bytes":
             x = (x * 1103515245 + 12345) % 2**31
@@ -76,7 +82,7 @@ def prompts(shape: str, n: int, prompt_len: int) -> list[str]:
             for _ in range(prompt_len):
                 x = (x * 1103515245 + 12345) % 2**31
                 ids.append(f"t{2 + x % 31000}")
-            out.append(" ".join(ids))
+            out.append(" ".join(([system] if shared else []) + ids))
     return out
 
 
@@ -87,6 +93,8 @@ def start(engine: str, model: Path, port: int, threads: int, max_batch: int, spe
                "--max-queue", "4096", "-q"]
         if engine == "headcount-speculative":
             cmd += ["--speculative-tokens", str(speculative)]
+        if engine == "headcount-no-prefix-cache":
+            cmd += ["--no-enable-prefix-caching"]
     else:
         cmd = [str(ROOT / ".venv/bin/transformers"), "serve", str(model), "--port", str(port), "--host", "127.0.0.1",
                "--device", "cpu", "--continuous-batching", "--log-level", "warning"]
@@ -184,7 +192,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--speculative-tokens", type=int, default=2)
     ap.add_argument("--json-schema", action="store_true")
+    ap.add_argument("--shared-prefix", type=int, default=0)
     a = ap.parse_args()
+    if a.shared_prefix and a.shape != "4-layer":
+        sys.exit("--shared-prefix needs --shape 4-layer (the demo's context is 64 positions)")
     global CONSTRAINED
     CONSTRAINED = a.json_schema
     levels = [int(c) for c in a.concurrency.split(",")]
@@ -204,11 +215,11 @@ def main() -> None:
         port = free_port()
         p = start(engine, model, port, a.threads, max(levels), a.speculative_tokens)
         try:
-            warm = prompts(a.shape, 8, a.prompt_len)
+            warm = prompts(a.shape, 8, a.prompt_len, a.shared_prefix, salt=1)
             level(port, name, warm, 4, a.max_tokens)
             for conc in levels:
                 n = max(a.requests, conc)
-                r = level(port, name, prompts(a.shape, n, a.prompt_len), conc, a.max_tokens)
+                r = level(port, name, prompts(a.shape, n, a.prompt_len, a.shared_prefix, salt=1000 + conc), conc, a.max_tokens)
                 r["accepted"] = acceptance(port) if engine == "headcount-speculative" else ""
                 rows.append((engine, conc, n, r))
                 print(f"{engine} c={conc}: {r['req_s']:.1f} req/s {r['tok_s']:.0f} tok/s", file=sys.stderr)
@@ -219,6 +230,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
     how = ", answers constrained to a JSON schema" if a.json_schema else ""
+    how += f", every prompt after the same {a.shared_prefix} tokens" if a.shared_prefix else ""
     print(f"\nshape {a.shape}, {a.threads} threads, max_tokens {a.max_tokens}, greedy, streaming{how}\n")
     print("| engine | concurrency | requests | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
           "ITL p99 ms | drafts accepted (so far, by position) |")
