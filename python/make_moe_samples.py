@@ -5,7 +5,8 @@ Run from the repository root:
 
     .venv/bin/python python/make_moe_samples.py
 
-Published shapes (GLM-4.5, GLM-4.5-Air, GLM-4.6, from their config.json files) are written
+Published shapes (GLM-4.5, GLM-4.5-Air, GLM-4.6, GLM-4.7, from their config.json files;
+GLM-4.7 keeps GLM-4.6's shape) are written
 by transformers' Glm4MoeConfig.save_pretrained, and GLM-4.5 once more in the layout its
 published file uses (top-level rope_theta and partial_rotary_factor, as a plain dict).
 Bad samples each carry one mixture-of-experts mistake on top of a tiny layout; for each the
@@ -40,6 +41,7 @@ PUBLISHED = {
                     moe_intermediate_size=1536, n_routed_experts=160, first_k_dense_replace=3,
                     use_qk_norm=True, routed_scaling_factor=2.5, max_position_embeddings=202752),
 }
+PUBLISHED["glm-4.7"] = dict(PUBLISHED["glm-4.6"])
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5, moe_intermediate_size=16,
@@ -131,7 +133,7 @@ def main() -> None:
         f"`.venv/bin/python python/make_moe_samples.py`); transformers {transformers.__version__},",
         f"torch {torch.__version__}. Do not edit by hand.",
         "",
-        "- `glm-4.5.json`, `glm-4.5-air.json`, `glm-4.6.json`: the published shapes, written by",
+        "- `glm-4.5.json`, `glm-4.5-air.json`, `glm-4.6.json`, `glm-4.7.json`: the published shapes, written by",
         "  `Glm4MoeConfig(...).save_pretrained` (rope_parameters layout)",
         "- `glm-4.5-published-layout.json`: GLM-4.5 in its published file's layout (top-level",
         "  rope_theta and partial_rotary_factor)",

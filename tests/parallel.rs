@@ -152,6 +152,8 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
             ep: ep as u64,
             kv_replication: true,
             vocab_padding: 1,
+            attn_tp: None,
+            moe_tp: None,
         };
         let spec = d.config.spec(&[], &[]);
         let stage = m.parallel.stage as u64;

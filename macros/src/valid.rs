@@ -592,6 +592,8 @@ fn check_memory(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt) 
                     ep: *ep,
                     kv_replication: layout.bool(keys::KV_REPLICATION),
                     vocab_padding: layout.u64(keys::VOCAB_PADDING).unwrap_or(1),
+                    attn_tp: None,
+                    moe_tp: None,
                 };
                 // Point at the size that makes the rank largest to fix: ep, else tp, else pp.
                 let tokens = if *ep > 1 {

@@ -108,6 +108,8 @@ macro_rules! architecture_trait {
                     ep,
                     kv_replication: Self::KV_REPLICATION,
                     vocab_padding: Self::VOCAB_PADDING,
+                    attn_tp: None,
+                    moe_tp: None,
                 };
                 crate::memory::rank_bytes(&Self::SPEC, &r, context, elt)
             }

@@ -6,6 +6,7 @@
 //!
 //! docs/ENGINES.md lists every rule with its source.
 
+use crate::memory::RankLayout;
 use crate::msg::Msg;
 use crate::rules::{ArchSpec, Errors, LayoutError, SizeList};
 
@@ -530,6 +531,35 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             if ep > 1 && ep != tp {
                 out.push(EngineRule::EpNotTp { ep, tp });
             }
+        }
+    }
+}
+
+/// How `engine` splits the model over the ranks of layout `l`, for the memory plan: the
+/// ranks an attention layer and a routed expert's width are split over, the ranks the
+/// experts are dealt over, whether kv heads are replicated and how the vocabulary is padded.
+/// - vLLM: experts whole on each of the tp x dp ranks with expert parallelism, else split
+///   in width over tp x dp; the vocabulary padded to 64.
+/// - SGLang: attention over tp / dp (attention data parallelism), experts over ep, each
+///   split in width over tp / ep.
+/// - Megatron-LM: experts over ep, split in width over the expert tensor-parallel size (tp
+///   by default); the vocabulary padded to 128 x tp.
+/// - transformers: experts whole on each of the ep (= tp) ranks, else split in width over
+///   tp; kv heads never replicated.
+pub const fn rank_layout(engine: Engine, l: &EngineLayout) -> RankLayout {
+    let (tp, ep, dp) = (l.tp, l.ep, l.dp);
+    let base = RankLayout::new(tp, l.pp);
+    match engine {
+        Engine::Vllm if ep > 1 => RankLayout { ep, moe_tp: Some(1), vocab_padding: 64, ..base },
+        Engine::Vllm => RankLayout { moe_tp: Some(tp.saturating_mul(dp)), vocab_padding: 64, ..base },
+        Engine::Sglang => {
+            let attn = if dp > 0 && tp.is_multiple_of(dp) { tp / dp } else { tp };
+            let moe = if ep > 0 && tp.is_multiple_of(ep) { tp / ep } else { 1 };
+            RankLayout { ep, attn_tp: Some(attn), moe_tp: Some(moe), vocab_padding: 64, ..base }
+        }
+        Engine::Megatron => RankLayout { ep, moe_tp: Some(tp), vocab_padding: 128 * tp, ..base },
+        Engine::Transformers => {
+            RankLayout { ep, moe_tp: Some(if ep > 1 { 1 } else { tp }), kv_replication: false, ..base }
         }
     }
 }

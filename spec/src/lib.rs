@@ -23,6 +23,7 @@ pub mod fields;
 pub mod keys;
 pub mod memory;
 pub mod msg;
+pub mod plan;
 pub mod reference;
 pub mod rules;
 

@@ -8,6 +8,13 @@ use crate::rules::{ArchSpec, Family};
 /// How a run splits the model: tensor-, pipeline- and expert-parallel sizes (expert
 /// parallelism within each tensor-parallel group, as the runtime runs it), and the
 /// declaration's kv replication and vocabulary padding.
+///
+/// An engine can split attention and the experts otherwise than the runtime: `attn_tp`
+/// is the ranks one attention layer is split over (`None`: tp; SGLang's attention data
+/// parallelism makes it tp / dp), `moe_tp` the ranks one routed expert's width is split
+/// over (`None`: tp / ep, the runtime's; vLLM without expert parallelism splits it over
+/// tp x dp, Megatron-LM over its expert tensor-parallel size). `ep` is then the ranks the
+/// routed experts are dealt over (the fullest rank holds the rounded-up share).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RankLayout {
     pub tp: u64,
@@ -15,11 +22,31 @@ pub struct RankLayout {
     pub ep: u64,
     pub kv_replication: bool,
     pub vocab_padding: u64,
+    pub attn_tp: Option<u64>,
+    pub moe_tp: Option<u64>,
 }
 
 impl RankLayout {
     pub const fn new(tp: u64, pp: u64) -> RankLayout {
-        RankLayout { tp, pp, ep: 1, kv_replication: true, vocab_padding: 1 }
+        RankLayout { tp, pp, ep: 1, kv_replication: true, vocab_padding: 1, attn_tp: None, moe_tp: None }
+    }
+
+    /// The ranks one attention layer is split over.
+    pub const fn attention_tp(&self) -> u64 {
+        match self.attn_tp {
+            Some(t) if t > 0 => t,
+            _ => self.tp,
+        }
+    }
+
+    /// The ranks one routed expert's width is split over.
+    pub const fn expert_tp(&self) -> u64 {
+        let ep = if self.ep == 0 { 1 } else { self.ep };
+        match self.moe_tp {
+            Some(t) if t > 0 => t,
+            _ if self.tp / ep == 0 => 1,
+            _ => self.tp / ep,
+        }
     }
 }
 
@@ -97,14 +124,14 @@ const fn indexer_parameters(s: &ArchSpec) -> u64 {
 
 /// Parameters one rank holds of layer `l` (saturating).
 const fn layer_parameters(s: &ArchSpec, r: &RankLayout, l: u64) -> u64 {
-    let (h, hd, tp) = (s.hidden_size, head_dim(s), r.tp);
-    let q = (s.num_attention_heads / tp).saturating_mul(hd);
-    let kv = kv_per_rank(s, tp).saturating_mul(hd);
+    let (h, hd, tp, atp) = (s.hidden_size, head_dim(s), r.tp, r.attention_tp());
+    let q = (s.num_attention_heads / atp).saturating_mul(hd);
+    let kv = kv_per_rank(s, atp).saturating_mul(hd);
     let norms = if matches!(s.family, Family::Glm4) { 4 } else { 2 };
     let bias = if s.attention_bias { q + 2 * kv } else { 0 };
     let qk_norm = if matches!(s.family, Family::Glm4Moe) && s.use_qk_norm { 2 * hd } else { 0 };
     let attention = if s.family.is_mla() {
-        latent_attention_parameters(s, tp)
+        latent_attention_parameters(s, atp)
     } else {
         (q + 2 * kv).saturating_mul(h).saturating_add(q.saturating_mul(h)) + bias + norms * h + qk_norm
     };
@@ -113,8 +140,7 @@ const fn layer_parameters(s: &ArchSpec, r: &RankLayout, l: u64) -> u64 {
     }
     let experts = s.n_routed_experts;
     let ep = if r.ep == 0 { 1 } else { r.ep };
-    let sharing = if tp / ep == 0 { 1 } else { tp / ep };
-    let routed = (experts / ep).saturating_mul(3 * (s.moe_intermediate_size / sharing)).saturating_mul(h);
+    let routed = experts.div_ceil(ep).saturating_mul(3 * (s.moe_intermediate_size / r.expert_tp())).saturating_mul(h);
     let shared = (3 * (s.moe_intermediate_size * s.n_shared_experts / tp)).saturating_mul(h);
     attention.saturating_add(experts * h + experts).saturating_add(routed).saturating_add(shared)
 }
@@ -198,6 +224,24 @@ pub const fn rank_parameters_of(s: &ArchSpec, r: &RankLayout, start: u64, end: u
     n
 }
 
+/// The routed experts' parameters one rank of stage `stage` holds (its share of each of its
+/// layers with experts): the part of [`rank_parameters`] an engine's expert data-parallel
+/// group, not its data-parallel group, shares optimizer states over.
+pub const fn rank_routed_parameters(s: &ArchSpec, r: &RankLayout, stage: u64) -> u64 {
+    if r.tp == 0 || r.pp == 0 || !s.family.is_moe() {
+        return 0;
+    }
+    let (start, end) = stage_layers(s.num_hidden_layers, r.pp, stage);
+    let moe = end.saturating_sub(start).saturating_sub(s.dense_layers_in(start, end));
+    let ep = if r.ep == 0 { 1 } else { r.ep };
+    let per_layer = s
+        .n_routed_experts
+        .div_ceil(ep)
+        .saturating_mul(3 * (s.moe_intermediate_size / r.expert_tp()))
+        .saturating_mul(s.hidden_size);
+    per_layer.saturating_mul(moe)
+}
+
 /// The most parameters any rank of the layout holds.
 pub const fn max_rank_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
     let mut most = 0;
@@ -247,7 +291,7 @@ pub const fn rank_cache_bytes_per_token(s: &ArchSpec, r: &RankLayout, stage: u64
         // One compressed latent and one rotary key a token, replicated on every rank.
         s.kv_lora_rank.saturating_add(s.qk_rope_head_dim)
     } else {
-        (2 * kv_per_rank(s, r.tp)).saturating_mul(head_dim(s))
+        (2 * kv_per_rank(s, r.attention_tp())).saturating_mul(head_dim(s))
     };
     // Sparse attention: each full layer's indexer key too.
     let index_keys = s.full_indexers_in(start, end).saturating_mul(s.index_head_dim);
@@ -328,7 +372,7 @@ pub const fn check_fits(
             if pp > s.num_hidden_layers || (!uneven && !s.num_hidden_layers.is_multiple_of(pp)) {
                 continue;
             }
-            let l = RankLayout { tp, pp, ep: 1, ..*r };
+            let l = RankLayout { tp, pp, ep: 1, attn_tp: None, moe_tp: None, ..*r };
             let (lw, lc) = rank_bytes(s, &l, context, elt);
             if lw.saturating_add(lc) <= limit {
                 fits[found] = Some((tp, pp, lw.saturating_add(lc)));

@@ -37,6 +37,9 @@ pub enum Command {
     /// Print an engine's launch command for a layout its rules accept (refused with their
     /// messages otherwise).
     LaunchArgs(LaunchArgs),
+    /// Every layout of a config.json an engine's rules accept and the devices fit, best
+    /// first, with the best one's launch command; or what is missing.
+    Plan(PlanArgs),
     /// Print the #[derive(Architecture)] declaration of a config.json.
     Declare {
         config: PathBuf,
@@ -367,6 +370,56 @@ pub struct LaunchArgs {
     /// step (vLLM's method mtp, SGLang's EAGLE over the NextN layers).
     #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
     pub speculative_tokens: Option<u64>,
+    /// The longest sequence: vLLM's --max-model-len, SGLang's --context-length, Megatron-LM's
+    /// --seq-length (default: the engine's, max_position_embeddings).
+    #[arg(long, value_name = "TOKENS", value_parser = at_least_one_u64)]
+    pub context: Option<u64>,
+}
+
+/// `headcount plan`.
+#[derive(Args)]
+pub struct PlanArgs {
+    /// The config.json to plan.
+    pub config: PathBuf,
+    /// The devices: COUNTxSIZE, such as 16x80GiB.
+    #[arg(long, value_name = "NxGiB", value_parser = devices)]
+    pub devices: (u64, u64),
+    /// Devices to a node [default: 8, or all of them when fewer].
+    #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
+    pub per_node: Option<u64>,
+    /// The engine to plan for.
+    #[arg(long, value_enum, default_value_t = EngineArg::Vllm)]
+    pub engine: EngineArg,
+    /// The weights' and cache's dtype (bf16, f16, f32, fp8).
+    #[arg(long = "dtype", default_value = "bf16", value_parser = dtype_bytes, value_name = "DTYPE")]
+    pub dtype: u64,
+    /// The tokens of the one sequence each rank holds the KV cache of (Megatron-LM: the
+    /// training sequence length) [default: max_position_embeddings; Megatron-LM: 4096].
+    #[arg(long, value_name = "TOKENS", value_parser = at_least_one_u64)]
+    pub context: Option<u64>,
+    /// Block-quantized weights, `fp8-block-N` or `fp8-block-NxK`.
+    #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
+    pub quantization: Option<headcount_spec::engines::BlockQuant>,
+    /// The model as the engine names it in the launch command (default: the config's folder).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Layouts to list, best first.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `16x80GiB`: a count of devices and the GiB each has.
+fn devices(s: &str) -> Result<(u64, u64), String> {
+    let bad = || format!("{s:?} is not a count of devices and their memory, such as 16x80GiB");
+    let (n, size) = s.split_once('x').ok_or_else(bad)?;
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    if n == 0 || n > headcount_spec::plan::MAX_DEVICES {
+        return Err(format!("{s:?}: the count of devices must be 1 to {}", headcount_spec::plan::MAX_DEVICES));
+    }
+    Ok((n, gib(size)?))
 }
 
 /// A count of 1 or more.

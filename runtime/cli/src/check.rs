@@ -296,17 +296,22 @@ fn ranges(v: &[u64]) -> String {
     out.join(", ")
 }
 
+/// The dtype of `elt` bytes a value, as --dtype names it.
+fn dtype_name(elt: u64) -> &'static str {
+    match elt {
+        1 => "fp8",
+        4 => "f32",
+        _ => "bf16",
+    }
+}
+
 /// `check --memory`: the fullest rank's weights and one sequence's KV cache for each legal
 /// tensor-parallel size and a few pipeline sizes, against the device memory.
 fn memory_table(config: &Config, limit_gib: u64, elt: u64, context: u64) {
     use headcount_spec::memory::{self, RankLayout};
     let spec = config.spec(&[], &[]);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let dtype = match elt {
-        1 => "fp8",
-        4 => "f32",
-        _ => "bf16",
-    };
+    let dtype = dtype_name(elt);
     println!(
         "memory a rank in {dtype}: {:.1}B parameters ({:.1}B active a token), KV cache {} KiB a token; {limit_gib} GiB a device, one sequence of {context} tokens",
         memory::parameter_count(&spec) as f64 / 1e9,
@@ -394,15 +399,37 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::from(1));
     }
-    let model = a.model.clone().unwrap_or_else(|| {
-        a.config.parent().filter(|p| !p.as_os_str().is_empty()).map_or(".".to_owned(), |p| p.display().to_string())
-    });
-    let c = &config;
+    let model = a.model.clone().unwrap_or_else(|| model_of(&a.config));
+    for line in launch_lines(&config, engine, &model, &layout, a.speculative_tokens, a.context) {
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The model as an engine names it when none is given: the config's folder.
+fn model_of(config: &Path) -> String {
+    config.parent().filter(|p| !p.as_os_str().is_empty()).map_or(".".to_owned(), |p| p.display().to_string())
+}
+
+/// The lines `launch-args` prints for a layout the engine accepts: the command, after any
+/// comment it needs. `context` sets the longest sequence (vLLM's and SGLang's context
+/// length, Megatron-LM's sequence length).
+fn launch_lines(
+    config: &Config,
+    engine: Engine,
+    model: &str,
+    layout: &EngineLayout,
+    speculative_tokens: Option<u64>,
+    context: Option<u64>,
+) -> Vec<String> {
+    let (tp, pp, ep, dp, nnodes) = (layout.tp, layout.pp, layout.ep, layout.dp, layout.nnodes);
+    let mut lines = Vec::new();
+    let c = config;
     let mut args: Vec<String> = Vec::new();
     let mut push = |v: &[&str]| args.extend(v.iter().map(|s| s.to_string()));
     match engine {
         Engine::Vllm => {
-            push(&["vllm", "serve", &model, "--tensor-parallel-size", &tp.to_string()]);
+            push(&["vllm", "serve", model, "--tensor-parallel-size", &tp.to_string()]);
             push(&["--pipeline-parallel-size", &pp.to_string()]);
             if dp > 1 {
                 push(&["--data-parallel-size", &dp.to_string()]);
@@ -410,12 +437,15 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
             if ep > 1 {
                 push(&["--enable-expert-parallel"]);
             }
-            if let Some(n) = a.speculative_tokens {
+            if let Some(n) = context {
+                push(&["--max-model-len", &n.to_string()]);
+            }
+            if let Some(n) = speculative_tokens {
                 push(&["--speculative-config", &format!("{{\"method\": \"mtp\", \"num_speculative_tokens\": {n}}}")]);
             }
         }
         Engine::Sglang => {
-            push(&["python", "-m", "sglang.launch_server", "--model-path", &model, "--tp-size", &tp.to_string()]);
+            push(&["python", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", &tp.to_string()]);
             push(&["--pp-size", &pp.to_string()]);
             if ep > 1 {
                 push(&["--ep-size", &ep.to_string()]);
@@ -423,10 +453,13 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
             if dp > 1 {
                 push(&["--attn-dp-size", &dp.to_string()]);
             }
-            if a.nnodes > 1 {
-                push(&["--nnodes", &a.nnodes.to_string()]);
+            if nnodes > 1 {
+                push(&["--nnodes", &nnodes.to_string()]);
             }
-            if let Some(n) = a.speculative_tokens {
+            if let Some(n) = context {
+                push(&["--context-length", &n.to_string()]);
+            }
+            if let Some(n) = speculative_tokens {
                 // One draft a step from the top candidate: a chain of n, verified as n + 1.
                 push(&["--speculative-algorithm", "EAGLE", "--speculative-num-steps", &n.to_string()]);
                 push(&["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", &(n + 1).to_string()]);
@@ -434,10 +467,10 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
         }
         Engine::Megatron => {
             let world = tp * pp * dp;
-            let per_node = world.div_ceil(a.nnodes);
+            let per_node = world.div_ceil(nnodes);
             push(&["torchrun", "--nproc-per-node", &per_node.to_string()]);
-            if a.nnodes > 1 {
-                push(&["--nnodes", &a.nnodes.to_string()]);
+            if nnodes > 1 {
+                push(&["--nnodes", &nnodes.to_string()]);
             }
             push(&["pretrain_gpt.py", "--tensor-model-parallel-size", &tp.to_string()]);
             push(&["--pipeline-model-parallel-size", &pp.to_string()]);
@@ -468,7 +501,7 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
                 push(&["--group-query-attention", "--num-query-groups", &c.num_key_value_heads.to_string()]);
                 push(&["--kv-channels", &c.resolved_head_dim().unwrap_or(0).to_string()]);
             }
-            push(&["--seq-length", &c.max_position_embeddings.to_string()]);
+            push(&["--seq-length", &context.unwrap_or(c.max_position_embeddings).to_string()]);
             push(&["--max-position-embeddings", &c.max_position_embeddings.to_string()]);
             if c.family.is_moe() {
                 push(&["--num-experts", &c.n_routed_experts.to_string()]);
@@ -494,25 +527,239 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
             if c.family.is_moe() && c.num_nextn_predict_layers > 0 {
                 push(&["--mtp-num-layers", &c.num_nextn_predict_layers.to_string()]);
             }
+            // Optimizer states shared over the data-parallel ranks, as `plan` counts them.
+            push(&["--use-distributed-optimizer"]);
         }
         Engine::Transformers => {
             // transformers' native tensor parallelism: one process a rank under torchrun.
             push(&["torchrun", "--nproc-per-node", &tp.to_string(), "your_script.py"]);
-            println!("# in your_script.py:");
-            println!(
+            lines.push("# in your_script.py:".to_owned());
+            lines.push(format!(
                 "#   AutoModelForCausalLM.from_pretrained({model:?}, tp_plan=\"auto\"{})",
                 if ep > 1 {
                     format!(", distributed_config=DistributedConfig(tp_size={tp}, ep_size={ep})")
                 } else {
                     String::new()
                 }
-            );
+            ));
         }
     }
     let quoted: Vec<String> = args
         .iter()
         .map(|s| if s.contains(['(', ')', '*', '[', ']', ' ', '{', '"']) { format!("'{s}'") } else { s.clone() })
         .collect();
-    println!("{}", quoted.join(" "));
-    Ok(ExitCode::SUCCESS)
+    lines.push(quoted.join(" "));
+    lines
+}
+
+/// `plan`: every layout the engine's rules accept whose fullest rank fits the devices, best
+/// first by the cost model of `headcount_spec::plan`, with the best one's launch command; or
+/// what is missing (exit 1).
+pub fn plan(a: &crate::args::PlanArgs) -> Result<ExitCode> {
+    use headcount_spec::plan::{self, Devices, Request};
+    let config = Config::from_file(&a.config)?;
+    if let Err(v) = config.validate() {
+        print_errors(&a.config.display().to_string(), &v.errors);
+        return Ok(ExitCode::from(1));
+    }
+    let engine: Engine = a.engine.into();
+    let (count, gib) = a.devices;
+    let per_node = a.per_node.unwrap_or(8).min(count);
+    // Megatron-LM trains: its activations grow with the sequence, so it plans a training
+    // sequence, not the longest context.
+    let default_context = if engine == Engine::Megatron { 4096 } else { config.max_position_embeddings };
+    let context = a.context.unwrap_or(default_context);
+    let request =
+        Request { engine, devices: Devices { count, gib, per_node }, elt: a.dtype, context, quant: a.quantization };
+    let spec = config.spec(&[], &[]);
+    let answer = plan::plan(&spec, &request);
+    let model = a.model.clone().unwrap_or_else(|| model_of(&a.config));
+    let launch =
+        answer.fits.first().map(|best| launch_lines(&config, engine, &model, &best.layout, None, Some(context)));
+    if a.json {
+        let out = plan_json(&config, &request, &answer, launch.as_deref(), a.top);
+        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| Error::Internal(e.to_string()))?);
+    } else {
+        print_plan(&config, &request, &answer, launch.as_deref(), a.top);
+    }
+    Ok(if answer.fits.is_empty() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// `tp 8 pp 2`, with dp and ep where they are above 1.
+fn layout_name(l: &EngineLayout) -> String {
+    let mut s = format!("tp {} pp {}", l.tp, l.pp);
+    if l.dp > 1 {
+        s += &format!(" dp {}", l.dp);
+    }
+    if l.ep > 1 {
+        s += &format!(" ep {}", l.ep);
+    }
+    s
+}
+
+/// `45.3 GiB a rank (weights 41.2, KV cache 4.1)`.
+fn rank_memory_text(c: &headcount_spec::plan::Candidate) -> String {
+    let mut parts = vec![format!("weights {:.1}", c.weights as f64 / GIB)];
+    if c.cache > 0 {
+        parts.push(format!("KV cache {:.1}", c.cache as f64 / GIB));
+    }
+    if c.states > 0 {
+        parts.push(format!("gradients and optimizer {:.1}", c.states as f64 / GIB));
+    }
+    if c.activations > 0 {
+        parts.push(format!("activations {:.1}", c.activations as f64 / GIB));
+    }
+    format!("{:.1} GiB a rank ({})", c.total() as f64 / GIB, parts.join(", "))
+}
+
+fn bytes_text(b: u64) -> String {
+    match b {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+fn print_plan(
+    config: &Config,
+    r: &headcount_spec::plan::Request,
+    answer: &headcount_spec::plan::Plan,
+    launch: Option<&[String]>,
+    top: usize,
+) {
+    let spec = config.spec(&[], &[]);
+    let d = &r.devices;
+    let what = if r.engine == Engine::Megatron { "a training sequence of" } else { "one sequence of" };
+    println!(
+        "{} ({:.1}B parameters) on {} {}: {} device{} of {} GiB, {} a node; {}, {what} {} tokens",
+        config.family.model_type(),
+        headcount_spec::memory::parameter_count(&spec) as f64 / 1e9,
+        r.engine.name(),
+        r.engine.version(),
+        d.count,
+        if d.count == 1 { "" } else { "s" },
+        d.gib,
+        d.per_node,
+        dtype_name(r.elt),
+        r.context,
+    );
+    let per_node = d.per_node;
+    if let Some(best) = answer.fits.first() {
+        println!("{} layout{} fit, best first:", answer.fits.len(), if answer.fits.len() == 1 { "" } else { "s" });
+        for (i, c) in answer.fits.iter().take(top).enumerate() {
+            let nodes = c.nodes(per_node);
+            println!(
+                "  {:>2}. {}: {} device{}, {} node{}, {}; a token sends {} between devices, {} across nodes",
+                i + 1,
+                layout_name(&c.layout),
+                c.world,
+                if c.world == 1 { "" } else { "s" },
+                nodes,
+                if nodes == 1 { "" } else { "s" },
+                rank_memory_text(c),
+                bytes_text(c.comm_bytes),
+                bytes_text(c.cross_node_bytes),
+            );
+        }
+        if answer.fits.len() > top {
+            println!("  ... and {} more (--top N lists more)", answer.fits.len() - top);
+        }
+        println!("best: {}", layout_name(&best.layout));
+        for line in launch.unwrap_or_default() {
+            println!("{line}");
+        }
+        return;
+    }
+    let Some(m) = &answer.missing else { return };
+    println!("no layout of up to {} devices of {} GiB fits on {}:", d.count, d.gib, r.engine.name());
+    if let Some(errors) = &m.rule {
+        println!("  rules: {} refuses every layout; on one device:", r.engine.name());
+        for e in errors.iter() {
+            println!("    error[{}]: {}", e.code(), e.message());
+        }
+        return;
+    }
+    if let Some(c) = &m.memory {
+        println!(
+            "  memory: the least a rank needs with {} devices is {} with {}: devices of {} GiB would do",
+            d.count,
+            rank_memory_text(c),
+            layout_name(&c.layout),
+            c.total().div_ceil(1 << 30),
+        );
+    }
+    match &m.devices {
+        Some(c) => println!(
+            "  devices: {} devices of {} GiB ({} node{}) fit, with {}: {}",
+            c.world,
+            d.gib,
+            c.nodes(per_node),
+            if c.nodes(per_node) == 1 { "" } else { "s" },
+            layout_name(&c.layout),
+            rank_memory_text(c),
+        ),
+        None => println!(
+            "  devices: no layout of up to {} devices of {} GiB fits {}",
+            headcount_spec::plan::MAX_DEVICES,
+            d.gib,
+            r.engine.name()
+        ),
+    }
+    match &m.context {
+        Some((n, c)) => println!(
+            "  context: a sequence of at most {n} tokens fits {} devices, with {}: {}",
+            d.count,
+            layout_name(&c.layout),
+            rank_memory_text(c)
+        ),
+        None => println!("  context: not even a one-token sequence fits {} devices", d.count),
+    }
+}
+
+fn candidate_json(c: &headcount_spec::plan::Candidate, per_node: u64) -> serde_json::Value {
+    let l = &c.layout;
+    serde_json::json!({
+        "tp": l.tp, "pp": l.pp, "dp": l.dp, "ep": l.ep,
+        "devices": c.world, "nodes": c.nodes(per_node),
+        "bytes_a_rank": {
+            "weights": c.weights, "kv_cache": c.cache, "gradients_and_optimizer": c.states,
+            "activations": c.activations, "total": c.total(),
+        },
+        "bytes_a_token": { "between_devices": c.comm_bytes, "across_nodes": c.cross_node_bytes },
+        "tp_across_nodes": c.tp_across_nodes,
+    })
+}
+
+fn plan_json(
+    config: &Config,
+    r: &headcount_spec::plan::Request,
+    answer: &headcount_spec::plan::Plan,
+    launch: Option<&[String]>,
+    top: usize,
+) -> serde_json::Value {
+    let per_node = r.devices.per_node;
+    let fits: Vec<serde_json::Value> = answer.fits.iter().take(top).map(|c| candidate_json(c, per_node)).collect();
+    let missing = answer.missing.as_ref().map(|m| {
+        serde_json::json!({
+            "rule": m.rule.map(|e| e.iter().map(|e| serde_json::json!({"code": e.code(), "message": e.message().as_str()})).collect::<Vec<_>>()),
+            "memory": m.memory.map(|c| candidate_json(&c, per_node)),
+            "devices": m.devices.map(|c| candidate_json(&c, per_node)),
+            "context": m.context.map(|(n, c)| serde_json::json!({"tokens": n, "layout": candidate_json(&c, per_node)})),
+        })
+    });
+    serde_json::json!({
+        "model_type": config.family.model_type(),
+        "engine": r.engine.key(),
+        "engine_version": r.engine.version(),
+        "devices": { "count": r.devices.count, "gib": r.devices.gib, "per_node": per_node },
+        "dtype_bytes": r.elt,
+        "context": r.context,
+        "layouts_that_fit": answer.fits.len(),
+        "fits": fits,
+        "best": answer.fits.first().map(|c| candidate_json(c, per_node)),
+        "launch": launch.map(|l| l.last().cloned()),
+        "missing": missing,
+    })
 }

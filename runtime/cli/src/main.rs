@@ -21,6 +21,7 @@ fn dispatch(cli: &Cli) -> headcount_runtime::Result<ExitCode> {
     match &cli.command {
         Command::Check(a) => check::check(a),
         Command::LaunchArgs(a) => check::launch_args(a),
+        Command::Plan(a) => check::plan(a),
         Command::Declare { config, name } => check::declare(config, name),
         Command::Run(a) => generate::run(a, cli.quiet),
         Command::Logits(a) => generate::write_logits(a, cli.quiet),

@@ -617,6 +617,60 @@ fn launch_args_per_engine() {
     );
 }
 
+/// `plan`: the 16-device question answered with a layout that `check --engine` and
+/// `launch-args` accept and `check --memory` says fits; per engine and model, the JSON's
+/// best layout passes the same checks; what is missing when nothing fits; bad flags.
+#[test]
+fn plan_answers_with_a_layout_check_and_launch_args_accept() {
+    let glm45 = fixture("moe-configs/glm-4.5.json");
+    let o = headcount(&["plan", &glm45, "--devices", "16x80GiB", "--per-node", "8", "--model", "zai-org/GLM-4.5"]);
+    expect(
+        &o,
+        0,
+        "best: tp 8 pp 2\nvllm serve zai-org/GLM-4.5 --tensor-parallel-size 8 --pipeline-parallel-size 2 --max-model-len 131072",
+    );
+    expect(&o, 0, "   1. tp 8 pp 2: 16 devices, 2 nodes, 45.3 GiB a rank (weights 42.4, KV cache 2.9)");
+    for (file, count) in [("glm-4.5", "16"), ("glm-4.5-air", "8"), ("glm-4.7", "16")] {
+        let config = fixture(&format!("moe-configs/{file}.json"));
+        for engine in ["vllm", "sglang", "megatron", "transformers"] {
+            let o = headcount(&["plan", &config, "--devices", &format!("{count}x80GiB"), "--engine", engine, "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("plan --json prints JSON");
+            let Some(best) = v["best"].as_object() else {
+                assert_eq!(o.status.code(), Some(1), "{file} {engine}: {v}");
+                assert!(v["missing"]["memory"]["bytes_a_rank"]["total"].as_u64().unwrap() > 80 << 30, "{v}");
+                continue;
+            };
+            assert_eq!(o.status.code(), Some(0));
+            let size = |k: &str| best[k].as_u64().unwrap().to_string();
+            let (tp, pp, ep, dp) = (size("tp"), size("pp"), size("ep"), size("dp"));
+            let nnodes = size("nodes");
+            let layout = ["--tp", &tp, "--pp", &pp, "--ep", &ep, "--dp", &dp, "--nnodes", &nnodes];
+            let mut check = vec!["check", &config, "--engine", engine];
+            check.extend(layout);
+            expect(&headcount(&check), 0, &format!("  ok: tp {tp} pp {pp} ep {ep} dp {dp}"));
+            let context = v["context"].as_u64().unwrap().to_string();
+            let mut launch = vec!["launch-args", "--engine", engine, &config, "--context", &context];
+            launch.extend(layout);
+            let o = headcount(&launch);
+            assert_eq!(o.status.code(), Some(0), "{}", text(&o).0);
+            assert_eq!(v["launch"].as_str(), text(&o).0.lines().last(), "{file} {engine}");
+            if engine == "vllm" && dp == "1" {
+                // The runtime's memory plan agrees where vLLM splits as it does.
+                expect(&headcount(&["check", &config, "--tp", &tp, "--pp", &pp, "--memory", "80GiB"]), 0, ": fits");
+            }
+        }
+    }
+    let o = headcount(&["plan", &glm45, "--devices", "8x80GiB"]);
+    expect(&o, 1, "no layout of up to 8 devices of 80 GiB fits on vLLM:");
+    expect(&o, 1, "  devices: 10 devices of 80 GiB (2 nodes) fit, with tp 2 pp 5");
+    expect(&o, 1, "  context: not even a one-token sequence fits 8 devices");
+    expect(&headcount(&["plan", &glm45, "--devices", "16"]), 2, "is not a count of devices and their memory");
+    expect(&headcount(&["plan", &glm45, "--devices", "16x0GiB"]), 2, "must be at least 1 GiB");
+    expect(&headcount(&["plan", &glm45, "--devices", "5000x80GiB"]), 2, "the count of devices must be 1 to 4096");
+    let bad = fixture("configs/heads-not-multiple-of-kv.json");
+    expect(&headcount(&["plan", &bad, "--devices", "8x80GiB"]), 1, "error[HC");
+}
+
 /// `run --speculative-tokens 2` on the MTP fixtures prints what `run` prints without it and
 /// what transformers' `generate(use_mtp=True)` generated (the fixtures' `mtp_greedy`), and
 /// reports the acceptance; a checkpoint without MTP layers, and `logits`, refuse the flag.

@@ -931,6 +931,8 @@ pub fn rank_parameter_count(
         ep: plan.expert_parallel as u64,
         kv_replication: true,
         vocab_padding: plan.vocab_padding as u64,
+        attn_tp: None,
+        moe_tp: None,
     };
     let spec = d.config.spec(&[], &[]);
     headcount_spec::memory::rank_parameters_of(&spec, &r, layers.start as u64, layers.end as u64, first, last)
