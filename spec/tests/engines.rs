@@ -236,6 +236,7 @@ fn the_engines_reference_is_current() {
          than G GiB for its weights plus the cache of one `context`-token sequence in `dtype`;\n\
          activations and the engine's own buffers are not counted.\n",
     );
+    doc.push_str(&plan_section());
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/ENGINES.md");
     if std::env::var_os("HEADCOUNT_BLESS").is_some() {
         std::fs::write(&path, &doc).unwrap();
@@ -312,4 +313,83 @@ fn speculative_tokens_follow_each_engines_mtp_rule() {
     for e in Engine::ALL {
         assert_eq!(code(e, &none.spec(&[], &[]), 1), Some("HC2021"), "{e:?}");
     }
+}
+
+/// docs/ENGINES.md's planning section: the cost model, how each engine's ranks are counted,
+/// and the best layout `plan` gives the published shapes on 8 and 16 devices of 80 GiB.
+fn plan_section() -> String {
+    use headcount_spec::plan::{self, Devices, Request};
+    let mut doc = String::from(
+        "\n## Planning a layout (`headcount plan`)\n\n\
+         `headcount plan CONFIG --devices 16x80GiB [--per-node 8] [--engine E] [--dtype bf16]\n\
+         [--context N] [--quantization fp8-block-N] [--json]` (`spec/src/plan.rs`) lists every layout\n\
+         (tp, pp, dp, ep) of up to the devices given that the engine's rules above accept and whose\n\
+         fullest rank fits a device, best first, then prints the best one's `launch-args`. The\n\
+         memory a rank is the memory plan above with the engine's own split:\n\n\
+         - vLLM: dp replicas of tp x pp ranks; the experts split in width over tp x dp, or whole\n\
+         \x20 on each of the tp x dp ranks with expert parallelism; the vocabulary padded to 64.\n\
+         - SGLang: tp x pp ranks; attention over tp / dp (attention data parallelism), the experts\n\
+         \x20 over ep, each split in width over tp / ep.\n\
+         - Megatron-LM (training): bf16 parameters, fp32 gradients and the distributed optimizer\n\
+         \x20 (6 + 12 / d bytes a parameter, the routed experts' states over dp / ep ranks), and\n\
+         \x20 activations of s x h x (10 + 24 / tp) bytes a layer for each of the pp - stage\n\
+         \x20 micro-batches of s tokens the 1F1B schedule keeps in flight (Korthikanti et al. 2022,\n\
+         \x20 without the attention scores flash attention never stores); the sequence defaults to\n\
+         \x20 4096 tokens.\n\
+         - transformers: tp ranks (its tensor-parallel plan runs no stages), kv heads split and\n\
+         \x20 never replicated, experts whole on each of ep = tp ranks.\n\n\
+         Ranks are placed tensor-parallel rank fastest, then the stage, then the replica\n\
+         (Megatron-LM: the data-parallel rank before the stage), `--per-node` to a node. The cost\n\
+         model, in order: fewest nodes; a tensor-parallel group inside one node; fewest bytes a\n\
+         token sends across nodes; fewest pipeline stages; fewest bytes a token sends in all\n\
+         (a ring all-reduce of the hidden state over n ranks sends 2 (n - 1) of them, expert\n\
+         dispatch and combine send top-k copies (ep - 1) / ep of the time, a stage boundary\n\
+         one); fewest devices; the most memory left. Where nothing fits, `plan` exits 1 and\n\
+         names the least memory a device that would do, the fewest devices of the size given\n\
+         (up to 4096), and the longest sequence that fits.\n\n\
+         The best layout of the published shapes, bf16, one sequence of max_position_embeddings\n\
+         tokens (Megatron-LM: 4096), 8 devices to a node:\n\n\
+         | model | devices | vLLM | SGLang | Megatron-LM | transformers |\n|---|---|---|---|---|---|\n",
+    );
+    for (name, file) in [
+        ("GLM-4.5", "moe-configs/glm-4.5.json"),
+        ("GLM-4.5-Air", "moe-configs/glm-4.5-air.json"),
+        ("GLM-4.7", "moe-configs/glm-4.7.json"),
+    ] {
+        let c = config(file);
+        let spec = c.spec(&[], &[]);
+        for count in [8, 16] {
+            let cells: Vec<String> = Engine::ALL
+                .iter()
+                .map(|&engine| {
+                    let context = if engine == Engine::Megatron { 4096 } else { c.max_position_embeddings };
+                    let devices = Devices { count, gib: 80, per_node: 8 };
+                    let p = plan::plan(&spec, &Request { engine, devices, elt: 2, context, quant: None });
+                    match p.fits.first() {
+                        Some(b) => {
+                            let l = b.layout;
+                            let mut s = format!("tp {} pp {}", l.tp, l.pp);
+                            if l.dp > 1 {
+                                s += &format!(" dp {}", l.dp);
+                            }
+                            if l.ep > 1 {
+                                s += &format!(" ep {}", l.ep);
+                            }
+                            format!("{s} ({:.1} GiB)", b.total() as f64 / (1u64 << 30) as f64)
+                        }
+                        None => {
+                            let m = p.missing.unwrap();
+                            let need = m.memory.map_or(0, |c| c.total().div_ceil(1 << 30));
+                            match m.devices {
+                                Some(d) => format!("none: {need} GiB a device, or {} devices", d.world),
+                                None => format!("none: {need} GiB a device"),
+                            }
+                        }
+                    }
+                })
+                .collect();
+            doc.push_str(&format!("| {name} | {count} x 80 GiB | {} |\n", cells.join(" | ")));
+        }
+    }
+    doc
 }
