@@ -72,8 +72,55 @@ pub(crate) enum Value {
     Layers(Vec<headcount_spec::MlpLayer>),
     /// `indexer_types = ["full", "shared"]`.
     Indexers(Vec<headcount_spec::IndexerLayer>),
+    /// `layouts = [layout(tensor_parallel = 8, ..), ..]`.
+    Layouts(Vec<LayoutValue>),
     /// An optional value left out: no pad or bos token, head_dim derived.
     Absent,
+}
+
+/// One `layout(..)`: its keys with their values (a switch 0 or 1) and tokens.
+#[derive(Clone)]
+pub(crate) struct LayoutValue {
+    pub items: Vec<(&'static str, u64, TokenStream)>,
+    /// The whole `layout(..)` as written.
+    pub tokens: TokenStream,
+}
+
+impl LayoutValue {
+    pub fn get(&self, key: &str) -> Option<u64> {
+        self.items.iter().find(|(k, _, _)| *k == key).map(|(_, v, _)| *v)
+    }
+
+    /// The tokens of `key`'s value as written, else the whole layout.
+    pub fn tokens_of(&self, key: &str) -> &TokenStream {
+        self.items.iter().find(|(k, _, _)| *k == key).map_or(&self.tokens, |(_, _, t)| t)
+    }
+
+    /// The layout an engine runs: every axis not given at its default; SGLang's attention
+    /// data parallelism is its data parallelism.
+    pub fn engine_layout(&self, quant: Option<headcount_spec::engines::BlockQuant>) -> headcount_spec::EngineLayout {
+        use headcount_spec::keys;
+        let g = |k: &str, d: u64| self.get(k).unwrap_or(d);
+        headcount_spec::EngineLayout {
+            ep: g(keys::EXPERT_PARALLEL, 1),
+            dp: self.get(keys::ATTENTION_DATA_PARALLEL).unwrap_or(g(keys::DATA_PARALLEL, 1)),
+            nnodes: g(keys::NNODES, 1),
+            quant,
+            cp: g(keys::CONTEXT_PARALLEL, 1),
+            dcp: g(keys::DECODE_CONTEXT_PARALLEL, 1),
+            pcp: g(keys::PREFILL_CONTEXT_PARALLEL, 1),
+            sp: g(keys::SEQUENCE_PARALLEL, 0) != 0,
+            tp_comm_overlap: g(keys::TP_COMM_OVERLAP, 0) != 0,
+            vpp: g(keys::VIRTUAL_PIPELINE_PARALLEL, 1),
+            etp: self.get(keys::EXPERT_TENSOR_PARALLEL),
+            attn_cp: g(keys::ATTENTION_CONTEXT_PARALLEL, 1),
+            moe_dp: g(keys::MOE_DATA_PARALLEL, 1),
+            eplb: g(keys::EPLB, 0) != 0,
+            redundant: g(keys::REDUNDANT_EXPERTS, 0),
+            seq: g(keys::SEQ_LENGTH, 0),
+            ..headcount_spec::EngineLayout::new(g(keys::TENSOR_PARALLEL, 1), g(keys::PIPELINE_PARALLEL, 1))
+        }
+    }
 }
 
 impl<'a> Input<'a> {

@@ -48,6 +48,8 @@ pub(crate) enum Kind {
     Quant,
     /// `bf16`, `f16`, `f32` or `fp8`: the bytes of one value.
     Dtype,
+    /// A list of `layout(key = value, ..)`, whole layouts.
+    Layouts,
 }
 
 /// The kind of a config field, from the field table.
@@ -66,7 +68,7 @@ fn field_kind(kind: FieldKind) -> Kind {
 }
 
 /// The keys only a declaration has, with their kinds (after the config fields).
-const DECLARATION_KEYS: [(&str, Kind); 13] = [
+const DECLARATION_KEYS: [(&str, Kind); 14] = [
     (keys::DEVICE_MEMORY_GIB, Kind::Count),
     (keys::CONTEXT, Kind::Count),
     (keys::DTYPE, Kind::Dtype),
@@ -80,6 +82,7 @@ const DECLARATION_KEYS: [(&str, Kind); 13] = [
     (keys::VOCAB_PADDING, Kind::Count),
     (keys::UNEVEN_PIPELINE, Kind::Bool),
     (keys::FROM_CONFIG, Kind::Path),
+    (keys::LAYOUTS, Kind::Layouts),
 ];
 
 /// Every key the attribute accepts: `family`, the config fields of the field table (named
@@ -275,6 +278,7 @@ fn typed(key: &'static str, raw: RawEntry, cx: &Ctxt) -> Option<Entry> {
         Kind::Engines => engines(key, &expr, cx),
         Kind::Quant => quantization(key, &expr),
         Kind::Dtype => dtype(key, &expr),
+        Kind::Layouts => layouts(key, &expr, cx),
         Kind::Path => match &expr {
             Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(Some(Value::Path(s.clone()))),
             other => Err(format!("{key} expects a string literal path, found {}", found(other))),
@@ -592,6 +596,115 @@ fn quantization(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
         }
     }
     Ok(Some(Value::Quant(headcount_spec::engines::BlockQuant { n: v[0], k: v[1] })))
+}
+
+/// The keys of a `layout(..)`: each layout axis, its nodes, its sequence length and its
+/// speculative tokens; `true` for the switches.
+const LAYOUT_KEYS: [(&str, bool); 19] = [
+    (keys::TENSOR_PARALLEL, false),
+    (keys::PIPELINE_PARALLEL, false),
+    (keys::EXPERT_PARALLEL, false),
+    (keys::DATA_PARALLEL, false),
+    (keys::NNODES, false),
+    (keys::CONTEXT_PARALLEL, false),
+    (keys::DECODE_CONTEXT_PARALLEL, false),
+    (keys::PREFILL_CONTEXT_PARALLEL, false),
+    (keys::SEQUENCE_PARALLEL, true),
+    (keys::TP_COMM_OVERLAP, true),
+    (keys::VIRTUAL_PIPELINE_PARALLEL, false),
+    (keys::EXPERT_TENSOR_PARALLEL, false),
+    (keys::ATTENTION_DATA_PARALLEL, false),
+    (keys::ATTENTION_CONTEXT_PARALLEL, false),
+    (keys::MOE_DATA_PARALLEL, false),
+    (keys::EPLB, true),
+    (keys::REDUNDANT_EXPERTS, false),
+    (keys::SPECULATIVE_TOKENS, false),
+    (keys::SEQ_LENGTH, false),
+];
+
+/// `layouts = [layout(tensor_parallel = 16, decode_context_parallel = 2), ..]`: whole
+/// layouts, each key an integer literal (a switch `true`, `false` or bare).
+fn layouts(key: &str, expr: &Expr, cx: &Ctxt) -> Result<Option<Value>, String> {
+    let names: Vec<&str> = LAYOUT_KEYS.iter().map(|(k, _)| *k).collect();
+    let usage =
+        format!("{key} expects a list of layout(..), such as [layout(tensor_parallel = 8, pipeline_parallel = 2)]");
+    let Expr::Array(array) = expr else { return Err(format!("{usage}, found {}", found(expr))) };
+    if array.elems.is_empty() {
+        return Err(format!("{key} must list at least one layout(..)"));
+    }
+    let mut out = Vec::new();
+    let mut ok = true;
+    for e in &array.elems {
+        let e = ungroup(e.clone());
+        let tokens = e.to_token_stream();
+        let call = match &e {
+            Expr::Call(c) if matches!(&*c.func, Expr::Path(p) if p.path.is_ident("layout")) => c,
+            other => {
+                cx.error_spanned_by(&tokens, format!("{usage}, found {}", found(other)));
+                ok = false;
+                continue;
+            }
+        };
+        let mut items: Vec<(&'static str, u64, proc_macro2::TokenStream)> = Vec::new();
+        for arg in &call.args {
+            let arg = ungroup(arg.clone());
+            let arg_tokens = arg.to_token_stream();
+            let (name, value) = match &arg {
+                Expr::Assign(a) => match &*a.left {
+                    Expr::Path(p) => {
+                        (p.path.get_ident().map(|i| i.unraw().to_string()), Some(ungroup((*a.right).clone())))
+                    }
+                    _ => (None, None),
+                },
+                Expr::Path(p) => (p.path.get_ident().map(|i| i.unraw().to_string()), None),
+                _ => (None, None),
+            };
+            let Some((k, switch)) = name.as_deref().and_then(|n| LAYOUT_KEYS.iter().find(|(k, _)| *k == n)) else {
+                let what = name.map_or_else(|| found(&arg), |n| format!("`{n}`"));
+                cx.error_spanned_by(&arg_tokens, format!("unknown layout key {what}: use {}", names.join(", ")));
+                ok = false;
+                continue;
+            };
+            if items.iter().any(|(x, _, _)| x == k) {
+                cx.error_spanned_by(&arg_tokens, format!("layout key `{k}` is given twice"));
+                ok = false;
+                continue;
+            }
+            let v = match (value, *switch) {
+                (None, true) => Ok(1),
+                (None, false) => Err(format!("layout key `{k}` needs a value: `{k} = N`")),
+                (Some(Expr::Lit(ExprLit { lit: Lit::Bool(b), .. })), true) => Ok(b.value() as u64),
+                (Some(v), true) => Err(format!("layout key `{k}` expects `true` or `false`, found {}", found(&v))),
+                (Some(v), false) => match integer(k, &v, Sign::Size) {
+                    Ok(Num::Lit(n)) => {
+                        let floor = if matches!(*k, keys::REDUNDANT_EXPERTS) { 0 } else { 1 };
+                        if n < floor { Err(format!("layout key `{k}` must be at least {floor}")) } else { Ok(n) }
+                    }
+                    Ok(Num::Expr(_)) => Err(format!("layout key `{k}` must be an integer literal")),
+                    Err(m) => Err(m),
+                },
+            };
+            match v {
+                Ok(v) => items.push((k, v, arg_tokens)),
+                Err(m) => {
+                    cx.error_spanned_by(&arg_tokens, m);
+                    ok = false;
+                }
+            }
+        }
+        if items.iter().any(|(k, _, _)| *k == keys::ATTENTION_DATA_PARALLEL)
+            && items.iter().any(|(k, _, _)| *k == keys::DATA_PARALLEL)
+        {
+            cx.error_spanned_by(
+                &tokens,
+                "give data_parallel or attention_data_parallel, not both: on SGLang they are one size".to_owned(),
+            );
+            ok = false;
+            continue;
+        }
+        out.push(crate::ast::LayoutValue { items, tokens });
+    }
+    Ok(ok.then_some(Value::Layouts(out)))
 }
 
 /// `dtype = bf16`: the bytes a weight and a cache value take, for the memory check.

@@ -121,10 +121,15 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
         Some(Value::Engines(v)) => v.iter().map(|(e, _)| engine_tokens(*e)).collect(),
         _ => Vec::new(),
     };
-    let quant = quant_tokens(match layout.value(keys::QUANTIZATION) {
+    let quant_value = match layout.value(keys::QUANTIZATION) {
         Some(Value::Quant(q)) => Some(*q),
         _ => None,
-    });
+    };
+    let quant = quant_tokens(quant_value);
+    let layouts: Vec<TokenStream> = match layout.value(keys::LAYOUTS) {
+        Some(Value::Layouts(v)) => v.iter().map(|lv| layout_tokens(&lv.engine_layout(quant_value))).collect(),
+        _ => Vec::new(),
+    };
 
     let markers = |key: &str, tr: &str| -> TokenStream {
         let tr = format_ident!("{}", tr);
@@ -156,6 +161,7 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
             const DATA_PARALLEL: &'static [u64] = #dp;
             const ENGINES: &'static [::headcount::Engine] = &[#(#engine_list),*];
             const QUANTIZATION: ::core::option::Option<::headcount::BlockQuant> = #quant;
+            const LAYOUTS: &'static [::headcount::EngineLayout] = &[#(#layouts),*];
             const KV_REPLICATION: bool = #replication;
             const VOCAB_PADDING: u64 = #padding;
             const UNEVEN_PIPELINE: bool = #uneven;
@@ -246,15 +252,13 @@ fn engine_tokens(e: headcount_spec::engines::Engine) -> TokenStream {
 /// evaluate.
 fn engine_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredEngine) -> TokenStream {
     let engine = engine_tokens(d.engine);
-    let l = d.layout;
-    let (tp, pp, ep, dp, nnodes) = (lit_u64(l.tp), lit_u64(l.pp), lit_u64(l.ep), lit_u64(l.dp), lit_u64(l.nnodes));
-    let quant = quant_tokens(l.quant);
+    let l = layout_tokens(&d.layout);
     compiler_check(
         input,
         layout,
         &d.tokens,
         quote! {
-            let __layout = ::headcount::EngineLayout { tp: #tp, pp: #pp, ep: #ep, dp: #dp, nnodes: #nnodes, quant: #quant };
+            let __layout = #l;
             ::headcount::spec::engines::check(#engine, &__spec, &__layout, &mut __errors);
         },
     )
@@ -279,6 +283,49 @@ fn memory_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredMe
             ::headcount::spec::memory::check_fits(&__spec, &__layout, #limit, #context, #elt, #uneven, &mut __errors);
         },
     )
+}
+
+/// An `EngineLayout` literal.
+fn layout_tokens(l: &headcount_spec::EngineLayout) -> TokenStream {
+    let (tp, pp, ep, dp, nnodes) = (lit_u64(l.tp), lit_u64(l.pp), lit_u64(l.ep), lit_u64(l.dp), lit_u64(l.nnodes));
+    let quant = quant_tokens(l.quant);
+    let axes = axis_tokens(l);
+    quote!(::headcount::EngineLayout {
+        tp: #tp, pp: #pp, ep: #ep, dp: #dp, nnodes: #nnodes, quant: #quant, #axes ..::headcount::EngineLayout::new(1, 1)
+    })
+}
+
+/// The axes beyond tp, pp, ep and dp that differ from their defaults, as field inits.
+fn axis_tokens(l: &headcount_spec::EngineLayout) -> TokenStream {
+    let d = headcount_spec::EngineLayout::new(1, 1);
+    let mut out = TokenStream::new();
+    for (name, v, default) in [
+        ("cp", l.cp, d.cp),
+        ("dcp", l.dcp, d.dcp),
+        ("pcp", l.pcp, d.pcp),
+        ("vpp", l.vpp, d.vpp),
+        ("attn_cp", l.attn_cp, d.attn_cp),
+        ("moe_dp", l.moe_dp, d.moe_dp),
+        ("redundant", l.redundant, d.redundant),
+        ("seq", l.seq, d.seq),
+    ] {
+        if v != default {
+            let field = format_ident!("{}", name);
+            let v = lit_u64(v);
+            out.extend(quote!(#field: #v,));
+        }
+    }
+    for (name, on) in [("sp", l.sp), ("tp_comm_overlap", l.tp_comm_overlap), ("eplb", l.eplb)] {
+        if on {
+            let field = format_ident!("{}", name);
+            out.extend(quote!(#field: true,));
+        }
+    }
+    if let Some(e) = l.etp {
+        let e = lit_u64(e);
+        out.extend(quote!(etp: ::core::option::Option::Some(#e),));
+    }
+    out
 }
 
 /// `Some(BlockQuant { .. })` or `None`.

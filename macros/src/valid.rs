@@ -352,7 +352,7 @@ fn to_field(v: &Value) -> Option<FieldValue> {
         Value::Layers(l) => FieldValue::Layers(l.clone()),
         Value::Indexers(l) => FieldValue::Indexers(l.clone()),
         Value::Absent => FieldValue::Absent,
-        Value::Family(_) | Value::Path(_) | Value::Engines(_) | Value::Quant(_) => return None,
+        Value::Family(_) | Value::Path(_) | Value::Engines(_) | Value::Quant(_) | Value::Layouts(_) => return None,
     })
 }
 
@@ -487,7 +487,15 @@ pub(crate) fn engine_layout(engine: Engine, key: &str, v: u64, quant: Option<eng
 fn check_engines(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt) {
     let engines = match layout.value(keys::ENGINES) {
         Some(Value::Engines(v)) if !v.is_empty() => v.clone(),
-        _ => return,
+        _ => {
+            if let Some(tokens) = layout.given(keys::LAYOUTS) {
+                cx.error_spanned_by(
+                    tokens,
+                    "layouts are checked against the engines that run them: list them, such as engines = [vllm, sglang]",
+                );
+            }
+            return;
+        }
     };
     let quant = match layout.value(keys::QUANTIZATION) {
         Some(Value::Quant(q)) => Some(*q),
@@ -495,6 +503,7 @@ fn check_engines(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt)
     };
     // A value missing or malformed is already reported.
     let Some(known) = layout.fields_known() else { return };
+    check_layouts(layout, spec, &engines, quant, known, cx);
     for key in [keys::TENSOR_PARALLEL, keys::PIPELINE_PARALLEL, keys::EXPERT_PARALLEL, keys::DATA_PARALLEL] {
         let items = match layout.value(key) {
             Some(Value::List(items)) => items.clone(),
@@ -543,6 +552,52 @@ fn check_engines(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt)
                     };
                     cx.error_spanned_by(&tokens, msg);
                 }
+            }
+        }
+    }
+}
+
+/// `layouts = [layout(..), ..]`: each whole layout against every listed engine, each error
+/// at the value of the axis it refuses (or the whole layout), and its speculative tokens
+/// against the engine's MTP rules.
+fn check_layouts(
+    layout: &mut Layout,
+    spec: &ArchSpec,
+    engines: &[(Engine, TokenStream)],
+    quant: Option<engines::BlockQuant>,
+    known: bool,
+    cx: &Ctxt,
+) {
+    let Some(Value::Layouts(list)) = layout.value(keys::LAYOUTS).cloned() else { return };
+    for lv in &list {
+        let l = lv.engine_layout(quant);
+        for (engine, _) in engines {
+            if !known {
+                let tokens = lv.tokens.clone();
+                layout.deferred_engines.push(DeferredEngine { engine: *engine, layout: l, tokens });
+                continue;
+            }
+            let mut errors = headcount_spec::Errors::new();
+            engines::check(*engine, spec, &l, &mut errors);
+            for e in errors.iter() {
+                let at = match &e {
+                    LayoutError::Engine(err) => {
+                        let key = err.rule.dimension().key();
+                        // SGLang's attention data parallelism is its data parallelism.
+                        if key == keys::DATA_PARALLEL && lv.get(keys::ATTENTION_DATA_PARALLEL).is_some() {
+                            lv.tokens_of(keys::ATTENTION_DATA_PARALLEL)
+                        } else {
+                            lv.tokens_of(key)
+                        }
+                    }
+                    _ => &lv.tokens,
+                };
+                cx.error_spanned_by(at, e.to_string());
+            }
+            if let Some(n) = lv.get(keys::SPECULATIVE_TOKENS)
+                && let Some((code, message)) = engines::check_speculative(*engine, spec, n)
+            {
+                cx.error_spanned_by(lv.tokens_of(keys::SPECULATIVE_TOKENS), format!("[{code}] {message}"));
             }
         }
     }

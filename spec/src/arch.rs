@@ -59,6 +59,9 @@ macro_rules! architecture_trait {
             const ENGINES: &'static [crate::engines::Engine];
             /// Block quantization the engines' rules were checked with.
             const QUANTIZATION: Option<crate::engines::BlockQuant>;
+            /// The whole layouts declared (`layouts = [layout(..), ..]`), each checked as one
+            /// against every engine listed.
+            const LAYOUTS: &'static [crate::engines::EngineLayout] = &[];
             const KV_REPLICATION: bool;
             /// Vocabulary padded to a multiple of this before a vocab-parallel split (1 = none).
             const VOCAB_PADDING: u64;

@@ -72,9 +72,27 @@ pub struct BlockQuant {
 }
 
 /// One layout as an engine's flags give it. `ep` is the expert-parallel size: vLLM's
-/// `--enable-expert-parallel` (then it must be tp x dp), SGLang's `--ep-size`, Megatron-LM's
-/// `--expert-model-parallel-size`. `dp` is data parallelism (SGLang: attention data
-/// parallelism, `--dp-size` with `--enable-dp-attention`).
+/// `--enable-expert-parallel` (then it must be tp x dp x pcp), SGLang's `--ep-size`,
+/// Megatron-LM's `--expert-model-parallel-size`. `dp` is data parallelism (SGLang: attention
+/// data parallelism, `--dp-size` with `--enable-dp-attention`).
+///
+/// The other axes are 1 (or off) unless an engine's flag sets them:
+/// - `cp`: Megatron-LM's context parallelism (`--context-parallel-size`);
+/// - `dcp`, `pcp`: vLLM's decode and prefill context parallelism
+///   (`--decode-context-parallel-size`, `--prefill-context-parallel-size`);
+/// - `sp`: Megatron-LM's sequence parallelism (`--sequence-parallel`), and `tp_comm_overlap`
+///   (`--tp-comm-overlap`), which needs it;
+/// - `vpp`: Megatron-LM's virtual pipeline stages a rank (`--num-layers-per-virtual-pipeline-stage`
+///   of layers / (pp x vpp));
+/// - `etp`: Megatron-LM's expert tensor-parallel size (`--expert-tensor-parallel-size`),
+///   `None` for its default, tp;
+/// - `attn_cp`, `moe_dp`: SGLang's attention context parallelism (`--attn-cp-size`) and MoE
+///   data parallelism (`--moe-dp-size`);
+/// - `eplb`, `redundant`: expert-parallel load balancing and its redundant experts (vLLM's
+///   `--enable-eplb` with `num_redundant_experts`, SGLang's `--enable-eplb` with
+///   `--ep-num-redundant-experts`);
+/// - `seq`: the sequence length the context- and sequence-parallel rules split (Megatron-LM's
+///   `--seq-length`), 0 when not given (those rules are then not checked).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineLayout {
     pub tp: u64,
@@ -83,11 +101,51 @@ pub struct EngineLayout {
     pub dp: u64,
     pub nnodes: u64,
     pub quant: Option<BlockQuant>,
+    pub cp: u64,
+    pub dcp: u64,
+    pub pcp: u64,
+    pub sp: bool,
+    pub tp_comm_overlap: bool,
+    pub vpp: u64,
+    pub etp: Option<u64>,
+    pub attn_cp: u64,
+    pub moe_dp: u64,
+    pub eplb: bool,
+    pub redundant: u64,
+    pub seq: u64,
 }
 
 impl EngineLayout {
+    /// tp x pp, every other axis 1 or off.
     pub const fn new(tp: u64, pp: u64) -> EngineLayout {
-        EngineLayout { tp, pp, ep: 1, dp: 1, nnodes: 1, quant: None }
+        EngineLayout {
+            tp,
+            pp,
+            ep: 1,
+            dp: 1,
+            nnodes: 1,
+            quant: None,
+            cp: 1,
+            dcp: 1,
+            pcp: 1,
+            sp: false,
+            tp_comm_overlap: false,
+            vpp: 1,
+            etp: None,
+            attn_cp: 1,
+            moe_dp: 1,
+            eplb: false,
+            redundant: 0,
+            seq: 0,
+        }
+    }
+
+    /// The expert tensor-parallel size Megatron-LM uses: `--expert-tensor-parallel-size`, else tp.
+    pub const fn expert_tp(&self) -> u64 {
+        match self.etp {
+            Some(e) => e,
+            None => self.tp,
+        }
     }
 }
 
@@ -98,6 +156,20 @@ pub enum Dimension {
     Pipeline,
     Expert,
     Data,
+    Context,
+    DecodeContext,
+    PrefillContext,
+    /// Sequence parallelism, 0 (off) or 1 (on).
+    Sequence,
+    /// Overlapped tensor-parallel communication, 0 (off) or 1 (on).
+    CommOverlap,
+    VirtualPipeline,
+    ExpertTensor,
+    AttentionContext,
+    MoeData,
+    /// Expert-parallel load balancing, 0 (off) or 1 (on).
+    Eplb,
+    Redundant,
 }
 
 impl Dimension {
@@ -107,25 +179,65 @@ impl Dimension {
             Dimension::Pipeline => crate::keys::PIPELINE_PARALLEL,
             Dimension::Expert => crate::keys::EXPERT_PARALLEL,
             Dimension::Data => crate::keys::DATA_PARALLEL,
+            Dimension::Context => crate::keys::CONTEXT_PARALLEL,
+            Dimension::DecodeContext => crate::keys::DECODE_CONTEXT_PARALLEL,
+            Dimension::PrefillContext => crate::keys::PREFILL_CONTEXT_PARALLEL,
+            Dimension::Sequence => crate::keys::SEQUENCE_PARALLEL,
+            Dimension::CommOverlap => crate::keys::TP_COMM_OVERLAP,
+            Dimension::VirtualPipeline => crate::keys::VIRTUAL_PIPELINE_PARALLEL,
+            Dimension::ExpertTensor => crate::keys::EXPERT_TENSOR_PARALLEL,
+            Dimension::AttentionContext => crate::keys::ATTENTION_CONTEXT_PARALLEL,
+            Dimension::MoeData => crate::keys::MOE_DATA_PARALLEL,
+            Dimension::Eplb => crate::keys::EPLB,
+            Dimension::Redundant => crate::keys::REDUNDANT_EXPERTS,
         }
     }
 
-    const fn of(self, l: &EngineLayout) -> u64 {
+    /// Whether the axis is a switch (0 off, 1 on) rather than a size.
+    pub const fn is_switch(self) -> bool {
+        matches!(self, Dimension::Sequence | Dimension::CommOverlap | Dimension::Eplb)
+    }
+
+    /// The value of this axis in `l`.
+    pub const fn of(self, l: &EngineLayout) -> u64 {
         match self {
             Dimension::Tensor => l.tp,
             Dimension::Pipeline => l.pp,
             Dimension::Expert => l.ep,
             Dimension::Data => l.dp,
+            Dimension::Context => l.cp,
+            Dimension::DecodeContext => l.dcp,
+            Dimension::PrefillContext => l.pcp,
+            Dimension::Sequence => l.sp as u64,
+            Dimension::CommOverlap => l.tp_comm_overlap as u64,
+            Dimension::VirtualPipeline => l.vpp,
+            Dimension::ExpertTensor => l.expert_tp(),
+            Dimension::AttentionContext => l.attn_cp,
+            Dimension::MoeData => l.moe_dp,
+            Dimension::Eplb => l.eplb as u64,
+            Dimension::Redundant => l.redundant,
         }
     }
 
-    const fn with(self, l: EngineLayout, v: u64) -> EngineLayout {
+    /// `l` with this axis set to `v`.
+    pub const fn with(self, l: EngineLayout, v: u64) -> EngineLayout {
         let mut l = l;
         match self {
             Dimension::Tensor => l.tp = v,
             Dimension::Pipeline => l.pp = v,
             Dimension::Expert => l.ep = v,
             Dimension::Data => l.dp = v,
+            Dimension::Context => l.cp = v,
+            Dimension::DecodeContext => l.dcp = v,
+            Dimension::PrefillContext => l.pcp = v,
+            Dimension::Sequence => l.sp = v != 0,
+            Dimension::CommOverlap => l.tp_comm_overlap = v != 0,
+            Dimension::VirtualPipeline => l.vpp = v,
+            Dimension::ExpertTensor => l.etp = Some(v),
+            Dimension::AttentionContext => l.attn_cp = v,
+            Dimension::MoeData => l.moe_dp = v,
+            Dimension::Eplb => l.eplb = v != 0,
+            Dimension::Redundant => l.redundant = v,
         }
         l
     }
@@ -174,6 +286,46 @@ pub enum EngineRule {
     ExpertBlockN { size: u64, block: u64 },
     /// Block quantization: an expert's down columns on one rank.
     ExpertBlockK { size: u64, block: u64 },
+    /// An axis the engine has no flag for.
+    NoSuchAxis { dim: Dimension },
+    /// vLLM: decode context parallelism splits the tensor-parallel ranks.
+    DcpOverTp { tp: u64, dcp: u64 },
+    /// vLLM: decode context parallelism over the ranks that hold one kv head each.
+    DcpKvHeads { tp: u64, kv: u64, heads: u64, dcp: u64 },
+    /// vLLM: decode and prefill context parallelism together.
+    PcpDcp { tp: u64, pcp: u64, dcp: u64 },
+    /// Megatron-LM: the sequence over 2 x cp chunks.
+    CpSequence { seq: u64, cp: u64 },
+    /// Megatron-LM: sequence parallelism without tensor parallelism.
+    SpNeedsTp,
+    /// Megatron-LM: the sequence over tp under sequence parallelism.
+    SpSequence { seq: u64, tp: u64 },
+    /// Megatron-LM: overlapped tensor-parallel communication without sequence parallelism.
+    CommOverlapNeedsSp,
+    /// Megatron-LM: the interleaved schedule without pipeline stages to interleave.
+    VppNeedsPp { pp: u64 },
+    /// Megatron-LM: each stage's layers over its virtual stages.
+    LayersOverVpp { layers: u64, pp: u64, vpp: u64 },
+    /// SGLang: attention context parallelism within tp.
+    AttnCpOverTp { tp: u64, attn_cp: u64 },
+    /// SGLang: attention data x context parallelism within tp.
+    AttnDpCpOverTp { tp: u64, dp: u64, attn_cp: u64 },
+    /// SGLang: MoE data parallelism within tp.
+    MoeDpOverTp { tp: u64, moe_dp: u64 },
+    /// SGLang: ep x MoE dp within tp (equal to it with expert parallelism).
+    EpMoeDpOverTp { tp: u64, ep: u64, moe_dp: u64 },
+    /// SGLang: MoE data parallelism without pipeline stages.
+    MoeDpPp { pp: u64 },
+    /// SGLang: MoE data parallelism equal to attention context parallelism.
+    MoeDpAttnCp { attn_cp: u64, moe_dp: u64 },
+    /// vLLM: prefill context parallelism without data parallelism.
+    PcpDp { pcp: u64, dp: u64 },
+    /// Redundant experts without expert-parallel load balancing.
+    RedundantWithoutEplb { redundant: u64 },
+    /// Expert-parallel load balancing without expert parallelism.
+    EplbNeedsEp,
+    /// Expert-parallel load balancing: the routed and redundant experts over ep.
+    EplbExpertsOverEp { experts: u64, redundant: u64, ep: u64 },
 }
 
 impl EngineRule {
@@ -186,6 +338,23 @@ impl EngineRule {
             | EngineRule::TpNotMultipleOfEp { .. } => Dimension::Expert,
             EngineRule::ExpertWorld { .. } => Dimension::Expert,
             EngineRule::AttentionDp { .. } => Dimension::Data,
+            EngineRule::NoSuchAxis { dim } => *dim,
+            EngineRule::DcpOverTp { .. } | EngineRule::DcpKvHeads { .. } | EngineRule::PcpDcp { .. } => {
+                Dimension::DecodeContext
+            }
+            EngineRule::CpSequence { .. } => Dimension::Context,
+            EngineRule::SpNeedsTp | EngineRule::SpSequence { .. } => Dimension::Tensor,
+            EngineRule::CommOverlapNeedsSp => Dimension::Sequence,
+            EngineRule::VppNeedsPp { .. } | EngineRule::LayersOverVpp { .. } => Dimension::VirtualPipeline,
+            EngineRule::AttnCpOverTp { .. } | EngineRule::AttnDpCpOverTp { .. } => Dimension::AttentionContext,
+            EngineRule::MoeDpOverTp { .. }
+            | EngineRule::EpMoeDpOverTp { .. }
+            | EngineRule::MoeDpPp { .. }
+            | EngineRule::MoeDpAttnCp { .. } => Dimension::MoeData,
+            EngineRule::PcpDp { .. } => Dimension::PrefillContext,
+            EngineRule::RedundantWithoutEplb { .. } => Dimension::Eplb,
+            EngineRule::EplbNeedsEp => Dimension::Expert,
+            EngineRule::EplbExpertsOverEp { .. } => Dimension::Redundant,
             EngineRule::LayersOverPp { .. }
             | EngineRule::PpExceedsLayers { .. }
             | EngineRule::SharedIndexerStage { .. } => Dimension::Pipeline,
@@ -216,6 +385,26 @@ impl EngineRule {
             EngineRule::ExpertBlockK { .. } => "HC2018",
             EngineRule::EpNotTp { .. } => "HC2019",
             EngineRule::SharedIndexerStage { .. } => "HC2020",
+            EngineRule::NoSuchAxis { .. } => "HC2023",
+            EngineRule::DcpOverTp { .. } => "HC2024",
+            EngineRule::DcpKvHeads { .. } => "HC2025",
+            EngineRule::PcpDcp { .. } => "HC2026",
+            EngineRule::CpSequence { .. } => "HC2027",
+            EngineRule::SpNeedsTp => "HC2028",
+            EngineRule::SpSequence { .. } => "HC2029",
+            EngineRule::CommOverlapNeedsSp => "HC2030",
+            EngineRule::VppNeedsPp { .. } => "HC2031",
+            EngineRule::LayersOverVpp { .. } => "HC2032",
+            EngineRule::AttnCpOverTp { .. } => "HC2033",
+            EngineRule::AttnDpCpOverTp { .. } => "HC2034",
+            EngineRule::MoeDpOverTp { .. } => "HC2035",
+            EngineRule::EpMoeDpOverTp { .. } => "HC2036",
+            EngineRule::RedundantWithoutEplb { .. } => "HC2037",
+            EngineRule::EplbNeedsEp => "HC2038",
+            EngineRule::EplbExpertsOverEp { .. } => "HC2039",
+            EngineRule::MoeDpPp { .. } => "HC2040",
+            EngineRule::MoeDpAttnCp { .. } => "HC2041",
+            EngineRule::PcpDp { .. } => "HC2042",
         }
     }
 }
@@ -427,9 +616,9 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             }
             // Without expert parallelism the experts are split in width over tp x dp;
             // with it, each of the tp x dp ranks holds whole experts (uneven allowed).
-            let moe_tp = if ep > 1 { 1 } else { tp.saturating_mul(dp) };
+            let moe_tp = if ep > 1 { 1 } else { tp.saturating_mul(dp).saturating_mul(l.pcp) };
             if moe {
-                if ep > 1 && ep != tp.saturating_mul(dp) {
+                if ep > 1 && ep != tp.saturating_mul(dp).saturating_mul(l.pcp) {
                     out.push(EngineRule::EpNotTpDp { ep, tp, dp });
                 }
                 if ep == 1 && !width.is_multiple_of(moe_tp) {
@@ -463,10 +652,11 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
                 if !experts.is_multiple_of(ep) {
                     out.push(EngineRule::ExpertsOverEp { ep, experts });
                 }
+                let ep_dp = ep.saturating_mul(l.moe_dp);
                 if !tp.is_multiple_of(ep) {
                     out.push(EngineRule::TpNotMultipleOfEp { tp, ep });
-                } else if !width.is_multiple_of(tp / ep) {
-                    out.push(EngineRule::ExpertWidth { moe_tp: tp / ep, width });
+                } else if tp.is_multiple_of(ep_dp) && !width.is_multiple_of(tp / ep_dp) {
+                    out.push(EngineRule::ExpertWidth { moe_tp: tp / ep_dp, width });
                 }
             } else if ep > 1 {
                 out.push(EngineRule::ExpertsOverEp { ep, experts: 0 });
@@ -480,7 +670,8 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             if pp > layers {
                 out.push(EngineRule::PpExceedsLayers { layers, pp });
             }
-            let moe_tp = if tp.is_multiple_of(ep) { tp / ep } else { 0 };
+            let ep_dp = ep.saturating_mul(l.moe_dp);
+            let moe_tp = if tp.is_multiple_of(ep_dp) { tp / ep_dp } else { 0 };
             block_rules(s, l, moe_tp, out);
         }
         Engine::Megatron => {
@@ -501,14 +692,15 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             }
             if moe {
                 // The expert tensor-parallel size defaults to tp.
-                if !width.is_multiple_of(tp) {
-                    out.push(EngineRule::ExpertWidth { moe_tp: tp, width });
+                let etp = l.expert_tp();
+                if etp == 0 || !width.is_multiple_of(etp) {
+                    out.push(EngineRule::ExpertWidth { moe_tp: etp, width });
                 }
                 if !experts.is_multiple_of(ep) {
                     out.push(EngineRule::ExpertsOverEp { ep, experts });
                 }
-                let world = tp.saturating_mul(pp).saturating_mul(dp);
-                let size = tp.saturating_mul(ep).saturating_mul(pp);
+                let world = tp.saturating_mul(pp).saturating_mul(l.cp).saturating_mul(dp);
+                let size = etp.saturating_mul(ep).saturating_mul(pp);
                 if !world.is_multiple_of(size) {
                     out.push(EngineRule::ExpertWorld { world, size });
                 }
@@ -532,6 +724,152 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
                 out.push(EngineRule::EpNotTp { ep, tp });
             }
         }
+    }
+    axis_rules(engine, s, l, out);
+}
+
+/// Which engines have each axis beyond tp, pp, ep and dp: vLLM decode and prefill context
+/// parallelism and load balancing; SGLang attention context and MoE data parallelism and
+/// load balancing; Megatron-LM context, sequence, virtual-pipeline and expert tensor
+/// parallelism and overlapped tensor-parallel communication; transformers none of them.
+pub const fn has_axis(engine: Engine, dim: Dimension) -> bool {
+    match dim {
+        Dimension::Tensor | Dimension::Pipeline | Dimension::Expert | Dimension::Data => true,
+        Dimension::DecodeContext | Dimension::PrefillContext => matches!(engine, Engine::Vllm),
+        Dimension::AttentionContext | Dimension::MoeData => matches!(engine, Engine::Sglang),
+        Dimension::Eplb | Dimension::Redundant => matches!(engine, Engine::Vllm | Engine::Sglang),
+        Dimension::Context
+        | Dimension::Sequence
+        | Dimension::CommOverlap
+        | Dimension::VirtualPipeline
+        | Dimension::ExpertTensor => matches!(engine, Engine::Megatron),
+    }
+}
+
+/// The axes beyond tp, pp, ep and dp, in the order their rules run.
+pub const AXES: [Dimension; 11] = [
+    Dimension::Context,
+    Dimension::DecodeContext,
+    Dimension::PrefillContext,
+    Dimension::Sequence,
+    Dimension::CommOverlap,
+    Dimension::VirtualPipeline,
+    Dimension::ExpertTensor,
+    Dimension::AttentionContext,
+    Dimension::MoeData,
+    Dimension::Eplb,
+    Dimension::Redundant,
+];
+
+/// Whether axis `dim` of `l` is at its default (1, off, or for etp, tp).
+const fn at_default(dim: Dimension, l: &EngineLayout) -> bool {
+    match dim {
+        Dimension::ExpertTensor => l.etp.is_none(),
+        Dimension::Redundant => l.redundant == 0,
+        _ if dim.is_switch() => dim.of(l) == 0,
+        _ => dim.of(l) == 1,
+    }
+}
+
+/// The rules of the axes beyond tp, pp, ep and dp.
+const fn axis_rules(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleList) {
+    let mut i = 0;
+    while i < AXES.len() {
+        let dim = AXES[i];
+        if !has_axis(engine, dim) && !at_default(dim, l) {
+            out.push(EngineRule::NoSuchAxis { dim });
+        }
+        i += 1;
+    }
+    let (tp, pp) = (l.tp, l.pp);
+    let (heads, layers) = (s.num_attention_heads, s.num_hidden_layers);
+    match engine {
+        Engine::Vllm => {
+            let (dcp, pcp) = (l.dcp, l.pcp);
+            if pcp > 1 && l.dp > 1 {
+                out.push(EngineRule::PcpDp { pcp, dp: l.dp });
+            }
+            if pcp <= 1 && (dcp == 0 || !tp.is_multiple_of(dcp)) {
+                out.push(EngineRule::DcpOverTp { tp, dcp });
+            } else if pcp > 1 && dcp != 1 && dcp != pcp && dcp != tp.saturating_mul(pcp) {
+                out.push(EngineRule::PcpDcp { tp, pcp, dcp });
+            }
+            // The head rules hold for grouped-query attention; latent attention is exempt.
+            let kv = s.num_key_value_heads;
+            if dcp > 1
+                && !s.family.is_mla()
+                && kv > 0
+                && (tp <= kv || dcp > tp / kv || !(heads / kv).is_multiple_of(dcp))
+            {
+                out.push(EngineRule::DcpKvHeads { tp, kv, heads, dcp });
+            }
+            eplb_rules(engine, s, l, out);
+        }
+        Engine::Sglang => {
+            let (dp, attn_cp, moe_dp, ep) = (l.dp, l.attn_cp, l.moe_dp, l.ep);
+            if attn_cp > 1 {
+                if !tp.is_multiple_of(attn_cp) {
+                    out.push(EngineRule::AttnCpOverTp { tp, attn_cp });
+                } else if !tp.is_multiple_of(dp.saturating_mul(attn_cp)) {
+                    out.push(EngineRule::AttnDpCpOverTp { tp, dp, attn_cp });
+                }
+            }
+            if moe_dp > 1 {
+                if !tp.is_multiple_of(moe_dp) {
+                    out.push(EngineRule::MoeDpOverTp { tp, moe_dp });
+                } else if ep.saturating_mul(moe_dp) > tp || (ep > 1 && ep.saturating_mul(moe_dp) != tp) {
+                    out.push(EngineRule::EpMoeDpOverTp { tp, ep, moe_dp });
+                }
+                if pp > 1 {
+                    out.push(EngineRule::MoeDpPp { pp });
+                }
+                if attn_cp != moe_dp {
+                    out.push(EngineRule::MoeDpAttnCp { attn_cp, moe_dp });
+                }
+            }
+            eplb_rules(engine, s, l, out);
+        }
+        Engine::Megatron => {
+            let (cp, seq, vpp) = (l.cp, l.seq, l.vpp);
+            if cp > 1 && seq > 0 && !seq.is_multiple_of(cp.saturating_mul(2)) {
+                out.push(EngineRule::CpSequence { seq, cp });
+            }
+            if l.sp && tp == 1 {
+                out.push(EngineRule::SpNeedsTp);
+            } else if l.sp && seq > 0 && !seq.is_multiple_of(tp) {
+                out.push(EngineRule::SpSequence { seq, tp });
+            }
+            if l.tp_comm_overlap && !l.sp {
+                out.push(EngineRule::CommOverlapNeedsSp);
+            }
+            if vpp > 1 {
+                if pp <= 1 {
+                    out.push(EngineRule::VppNeedsPp { pp });
+                } else if !layers.is_multiple_of(pp.saturating_mul(vpp)) {
+                    out.push(EngineRule::LayersOverVpp { layers, pp, vpp });
+                }
+            }
+        }
+        Engine::Transformers => {}
+    }
+}
+
+/// vLLM's and SGLang's expert-parallel load balancing: it only with expert parallelism, and
+/// the routed and redundant experts whole and even on the ep ranks. vLLM refuses redundant
+/// experts without it; SGLang places them (and checks their count) either way.
+const fn eplb_rules(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleList) {
+    let (ep, redundant) = (l.ep, l.redundant);
+    if redundant > 0 && !l.eplb && matches!(engine, Engine::Vllm) {
+        out.push(EngineRule::RedundantWithoutEplb { redundant });
+    }
+    if l.eplb && (ep <= 1 || !s.family.is_moe()) {
+        out.push(EngineRule::EplbNeedsEp);
+    } else if (l.eplb || (redundant > 0 && matches!(engine, Engine::Sglang)))
+        && s.family.is_moe()
+        && ep > 0
+        && !s.n_routed_experts.saturating_add(redundant).is_multiple_of(ep)
+    {
+        out.push(EngineRule::EplbExpertsOverEp { experts: s.n_routed_experts, redundant, ep });
     }
 }
 
@@ -576,12 +914,23 @@ pub const fn accepts(engine: Engine, s: &ArchSpec, l: &EngineLayout) -> bool {
 const fn search_limit(s: &ArchSpec, dim: Dimension) -> u64 {
     let limit = match dim {
         Dimension::Tensor => s.num_attention_heads,
-        Dimension::Pipeline => s.num_hidden_layers,
+        Dimension::Pipeline | Dimension::VirtualPipeline => s.num_hidden_layers,
         Dimension::Expert if s.family.is_moe() => s.n_routed_experts,
         Dimension::Expert => 1,
         Dimension::Data => 4096,
+        Dimension::Context | Dimension::DecodeContext | Dimension::PrefillContext => 64,
+        Dimension::AttentionContext | Dimension::MoeData => s.num_attention_heads,
+        Dimension::ExpertTensor => 64,
+        Dimension::Sequence | Dimension::CommOverlap | Dimension::Eplb => 1,
+        Dimension::Redundant if s.family.is_moe() => s.n_routed_experts,
+        Dimension::Redundant => 0,
     };
     if limit > 4096 { 4096 } else { limit }
+}
+
+/// The smallest value of `dim`: 0 for a switch and for redundant experts, else 1.
+const fn search_floor(dim: Dimension) -> u64 {
+    if dim.is_switch() || matches!(dim, Dimension::Redundant) { 0 } else { 1 }
 }
 
 /// The values of `dim` that `engine` accepts with the rest of `l` unchanged (the first
@@ -589,7 +938,7 @@ const fn search_limit(s: &ArchSpec, dim: Dimension) -> u64 {
 pub const fn legal(engine: Engine, s: &ArchSpec, l: &EngineLayout, dim: Dimension) -> SizeList {
     let mut list = SizeList::new();
     let limit = search_limit(s, dim);
-    let mut v = 1;
+    let mut v = search_floor(dim);
     while v <= limit {
         if accepts(engine, s, &dim.with(*l, v)) {
             list = list.with(v);
@@ -601,7 +950,7 @@ pub const fn legal(engine: Engine, s: &ArchSpec, l: &EngineLayout, dim: Dimensio
 
 /// Every value of `dim` that `engine` accepts with the rest of `l` unchanged.
 pub fn legal_values(engine: Engine, s: &ArchSpec, l: &EngineLayout, dim: Dimension) -> Vec<u64> {
-    (1..=search_limit(s, dim)).filter(|&v| accepts(engine, s, &dim.with(*l, v))).collect()
+    (search_floor(dim)..=search_limit(s, dim)).filter(|&v| accepts(engine, s, &dim.with(*l, v))).collect()
 }
 
 /// Runs `engine`'s rules on layout `l` of `s`, appending one [`LayoutError::Engine`] per
@@ -660,23 +1009,25 @@ impl EngineError {
     pub const fn write(&self, m: Msg) -> Msg {
         let e = self.engine;
         let dim = self.rule.dimension();
-        let m = m
-            .push(e.name())
-            .push(" ")
-            .push(e.version())
-            .push(" refuses ")
-            .push(dim.key())
-            .push(" ")
-            .num(dim.of(&self.layout))
-            .push(": ");
-        let m = self.reason(m).push("; legal on ").push(e.name()).push(": ");
-        if self.legal.as_slice().is_empty() {
+        let m = m.push(e.name()).push(" ").push(e.version()).push(" refuses ").push(dim.key()).push(" ");
+        let m = if dim.is_switch() { m.push(switch(dim.of(&self.layout))) } else { m.num(dim.of(&self.layout)) };
+        let m = self.reason(m.push(": ")).push("; legal on ").push(e.name()).push(": ");
+        let legal = self.legal.as_slice();
+        if legal.is_empty() {
             m.push("none with the rest of this layout")
+        } else if dim.is_switch() {
+            let m = m.push(switch(legal[0]));
+            if legal.len() > 1 { m.push(", ").push(switch(legal[1])) } else { m }
         } else {
             let m = m.list(self.legal.as_slice());
             if self.legal.has_more() { m.push(", ...") } else { m }
         }
     }
+}
+
+/// A switch's value in words.
+const fn switch(v: u64) -> &'static str {
+    if v == 0 { "off" } else { "on" }
 }
 
 /// Our reason.
@@ -775,6 +1126,127 @@ const fn ours(m: Msg, r: &EngineRule, e: Engine) -> Msg {
             .num(size)
             .push(" channels a rank, not a multiple of the quantization block's ")
             .num(block),
+        EngineRule::NoSuchAxis { dim } => m.push(e.name()).push(" has no ").push(dim.key()).push(" (").push(axis_owner(dim)).push(")"),
+        EngineRule::DcpOverTp { tp, .. } => m
+            .push("it must divide tensor_parallel (")
+            .num(tp)
+            .push("): without prefill context parallelism, decode context parallelism reuses the tensor-parallel ranks"),
+        EngineRule::PcpDcp { tp, pcp, .. } => m
+            .push("with prefill_context_parallel ")
+            .num(pcp)
+            .push(" it must be 1, ")
+            .num(pcp)
+            .push(" or tp x pcp = ")
+            .num(tp.saturating_mul(pcp)),
+        EngineRule::PcpDp { .. } => m.push("prefill context parallelism takes no data parallelism beside it"),
+        EngineRule::DcpKvHeads { tp, kv, heads, dcp } => {
+            if tp <= kv {
+                m.push("under grouped-query attention tensor_parallel (")
+                    .num(tp)
+                    .push(") must exceed num_key_value_heads (")
+                    .num(kv)
+                    .push(")")
+            } else if dcp > tp / kv {
+                m.push("it must not exceed tp / num_key_value_heads = ").num(tp / kv)
+            } else {
+                m.push("the query heads a kv head (").num(heads / kv).push(") must be divisible by it")
+            }
+        }
+        EngineRule::CpSequence { seq, cp } => m
+            .push("the sequence (")
+            .num(seq)
+            .push(" tokens) must be a multiple of 2 x cp = ")
+            .num(cp.saturating_mul(2)),
+        EngineRule::SpNeedsTp => m.push("sequence parallelism needs tensor_parallel above 1"),
+        EngineRule::SpSequence { seq, .. } => m
+            .push("with sequence parallelism the sequence (")
+            .num(seq)
+            .push(" tokens) must be divisible by it"),
+        EngineRule::CommOverlapNeedsSp => {
+            m.push("tp_comm_overlap needs sequence parallelism on")
+        }
+        EngineRule::VppNeedsPp { pp } => m
+            .push("the interleaved schedule needs pipeline_parallel above 1 (it is ")
+            .num(pp)
+            .push(")"),
+        EngineRule::LayersOverVpp { layers, pp, vpp } => m
+            .push("num_hidden_layers (")
+            .num(layers)
+            .push(") must split into pp x vpp = ")
+            .num(pp.saturating_mul(vpp))
+            .push(" equal virtual stages"),
+        EngineRule::AttnCpOverTp { tp, .. } => m.push("it must divide tensor_parallel (").num(tp).push(")"),
+        EngineRule::AttnDpCpOverTp { tp, dp, .. } => m
+            .push("attention dp x cp must divide tensor_parallel (")
+            .num(tp)
+            .push("), with dp ")
+            .num(dp),
+        EngineRule::MoeDpOverTp { tp, .. } => m.push("it must divide tensor_parallel (").num(tp).push(")"),
+        EngineRule::EpMoeDpOverTp { tp, ep, moe_dp } => {
+            let m = m.push("ep x moe_dp (").num(ep.saturating_mul(moe_dp)).push(") must ");
+            if ep > 1 { m.push("equal") } else { m.push("not exceed") }.push(" tensor_parallel (").num(tp).push(")")
+        }
+        EngineRule::MoeDpPp { pp } => m.push("MoE data parallelism takes no pipeline stages (pp is ").num(pp).push(")"),
+        EngineRule::MoeDpAttnCp { attn_cp, .. } => m
+            .push("it must equal attention_context_parallel (")
+            .num(attn_cp)
+            .push(") unless it is 1"),
+        EngineRule::RedundantWithoutEplb { redundant } => m
+            .push("redundant_experts ")
+            .num(redundant)
+            .push(" needs expert-parallel load balancing on"),
+        EngineRule::EplbNeedsEp => {
+            m.push("expert-parallel load balancing needs expert parallelism on a model with experts")
+        }
+        EngineRule::EplbExpertsOverEp { experts, redundant, ep } => m
+            .push("the routed and redundant experts (")
+            .num(experts)
+            .push(" + ")
+            .num(redundant)
+            .push(") must be divisible by expert_parallel (")
+            .num(ep)
+            .push(")"),
+    }
+}
+
+/// The engine flag that sets an axis, as `launch-args` writes it.
+pub const fn engine_flag(dim: Dimension) -> &'static str {
+    match dim {
+        Dimension::Tensor => "--tensor-parallel-size",
+        Dimension::Pipeline => "--pipeline-parallel-size",
+        Dimension::Expert => "--enable-expert-parallel, --ep-size, --expert-model-parallel-size",
+        Dimension::Data => "--data-parallel-size, --dp-size",
+        Dimension::DecodeContext => "--decode-context-parallel-size",
+        Dimension::PrefillContext => "--prefill-context-parallel-size",
+        Dimension::AttentionContext => "--attn-cp-size",
+        Dimension::MoeData => "--moe-dp-size",
+        Dimension::Eplb => "--enable-eplb",
+        Dimension::Redundant => {
+            "--eplb-config '{\"num_redundant_experts\": N}' (vLLM), --ep-num-redundant-experts (SGLang)"
+        }
+        Dimension::Context => "--context-parallel-size",
+        Dimension::Sequence => "--sequence-parallel",
+        Dimension::CommOverlap => "--tp-comm-overlap",
+        Dimension::VirtualPipeline => "--num-layers-per-virtual-pipeline-stage (layers / (pp x vpp))",
+        Dimension::ExpertTensor => "--expert-tensor-parallel-size",
+    }
+}
+
+/// The engine whose flag an axis is, for an engine without it.
+const fn axis_owner(dim: Dimension) -> &'static str {
+    match dim {
+        Dimension::DecodeContext => "vLLM's --decode-context-parallel-size",
+        Dimension::PrefillContext => "vLLM's --prefill-context-parallel-size",
+        Dimension::AttentionContext => "SGLang's --attn-cp-size",
+        Dimension::MoeData => "SGLang's --moe-dp-size",
+        Dimension::Eplb => "vLLM's and SGLang's --enable-eplb",
+        Dimension::Redundant => "vLLM's num_redundant_experts, SGLang's --ep-num-redundant-experts",
+        Dimension::Context => "Megatron-LM's --context-parallel-size",
+        Dimension::Sequence => "Megatron-LM's --sequence-parallel",
+        Dimension::CommOverlap => "Megatron-LM's --tp-comm-overlap",
+        Dimension::VirtualPipeline => "Megatron-LM's --num-layers-per-virtual-pipeline-stage",
+        Dimension::ExpertTensor => "Megatron-LM's --expert-tensor-parallel-size",
+        _ => "every engine's",
     }
 }
 
@@ -893,6 +1365,96 @@ const fn theirs(m: Msg, r: &EngineRule, e: Engine) -> Msg {
             .push(" is not divisible by weight quantization block_k = ")
             .num(block)
             .push("."),
+        EngineRule::NoSuchAxis { dim } => m.push("no flag sets ").push(dim.key()).push(" on ").push(e.name()),
+        EngineRule::DcpOverTp { tp, dcp } => {
+            m.push("tp_size=").num(tp).push(" must be divisible by dcp_size=").num(dcp).push(".")
+        }
+        EngineRule::PcpDcp { tp, pcp, dcp } => m
+            .push("When PCP is enabled, DCP must be disabled, span the PCP axis, or span the full TP x PCP axis. Got TP=")
+            .num(tp)
+            .push(", PCP=")
+            .num(pcp)
+            .push(", DCP=")
+            .num(dcp)
+            .push("; valid DCP sizes are [1, ")
+            .num(pcp)
+            .push(", ")
+            .num(tp.saturating_mul(pcp))
+            .push("]."),
+        EngineRule::PcpDp { .. } => m.push("PCP does not support data parallelism yet."),
+        EngineRule::DcpKvHeads { tp, kv, heads, dcp } => {
+            if tp <= kv {
+                m.push("tensor parallel size ")
+                    .num(tp)
+                    .push(" must be greater than total num kv heads ")
+                    .num(kv)
+                    .push(" when enable decode context parallel for GQA/MQA")
+            } else if dcp > tp / kv {
+                m.push("decode context parallel size must less than or equal to (tensor parallel size ")
+                    .num(tp)
+                    .push(" // total num kv heads ")
+                    .num(kv)
+                    .push(") = ")
+                    .num(tp / kv)
+                    .push(", but got ")
+                    .num(dcp)
+            } else {
+                m.push("Total number of q per kv attn heads (")
+                    .num(heads / kv)
+                    .push(") must be divisible by dcp world size when enable decode context parallel for GQA (")
+                    .num(dcp)
+                    .push(").")
+            }
+        }
+        EngineRule::CpSequence { .. } => {
+            m.push("seq-length should be a multiple of 2 * context-parallel-size if context-parallel-size > 1.")
+        }
+        EngineRule::SpNeedsTp => m.push(
+            "Disabling sequence parallelism because tensor model parallelism is disabled\"; Megatron Core: \"Cannot use sequence parallelism without tensor parallelism",
+        ),
+        EngineRule::SpSequence { .. } => {
+            m.push("First dimension of the tensor should be divisible by tensor parallel size")
+        }
+        EngineRule::CommOverlapNeedsSp => m.push(
+            "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled",
+        ),
+        EngineRule::VppNeedsPp { .. } => {
+            m.push("When interleaved schedule is used, pipeline-model-parallel size should be greater than 1")
+        }
+        EngineRule::LayersOverVpp { .. } => m.push(
+            "number of layers per pipeline stage must be divisible number of layers per virtual pipeline stage",
+        ),
+        EngineRule::AttnCpOverTp { .. } => m.push("tp_size must be divisible by attn_cp_size"),
+        EngineRule::AttnDpCpOverTp { .. } => m.push("tp_size must be divisible by dp_size * attn_cp_size"),
+        EngineRule::MoeDpOverTp { .. } => m.push("tp_size must be divisible by moe_dp_size"),
+        EngineRule::EpMoeDpOverTp { tp, ep, moe_dp } => {
+            if ep.saturating_mul(moe_dp) > tp {
+                m.push("ep_size * moe_dp_size must be less than or equal to tp_size")
+            } else {
+                m.push("ep_size * moe_dp_size must be equal to tp_size")
+            }
+        }
+        EngineRule::MoeDpPp { .. } => m.push("PP is not supported with context parallelism"),
+        EngineRule::MoeDpAttnCp { .. } => {
+            m.push("attn_cp_size != moe_dp_size is only supported when moe_dp_size == 1")
+        }
+        EngineRule::RedundantWithoutEplb { redundant } => m
+            .push("num_redundant_experts is set to ")
+            .num(redundant)
+            .push(" but EPLB is not enabled. Either enable EPLB or unset num_redundant_experts."),
+        EngineRule::EplbNeedsEp => match e {
+            Engine::Sglang => m.push("assert self.ep_size > 1"),
+            _ => m.push("enable_expert_parallel must be True to use EPLB."),
+        },
+        EngineRule::EplbExpertsOverEp { experts, redundant, ep } => match e {
+            Engine::Sglang => m.push("assert num_physical_experts % ep_size == 0"),
+            _ => m
+                .push("EPLB currently only supports even distribution of experts across ranks. Got ")
+                .num(experts.saturating_add(redundant))
+                .push(" experts and ")
+                .num(ep)
+                .push(" EP ranks."),
+        },
     };
     m.push("\"")
 }
@@ -985,7 +1547,7 @@ pub const RULE_DOCS: &[RuleDoc] = &[
             ),
             (
                 Engine::Megatron,
-                "moe_intermediate_size % etp == 0 (etp = tp)",
+                "moe_intermediate_size % etp == 0 (etp defaults to tp)",
                 "extensions/transformer_engine.py grouped linear (divide)",
             ),
         ],
@@ -1009,7 +1571,7 @@ pub const RULE_DOCS: &[RuleDoc] = &[
         title: "vLLM's expert-parallel size",
         by: &[(
             Engine::Vllm,
-            "ep == tp x dp (experts may split unevenly)",
+            "ep == tp x dp x pcp (experts may split unevenly)",
             "fused_moe/config.py FusedMoEParallelConfig.make",
         )],
     },
@@ -1056,7 +1618,7 @@ pub const RULE_DOCS: &[RuleDoc] = &[
         title: "the world over expert groups",
         by: &[(
             Engine::Megatron,
-            "(tp x pp x dp) % (etp x ep x pp) == 0",
+            "(tp x pp x cp x dp) % (etp x ep x pp) == 0",
             "core/parallel_state.py initialize_model_parallel",
         )],
     },
@@ -1163,5 +1725,180 @@ pub const RULE_DOCS: &[RuleDoc] = &[
             ),
             (Engine::Megatron, "MTP layers are trained (--mtp-num-layers), not decoded", "training/arguments.py"),
         ],
+    },
+    RuleDoc {
+        code: "HC2023",
+        title: "an axis the engine has no flag for",
+        by: &[
+            (
+                Engine::Vllm,
+                "only dcp, pcp, eplb and redundant experts beyond tp/pp/ep/dp",
+                "engine/arg_utils.py EngineArgs",
+            ),
+            (
+                Engine::Sglang,
+                "only attn cp, moe dp, eplb and redundant experts beyond tp/pp/ep/dp",
+                "srt/arg_groups/fields/parallel.py",
+            ),
+            (
+                Engine::Megatron,
+                "only cp, sp, tp-comm-overlap, virtual pp and etp beyond tp/pp/ep/dp",
+                "megatron/training/arguments.py",
+            ),
+            (Engine::Transformers, "none beyond tp and ep", "distributed/configuration_utils.py DistributedConfig"),
+        ],
+    },
+    RuleDoc {
+        code: "HC2024",
+        title: "decode context parallelism over the tensor-parallel ranks",
+        by: &[(Engine::Vllm, "pcp == 1: tp % dcp == 0", "config/parallel.py ParallelConfig._validate_parallel_config")],
+    },
+    RuleDoc {
+        code: "HC2025",
+        title: "decode context parallelism and kv heads",
+        by: &[(
+            Engine::Vllm,
+            "grouped-query attention (not MLA): tp > kv, dcp <= tp / kv, (heads / kv) % dcp == 0",
+            "config/model.py ModelConfig.verify_with_parallel_config",
+        )],
+    },
+    RuleDoc {
+        code: "HC2026",
+        title: "decode and prefill context parallelism together",
+        by: &[(
+            Engine::Vllm,
+            "pcp > 1: dcp in {1, pcp, tp x pcp}",
+            "config/parallel.py ParallelConfig._validate_parallel_config",
+        )],
+    },
+    RuleDoc {
+        code: "HC2027",
+        title: "the sequence over context-parallel chunks",
+        by: &[(Engine::Megatron, "cp > 1: seq_length % (2 x cp) == 0", "megatron/training/arguments.py validate_args")],
+    },
+    RuleDoc {
+        code: "HC2028",
+        title: "sequence parallelism without tensor parallelism",
+        by: &[(
+            Engine::Megatron,
+            "sp: tp > 1 (arguments.py turns it off, Megatron Core refuses it)",
+            "training/arguments.py validate_args; core/model_parallel_config.py __post_init__",
+        )],
+    },
+    RuleDoc {
+        code: "HC2029",
+        title: "the sequence over tensor parallelism under sequence parallelism",
+        by: &[(
+            Engine::Megatron,
+            "sp: seq_length % tp == 0",
+            "core/tensor_parallel/mappings.py _split_along_first_dim",
+        )],
+    },
+    RuleDoc {
+        code: "HC2030",
+        title: "overlapped tensor-parallel communication",
+        by: &[(Engine::Megatron, "tp_comm_overlap: sp", "training/arguments.py validate_args")],
+    },
+    RuleDoc {
+        code: "HC2031",
+        title: "the interleaved schedule without stages",
+        by: &[(Engine::Megatron, "vpp > 1: pp > 1", "training/arguments.py validate_args; core/parallel_state.py")],
+    },
+    RuleDoc {
+        code: "HC2032",
+        title: "layers over virtual pipeline stages",
+        by: &[(
+            Engine::Megatron,
+            "vpp > 1: num_hidden_layers % (pp x vpp) == 0 (layers a stage % layers a virtual stage)",
+            "training/arguments.py validate_args",
+        )],
+    },
+    RuleDoc {
+        code: "HC2033",
+        title: "attention context parallelism within tensor parallelism",
+        by: &[(
+            Engine::Sglang,
+            "attn_cp > 1: tp % attn_cp == 0",
+            "srt/arg_groups/parallel_hook.py handle_context_parallelism",
+        )],
+    },
+    RuleDoc {
+        code: "HC2034",
+        title: "attention data and context parallelism within tensor parallelism",
+        by: &[(
+            Engine::Sglang,
+            "attn_cp > 1: tp % (dp x attn_cp) == 0",
+            "srt/arg_groups/parallel_hook.py handle_context_parallelism",
+        )],
+    },
+    RuleDoc {
+        code: "HC2035",
+        title: "MoE data parallelism within tensor parallelism",
+        by: &[(
+            Engine::Sglang,
+            "moe_dp > 1: tp % moe_dp == 0",
+            "srt/arg_groups/parallel_hook.py handle_context_parallelism",
+        )],
+    },
+    RuleDoc {
+        code: "HC2036",
+        title: "expert and MoE data parallelism over tensor parallelism",
+        by: &[(
+            Engine::Sglang,
+            "moe_dp > 1: ep x moe_dp <= tp, == tp when ep > 1",
+            "srt/arg_groups/parallel_hook.py handle_context_parallelism",
+        )],
+    },
+    RuleDoc {
+        code: "HC2037",
+        title: "redundant experts without load balancing",
+        by: &[(Engine::Vllm, "redundant > 0: eplb", "config/parallel.py ParallelConfig._validate_parallel_config")],
+    },
+    RuleDoc {
+        code: "HC2038",
+        title: "load balancing without expert parallelism",
+        by: &[
+            (
+                Engine::Vllm,
+                "eplb: enable_expert_parallel (ep > 1)",
+                "config/parallel.py ParallelConfig._validate_parallel_config",
+            ),
+            (Engine::Sglang, "eplb: ep > 1", "srt/arg_groups/parallel_hook.py handle_eplb_and_dispatch"),
+        ],
+    },
+    RuleDoc {
+        code: "HC2039",
+        title: "routed and redundant experts over expert parallelism",
+        by: &[
+            (
+                Engine::Vllm,
+                "eplb: (n_routed_experts + redundant) % ep == 0",
+                "layers/fused_moe/layer.py FusedMoE (even distribution under EPLB)",
+            ),
+            (
+                Engine::Sglang,
+                "redundant > 0 or eplb: (n_routed_experts + redundant) % ep == 0",
+                "srt/eplb/expert_location.py ExpertLocationMetadata._init_common",
+            ),
+        ],
+    },
+    RuleDoc {
+        code: "HC2040",
+        title: "MoE data parallelism with pipeline stages",
+        by: &[(Engine::Sglang, "moe_dp > 1: pp == 1", "srt/arg_groups/parallel_hook.py handle_context_parallelism")],
+    },
+    RuleDoc {
+        code: "HC2041",
+        title: "MoE data parallelism against attention context parallelism",
+        by: &[(
+            Engine::Sglang,
+            "attn_cp != moe_dp: moe_dp == 1",
+            "srt/arg_groups/parallel_hook.py handle_context_parallelism",
+        )],
+    },
+    RuleDoc {
+        code: "HC2042",
+        title: "prefill context parallelism with data parallelism",
+        by: &[(Engine::Vllm, "pcp > 1: dp == 1", "config/parallel.py ParallelConfig._validate_parallel_config")],
     },
 ];

@@ -45,7 +45,7 @@ pub const UNEVEN_PIPELINE: &str = "uneven_pipeline";
 pub const FROM_CONFIG: &str = "from_config";
 
 /// The keys only a `#[arch(...)]` declaration has.
-pub const DECLARATION_ONLY: [&str; 14] = [
+pub const DECLARATION_ONLY: [&str; 15] = [
     DEVICE_MEMORY_GIB,
     CONTEXT,
     DTYPE,
@@ -60,4 +60,39 @@ pub const DECLARATION_ONLY: [&str; 14] = [
     VOCAB_PADDING,
     UNEVEN_PIPELINE,
     FROM_CONFIG,
+    LAYOUTS,
 ];
+
+/// Declaration-only: whole layouts, `layouts = [layout(tensor_parallel = 8, ..), ..]`, each
+/// checked as one against the model and every listed engine.
+pub const LAYOUTS: &str = "layouts";
+/// A layout's context-parallel size (Megatron-LM's `--context-parallel-size`).
+pub const CONTEXT_PARALLEL: &str = "context_parallel";
+/// A layout's decode context-parallel size (vLLM's `--decode-context-parallel-size`).
+pub const DECODE_CONTEXT_PARALLEL: &str = "decode_context_parallel";
+/// A layout's prefill context-parallel size (vLLM's `--prefill-context-parallel-size`).
+pub const PREFILL_CONTEXT_PARALLEL: &str = "prefill_context_parallel";
+/// A layout's sequence parallelism, a switch (Megatron-LM's `--sequence-parallel`).
+pub const SEQUENCE_PARALLEL: &str = "sequence_parallel";
+/// A layout's overlapped tensor-parallel communication, a switch (`--tp-comm-overlap`).
+pub const TP_COMM_OVERLAP: &str = "tp_comm_overlap";
+/// A layout's virtual pipeline stages a rank (`--num-virtual-stages-per-pipeline-rank`).
+pub const VIRTUAL_PIPELINE_PARALLEL: &str = "virtual_pipeline_parallel";
+/// A layout's expert tensor-parallel size (Megatron-LM's `--expert-tensor-parallel-size`).
+pub const EXPERT_TENSOR_PARALLEL: &str = "expert_tensor_parallel";
+/// A layout's attention data-parallel size (SGLang's `--attn-dp-size`, the same as its dp).
+pub const ATTENTION_DATA_PARALLEL: &str = "attention_data_parallel";
+/// A layout's attention context-parallel size (SGLang's `--attn-cp-size`).
+pub const ATTENTION_CONTEXT_PARALLEL: &str = "attention_context_parallel";
+/// A layout's MoE data-parallel size (SGLang's `--moe-dp-size`).
+pub const MOE_DATA_PARALLEL: &str = "moe_data_parallel";
+/// A layout's expert-parallel load balancing, a switch (`--enable-eplb`).
+pub const EPLB: &str = "eplb";
+/// A layout's redundant experts under load balancing.
+pub const REDUNDANT_EXPERTS: &str = "redundant_experts";
+/// A layout's speculative tokens a step, drafted by the config's MTP layers.
+pub const SPECULATIVE_TOKENS: &str = "speculative_tokens";
+/// A layout's nodes.
+pub const NNODES: &str = "nnodes";
+/// A layout's sequence length, which context and sequence parallelism split.
+pub const SEQ_LENGTH: &str = "seq_length";

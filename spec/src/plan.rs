@@ -99,12 +99,16 @@ const fn trains(engine: Engine) -> bool {
     matches!(engine, Engine::Megatron)
 }
 
-/// Devices a layout takes: SGLang's attention data parallelism splits the tensor-parallel
-/// ranks; the other engines' data-parallel replicas take ranks of their own.
+/// Devices a layout takes: SGLang's attention data and context parallelism split the
+/// tensor-parallel ranks; the other engines' data-parallel replicas take ranks of their own,
+/// as do vLLM's prefill and Megatron-LM's context-parallel ranks (vLLM's decode context
+/// parallelism reuses the tensor-parallel ones).
 pub const fn world(engine: Engine, l: &EngineLayout) -> u64 {
     match engine {
         Engine::Sglang => l.tp.saturating_mul(l.pp),
-        _ => l.tp.saturating_mul(l.pp).saturating_mul(l.dp),
+        Engine::Vllm => l.tp.saturating_mul(l.pp).saturating_mul(l.dp).saturating_mul(l.pcp),
+        Engine::Megatron => l.tp.saturating_mul(l.pp).saturating_mul(l.dp).saturating_mul(l.cp),
+        Engine::Transformers => l.tp.saturating_mul(l.pp).saturating_mul(l.dp),
     }
 }
 
@@ -319,7 +323,7 @@ fn legal_layouts(s: &ArchSpec, r: &Request, max_world: u64) -> Vec<EngineLayout>
                     Engine::Transformers => vec![1],
                 };
                 for ep in eps {
-                    let l = EngineLayout { tp, pp, ep, dp, nnodes: 1, quant: r.quant };
+                    let l = EngineLayout { ep, dp, quant: r.quant, ..EngineLayout::new(tp, pp) };
                     let w = world(engine, &l);
                     if w > max_world {
                         continue;
@@ -363,7 +367,7 @@ pub fn plan(s: &ArchSpec, r: &Request) -> Plan {
     }
     if legal.is_empty() {
         let mut errors = Errors::new();
-        let l = EngineLayout { tp: 1, pp: 1, ep: 1, dp: 1, nnodes: 1, quant: r.quant };
+        let l = EngineLayout { quant: r.quant, ..EngineLayout::new(1, 1) };
         engines::check(r.engine, s, &l, &mut errors);
         let missing = Missing { rule: Some(errors), devices: None, memory: None, context: None };
         return Plan { fits, missing: Some(missing) };

@@ -133,7 +133,7 @@ fn the_engines_reference_is_current() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(codes, sorted, "codes listed once, in order");
-    assert_eq!(codes.len(), 22);
+    assert_eq!(codes.len(), 42);
     let mut doc = String::from(
         "# Engine profiles\n\nGenerated from `spec/src/engines.rs` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
          to rewrite). Each rule is a `const fn` read from the engine's source at the version named;\n\
@@ -152,7 +152,31 @@ fn the_engines_reference_is_current() {
          parallelism over tp D). `headcount check` takes any layout (`--tp --pp --ep --dp --nnodes`).\n\
          The FP8 block rules assume every linear layer is block-quantized, and follow the checks as\n\
          written: vLLM's Triton MoE backend can refine the block (gcd >= 32) and accept experts the\n\
-         rule refuses.\n\n## Rules\n\n| code | rule | engine | must hold | source |\n|---|---|---|---|---|\n",
+         rule refuses.\n\n## Axes beyond tp, pp, ep and dp\n\n\
+         Each is 1 (or off) unless given; an engine without the axis refuses it (HC2023). In a\n\
+         declaration they are keys of a whole layout, `layouts = [layout(tensor_parallel = 16,\n\
+         decode_context_parallel = 2), ..]`, each layout checked as one against the model and every\n\
+         listed engine; `headcount check --engine E` and `launch-args` take the flags.\n\n\
+         | axis | `layout(..)` key | `check` flag | engine | engine flag |\n|---|---|---|---|---|\n",
+    );
+    for dim in engines::AXES {
+        let engines: Vec<&str> = Engine::ALL.iter().filter(|e| engines::has_axis(**e, dim)).map(|e| e.name()).collect();
+        doc.push_str(&format!(
+            "| {} | `{}` | `{}` | {} | `{}` |\n",
+            axis_title(dim),
+            dim.key(),
+            axis_flag(dim),
+            engines.join(", "),
+            engines::engine_flag(dim)
+        ));
+    }
+    doc.push_str(
+        "\nvLLM's decode context parallelism reuses the tensor-parallel ranks; its prefill context\n\
+         parallelism and Megatron-LM's context parallelism take ranks of their own (`plan` counts\n\
+         them). The sequence rules (HC2027, HC2029) need the sequence length (`--context`, or\n\
+         `seq_length` in a layout) and are not checked without it. Megatron-LM's `Bias in Moe is only\n\
+         supported when ETP==1` never applies here: GLM's experts have no bias.\n\n\
+         ## Rules\n\n| code | rule | engine | must hold | source |\n|---|---|---|---|---|\n",
     );
     for d in docs {
         for (e, condition, source) in d.by {
@@ -392,4 +416,40 @@ fn plan_section() -> String {
         }
     }
     doc
+}
+
+/// The axis in words, for docs/ENGINES.md.
+fn axis_title(dim: Dimension) -> &'static str {
+    match dim {
+        Dimension::Context => "context parallelism",
+        Dimension::DecodeContext => "decode context parallelism",
+        Dimension::PrefillContext => "prefill context parallelism",
+        Dimension::Sequence => "sequence parallelism",
+        Dimension::CommOverlap => "overlapped tensor-parallel communication",
+        Dimension::VirtualPipeline => "virtual pipeline stages a rank",
+        Dimension::ExpertTensor => "expert tensor parallelism",
+        Dimension::AttentionContext => "attention context parallelism",
+        Dimension::MoeData => "MoE data parallelism",
+        Dimension::Eplb => "expert-parallel load balancing",
+        Dimension::Redundant => "redundant experts",
+        _ => "",
+    }
+}
+
+/// The `check` and `launch-args` flag of an axis.
+fn axis_flag(dim: Dimension) -> &'static str {
+    match dim {
+        Dimension::Context => "--cp N",
+        Dimension::DecodeContext => "--dcp N",
+        Dimension::PrefillContext => "--pcp N",
+        Dimension::Sequence => "--sp",
+        Dimension::CommOverlap => "--tp-comm-overlap",
+        Dimension::VirtualPipeline => "--virtual-pp N",
+        Dimension::ExpertTensor => "--etp N",
+        Dimension::AttentionContext => "--attn-cp N",
+        Dimension::MoeData => "--moe-dp N",
+        Dimension::Eplb => "--eplb",
+        Dimension::Redundant => "--redundant-experts N",
+        _ => "",
+    }
 }

@@ -67,7 +67,7 @@ fn every_plan_is_checked_and_complete() {
                 assert!(keys.windows(2).all(|w| w[0] <= w[1]), "{file} {engine:?}: not best first");
                 for tp in 1..=count {
                     for pp in 1..=count / tp {
-                        let l = EngineLayout { tp, pp, ep: 1, dp: 1, nnodes: (tp * pp).div_ceil(8), quant: None };
+                        let l = EngineLayout { nnodes: (tp * pp).div_ceil(8), ..EngineLayout::new(tp, pp) };
                         if engine == Engine::Transformers && pp > 1 || !engines::accepts(engine, &spec, &l) {
                             continue;
                         }
@@ -133,7 +133,7 @@ fn megatron_plans_model_states_over_the_data_parallel_ranks() {
     let c = config("moe-configs/glm-4.5-air.json");
     let spec = c.spec(&[], &[]);
     let r = request(Engine::Megatron, 64, 4096);
-    let l = EngineLayout { tp: 4, pp: 2, ep: 4, dp: 8, nnodes: 8, quant: None };
+    let l = EngineLayout { ep: 4, dp: 8, nnodes: 8, ..EngineLayout::new(4, 2) };
     assert!(accepted(Engine::Megatron, &c, &l));
     let f = plan::candidate(&spec, &r, l);
     let rank = engines::rank_layout(Engine::Megatron, &l);

@@ -308,6 +308,106 @@ pub struct CheckArgs {
     /// `fp8-block-NxK`, as the engines' FP8 block rules check them.
     #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
     pub quantization: Option<headcount_spec::engines::BlockQuant>,
+    /// With --engine: speculative decoding with the checkpoint's MTP layers, N drafts a step.
+    #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
+    pub speculative_tokens: Option<u64>,
+    #[command(flatten)]
+    pub axes: AxisArgs,
+}
+
+/// The layout axes beyond tp, pp, ep and dp, each as the engine that has it names it; every
+/// one is 1 (or off) unless given. An engine without the axis refuses it (HC2023).
+#[derive(Args, Clone, Debug, Default)]
+pub struct AxisArgs {
+    /// Megatron-LM's context parallelism (--context-parallel-size).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one_u64)]
+    pub cp: u64,
+    /// vLLM's decode context parallelism (--decode-context-parallel-size).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one_u64)]
+    pub dcp: u64,
+    /// vLLM's prefill context parallelism (--prefill-context-parallel-size).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one_u64)]
+    pub pcp: u64,
+    /// Megatron-LM's sequence parallelism (--sequence-parallel).
+    #[arg(long)]
+    pub sp: bool,
+    /// Megatron-LM's overlap of tensor-parallel communication (--tp-comm-overlap).
+    #[arg(long)]
+    pub tp_comm_overlap: bool,
+    /// Megatron-LM's virtual pipeline stages a rank (launched as
+    /// --num-layers-per-virtual-pipeline-stage of layers / (pp x N)).
+    #[arg(long = "virtual-pp", default_value_t = 1, value_name = "N", value_parser = at_least_one_u64)]
+    pub virtual_pp: u64,
+    /// Megatron-LM's expert tensor-parallel size (--expert-tensor-parallel-size) [default: tp].
+    #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
+    pub etp: Option<u64>,
+    /// SGLang's attention data parallelism (--attn-dp-size; the same as --dp on SGLang).
+    #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
+    pub attn_dp: Option<u64>,
+    /// SGLang's attention context parallelism (--attn-cp-size).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one_u64)]
+    pub attn_cp: u64,
+    /// SGLang's MoE data parallelism (--moe-dp-size).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least_one_u64)]
+    pub moe_dp: u64,
+    /// Expert-parallel load balancing (vLLM's and SGLang's --enable-eplb).
+    #[arg(long)]
+    pub eplb: bool,
+    /// With --eplb: redundant experts over the routed ones (vLLM's num_redundant_experts,
+    /// SGLang's --ep-num-redundant-experts).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub redundant_experts: u64,
+}
+
+impl AxisArgs {
+    /// `l` with these axes set; `seq` is the sequence the context- and sequence-parallel
+    /// rules split (0: not given).
+    pub fn apply(&self, l: headcount_spec::EngineLayout, seq: u64) -> headcount_spec::EngineLayout {
+        headcount_spec::EngineLayout {
+            cp: self.cp,
+            dcp: self.dcp,
+            pcp: self.pcp,
+            sp: self.sp,
+            tp_comm_overlap: self.tp_comm_overlap,
+            vpp: self.virtual_pp,
+            etp: self.etp,
+            attn_cp: self.attn_cp,
+            moe_dp: self.moe_dp,
+            eplb: self.eplb,
+            redundant: self.redundant_experts,
+            seq,
+            ..l
+        }
+    }
+
+    /// The flags given, as `--cp 2 --sp`, for messages.
+    pub fn given(&self) -> String {
+        let mut out = Vec::new();
+        for (flag, v) in [
+            ("--cp", self.cp),
+            ("--dcp", self.dcp),
+            ("--pcp", self.pcp),
+            ("--virtual-pp", self.virtual_pp),
+            ("--attn-cp", self.attn_cp),
+            ("--moe-dp", self.moe_dp),
+        ] {
+            if v != 1 {
+                out.push(format!("{flag} {v}"));
+            }
+        }
+        if let Some(e) = self.etp {
+            out.push(format!("--etp {e}"));
+        }
+        for (flag, on) in [("--sp", self.sp), ("--tp-comm-overlap", self.tp_comm_overlap), ("--eplb", self.eplb)] {
+            if on {
+                out.push(flag.to_owned());
+            }
+        }
+        if self.redundant_experts > 0 {
+            out.push(format!("--redundant-experts {}", self.redundant_experts));
+        }
+        out.join(" ")
+    }
 }
 
 /// `80GiB`, `80G` or `80`: GiB of device memory.
@@ -374,6 +474,8 @@ pub struct LaunchArgs {
     /// --seq-length (default: the engine's, max_position_embeddings).
     #[arg(long, value_name = "TOKENS", value_parser = at_least_one_u64)]
     pub context: Option<u64>,
+    #[command(flatten)]
+    pub axes: AxisArgs,
 }
 
 /// `headcount plan`.

@@ -190,44 +190,60 @@ pub fn declare(path: &Path, name: &str) -> Result<ExitCode> {
 fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
     let spec = config.spec(&[], &[]);
     let or_one = |v: &[u64]| if v.is_empty() { vec![1] } else { v.to_vec() };
-    let (tps, pps, eps, dps) = (
-        or_one(&a.tensor_parallel),
-        or_one(&a.pipeline_parallel),
-        or_one(&a.expert_parallel),
-        or_one(&a.data_parallel),
-    );
+    let engines: Vec<Engine> = a.engines.iter().map(|&e| e.into()).collect();
+    let dps = attention_dp(&a.axes, &a.data_parallel, &engines)?;
+    let (tps, pps, eps, dps) =
+        (or_one(&a.tensor_parallel), or_one(&a.pipeline_parallel), or_one(&a.expert_parallel), or_one(&dps));
     if [&tps, &pps, &eps, &dps].iter().any(|v| v.contains(&0)) || a.nnodes == 0 {
         return Err(Error::InvalidArgument("--tp, --pp, --ep, --dp and --nnodes must be at least 1".to_owned()));
     }
+    let seq = a.context.unwrap_or(0);
+    let axes = a.axes.given();
     let mut refused = 0;
-    for &engine in &a.engines {
-        let engine: Engine = engine.into();
+    for &engine in &engines {
         let mut lines = Vec::new();
         for &tp in &tps {
             for &pp in &pps {
                 for &ep in &eps {
                     for &dp in &dps {
-                        let l = EngineLayout { tp, pp, ep, dp, nnodes: a.nnodes, quant: a.quantization };
+                        let l = EngineLayout {
+                            ep,
+                            dp,
+                            nnodes: a.nnodes,
+                            quant: a.quantization,
+                            ..EngineLayout::new(tp, pp)
+                        };
+                        let l = a.axes.apply(l, seq);
+                        let name =
+                            format!("tp {tp} pp {pp} ep {ep} dp {dp}{}{axes}", if axes.is_empty() { "" } else { " " });
                         let mut errors = headcount_spec::Errors::new();
                         engines::check(engine, &spec, &l, &mut errors);
                         if errors.is_empty() {
-                            lines.push(format!("  ok: tp {tp} pp {pp} ep {ep} dp {dp}"));
+                            lines.push(format!("  ok: {name}"));
                         }
                         for e in errors.iter() {
                             refused += 1;
-                            lines.push(format!(
-                                "  error[{}]: tp {tp} pp {pp} ep {ep} dp {dp}: {}",
-                                e.code(),
-                                e.message()
-                            ));
+                            lines.push(format!("  error[{}]: {name}: {}", e.code(), e.message()));
                         }
                     }
                 }
             }
         }
+        if let Some((code, message)) = a.speculative_tokens.and_then(|n| engines::check_speculative(engine, &spec, n)) {
+            refused += 1;
+            lines.push(format!(
+                "  error[{code}]: --speculative-tokens {}: {message}",
+                a.speculative_tokens.unwrap_or(0)
+            ));
+        }
         println!("{} {}:", engine.name(), engine.version());
         for l in lines {
             println!("{l}");
+        }
+        if seq == 0 && engine == Engine::Megatron && (a.axes.cp > 1 || a.axes.sp) {
+            println!(
+                "  note: the sequence's splits over --cp and --sp (HC2027, HC2029) were not checked: give the training sequence length with --context"
+            );
         }
         if engine == Engine::Vllm && config.family.is_mla() {
             let head = config.kv_lora_rank + config.qk_rope_head_dim;
@@ -247,11 +263,14 @@ fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
 /// The layouts `engine` accepts: each legal tensor-parallel size (with --dp's first size)
 /// with the pipeline and expert-parallel sizes it takes beside it.
 fn print_engine_table(engine: Engine, spec: &headcount_spec::ArchSpec, a: &CheckArgs) {
-    let dp = a.data_parallel.first().copied().unwrap_or(1);
-    let base = EngineLayout { tp: 1, pp: 1, ep: 1, dp, nnodes: a.nnodes, quant: a.quantization };
+    let dp = a.axes.attn_dp.or(a.data_parallel.first().copied()).unwrap_or(1);
+    let base = EngineLayout { dp, nnodes: a.nnodes, quant: a.quantization, ..EngineLayout::new(1, 1) };
+    let base = a.axes.apply(base, a.context.unwrap_or(0));
     let legal = |l: &EngineLayout, dim: Dimension| engines::legal_values(engine, spec, l, dim);
     let tps = legal(&base, Dimension::Tensor);
     let quant = a.quantization.map_or(String::new(), |q| format!(", fp8 blocks {}x{}", q.n, q.k));
+    let axes = a.axes.given();
+    let quant = if axes.is_empty() { quant } else { format!("{quant}, {axes}") };
     println!(
         "  legal layouts on {} (dp {dp}, {} node{}{quant}):",
         engine.name(),
@@ -381,11 +400,14 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     let engine: Engine = a.engine.into();
-    let (tp, pp, ep, dp) = (a.tensor_parallel, a.pipeline_parallel, a.expert_parallel, a.data_parallel);
+    let given_dp = if a.data_parallel == 1 { Vec::new() } else { vec![a.data_parallel] };
+    let dp = attention_dp(&a.axes, &given_dp, &[engine])?.first().copied().unwrap_or(1);
+    let (tp, pp, ep) = (a.tensor_parallel, a.pipeline_parallel, a.expert_parallel);
     if [tp, pp, ep, dp, a.nnodes].contains(&0) {
         return Err(Error::InvalidArgument("--tp, --pp, --ep, --dp and --nnodes must be at least 1".to_owned()));
     }
-    let layout = EngineLayout { tp, pp, ep, dp, nnodes: a.nnodes, quant: a.quantization };
+    let layout = EngineLayout { ep, dp, nnodes: a.nnodes, quant: a.quantization, ..EngineLayout::new(tp, pp) };
+    let layout = a.axes.apply(layout, a.context.unwrap_or(0));
     let spec = config.spec(&[], &[]);
     let mut errors = headcount_spec::Errors::new();
     engines::check(engine, &spec, &layout, &mut errors);
@@ -404,6 +426,23 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
         println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The data-parallel sizes to check: `--dp`, or SGLang's `--attn-dp`, which is its --dp.
+fn attention_dp(axes: &crate::args::AxisArgs, dp: &[u64], engines: &[Engine]) -> Result<Vec<u64>> {
+    let Some(attn) = axes.attn_dp else { return Ok(dp.to_vec()) };
+    if let Some(e) = engines.iter().find(|e| **e != Engine::Sglang) {
+        return Err(Error::InvalidArgument(format!(
+            "--attn-dp is SGLang's attention data parallelism (--attn-dp-size); {} has none: give --dp for its data parallelism",
+            e.name()
+        )));
+    }
+    if !dp.is_empty() && dp != [attn] {
+        return Err(Error::InvalidArgument(
+            "--attn-dp and --dp are the same size on SGLang (attention data parallelism): give one of them".to_owned(),
+        ));
+    }
+    Ok(vec![attn])
 }
 
 /// The model as an engine names it when none is given: the config's folder.
@@ -437,6 +476,18 @@ fn launch_lines(
             if ep > 1 {
                 push(&["--enable-expert-parallel"]);
             }
+            if layout.dcp > 1 {
+                push(&["--decode-context-parallel-size", &layout.dcp.to_string()]);
+            }
+            if layout.pcp > 1 {
+                push(&["--prefill-context-parallel-size", &layout.pcp.to_string()]);
+            }
+            if layout.eplb {
+                push(&["--enable-eplb"]);
+                if layout.redundant > 0 {
+                    push(&["--eplb-config", &format!("{{\"num_redundant_experts\": {}}}", layout.redundant)]);
+                }
+            }
             if let Some(n) = context {
                 push(&["--max-model-len", &n.to_string()]);
             }
@@ -453,6 +504,18 @@ fn launch_lines(
             if dp > 1 {
                 push(&["--attn-dp-size", &dp.to_string()]);
             }
+            if layout.attn_cp > 1 {
+                push(&["--attn-cp-size", &layout.attn_cp.to_string()]);
+            }
+            if layout.moe_dp > 1 {
+                push(&["--moe-dp-size", &layout.moe_dp.to_string()]);
+            }
+            if layout.eplb {
+                push(&["--enable-eplb"]);
+            }
+            if layout.redundant > 0 {
+                push(&["--ep-num-redundant-experts", &layout.redundant.to_string()]);
+            }
             if nnodes > 1 {
                 push(&["--nnodes", &nnodes.to_string()]);
             }
@@ -466,7 +529,7 @@ fn launch_lines(
             }
         }
         Engine::Megatron => {
-            let world = tp * pp * dp;
+            let world = tp * pp * dp * layout.cp;
             let per_node = world.div_ceil(nnodes);
             push(&["torchrun", "--nproc-per-node", &per_node.to_string()]);
             if nnodes > 1 {
@@ -476,6 +539,23 @@ fn launch_lines(
             push(&["--pipeline-model-parallel-size", &pp.to_string()]);
             if ep > 1 {
                 push(&["--expert-model-parallel-size", &ep.to_string()]);
+            }
+            if let Some(etp) = layout.etp {
+                push(&["--expert-tensor-parallel-size", &etp.to_string()]);
+            }
+            if layout.cp > 1 {
+                push(&["--context-parallel-size", &layout.cp.to_string()]);
+            }
+            if layout.sp {
+                push(&["--sequence-parallel"]);
+            }
+            if layout.tp_comm_overlap {
+                push(&["--tp-comm-overlap"]);
+            }
+            if layout.vpp > 1 {
+                // The rules accepted layers % (pp x vpp) == 0.
+                let per_virtual = c.num_hidden_layers / (pp * layout.vpp);
+                push(&["--num-layers-per-virtual-pipeline-stage", &per_virtual.to_string()]);
             }
             push(&["--num-layers", &c.num_hidden_layers.to_string(), "--hidden-size", &c.hidden_size.to_string()]);
             push(&["--ffn-hidden-size", &c.intermediate_size.to_string()]);

@@ -748,3 +748,88 @@ fn serve_refuses_more_drafts_than_a_row_holds() {
     let o = headcount(&["serve", "--model", &fixture("glm4moe-mtp"), "--port", "0", "--speculative-tokens", "99999"]);
     expect(&o, 1, "speculative decoding drafts 1 to 63 tokens a step in rows of 64 positions, not 99999");
 }
+
+/// The axes beyond tp, pp, ep and dp: `check` refuses what the engine refuses (exit 1),
+/// with its words; `launch-args` writes the engine's flags for a layout it takes; SGLang's
+/// --attn-dp is its --dp and no other engine's.
+#[test]
+fn check_and_launch_args_take_the_layout_axes() {
+    let glm45 = fixture("moe-configs/glm-4.5.json");
+    let o = headcount(&["check", &glm45, "--engine", "vllm", "--tp", "16", "--dcp", "4"]);
+    expect(&o, 1, "error[HC2025]: tp 16 pp 1 ep 1 dp 1 --dcp 4: vLLM 0.33.0 refuses decode_context_parallel 4");
+    expect(
+        &headcount(&["check", &glm45, "--engine", "vllm", "--tp", "16", "--dcp", "2"]),
+        0,
+        "  ok: tp 16 pp 1 ep 1 dp 1 --dcp 2",
+    );
+    let o = headcount(&["check", &glm45, "--engine", "megatron", "--tp", "8", "--cp", "2", "--context", "4098"]);
+    expect(&o, 1, "error[HC2027]");
+    let o = headcount(&["check", &glm45, "--engine", "megatron", "--tp", "8", "--cp", "2"]);
+    expect(&o, 0, "note: the sequence's splits over --cp and --sp (HC2027, HC2029) were not checked");
+    expect(&headcount(&["check", &glm45, "--engine", "vllm", "--cp", "2"]), 1, "error[HC2023]");
+    let o = headcount(&[
+        "check",
+        &glm45,
+        "--engine",
+        "sglang",
+        "--tp",
+        "8",
+        "--ep",
+        "2",
+        "--attn-cp",
+        "2",
+        "--moe-dp",
+        "2",
+    ]);
+    expect(&o, 1, "\"ep_size * moe_dp_size must be equal to tp_size\"");
+    let o = headcount(&["check", &glm45, "--engine", "vllm", "--tp", "8", "--ep", "8", "--redundant-experts", "8"]);
+    expect(&o, 1, "error[HC2037]");
+    expect(
+        &headcount(&["check", &glm45, "--engine", "vllm", "--attn-dp", "2"]),
+        1,
+        "--attn-dp is SGLang's attention data parallelism",
+    );
+    let launch = |extra: &[&str]| {
+        let mut args = vec!["launch-args", &glm45, "--model", "zai-org/GLM-4.5"];
+        args.extend(extra);
+        headcount(&args)
+    };
+    expect(
+        &launch(&["--engine", "vllm", "--tp", "8", "--ep", "8", "--eplb", "--redundant-experts", "8"]),
+        0,
+        "--enable-expert-parallel --enable-eplb --eplb-config '{\"num_redundant_experts\": 8}'",
+    );
+    expect(&launch(&["--engine", "vllm", "--tp", "16", "--dcp", "2"]), 0, "--decode-context-parallel-size 2");
+    expect(
+        &launch(&["--engine", "sglang", "--tp", "8", "--ep", "4", "--attn-cp", "2", "--moe-dp", "2"]),
+        0,
+        "--ep-size 4 --attn-cp-size 2 --moe-dp-size 2",
+    );
+    expect(&launch(&["--engine", "sglang", "--tp", "8", "--attn-dp", "2"]), 0, "--attn-dp-size 2");
+    let o = launch(&[
+        "--engine",
+        "megatron",
+        "--tp",
+        "8",
+        "--pp",
+        "2",
+        "--virtual-pp",
+        "2",
+        "--cp",
+        "2",
+        "--sp",
+        "--ep",
+        "8",
+        "--etp",
+        "1",
+        "--context",
+        "4096",
+    ]);
+    expect(&o, 0, "torchrun --nproc-per-node 32 pretrain_gpt.py --tensor-model-parallel-size 8");
+    expect(
+        &o,
+        0,
+        "--expert-tensor-parallel-size 1 --context-parallel-size 2 --sequence-parallel --num-layers-per-virtual-pipeline-stage 23",
+    );
+    expect(&launch(&["--engine", "megatron", "--tp", "8", "--pp", "4", "--virtual-pp", "2"]), 1, "error[HC2032]");
+}
