@@ -86,9 +86,9 @@
 
 pub use headcount_macros::Architecture;
 pub use headcount_spec::{
-    ArchSpec, Architecture, BlockQuant, Config, ConfigError, Engine, EngineLayout, Family, LayoutError,
+    ArchSpec, Architecture, BlockQuant, Config, ConfigError, Engine, EngineLayout, Family, LayoutError, QuantMethod,
     SupportsDataParallel, SupportsExpertParallel, SupportsPipelineParallel, SupportsTensorParallel, ValidationError,
-    keys, rules,
+    WeightQuant, keys, rules,
 };
 
 /// The rules crate, for code that needs more than the re-exports.

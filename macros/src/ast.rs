@@ -54,6 +54,25 @@ pub(crate) struct Elem {
     pub tokens: TokenStream,
 }
 
+/// The quantized weights a declaration gives (`quantization`, with `kernel = marlin`): FP8's
+/// blocks, and AWQ, GPTQ or FP8 weights with their group and kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct QuantValue {
+    pub block: Option<headcount_spec::engines::BlockQuant>,
+    pub weights: Option<headcount_spec::engines::WeightQuant>,
+}
+
+impl QuantValue {
+    /// Every axis 1 or off, with these weights.
+    pub fn layout(&self) -> headcount_spec::EngineLayout {
+        headcount_spec::EngineLayout {
+            quant: self.block,
+            weights: self.weights,
+            ..headcount_spec::EngineLayout::new(1, 1)
+        }
+    }
+}
+
 /// A typed value, as written or as resolved from config.json and defaults.
 #[derive(Clone)]
 pub(crate) enum Value {
@@ -66,8 +85,8 @@ pub(crate) enum Value {
     Path(LitStr),
     /// `engines = [vllm, megatron]`, each with its tokens.
     Engines(Vec<(headcount_spec::engines::Engine, TokenStream)>),
-    /// `quantization = fp8_block(128, 128)`.
-    Quant(headcount_spec::engines::BlockQuant),
+    /// `quantization = fp8_block(128, 128)`, `fp8`, `awq(128)` or `gptq(128)`.
+    Quant(QuantValue),
     /// `mlp_layer_types = ["dense", "sparse"]`.
     Layers(Vec<headcount_spec::MlpLayer>),
     /// `indexer_types = ["full", "shared"]`.
@@ -98,14 +117,15 @@ impl LayoutValue {
 
     /// The layout an engine runs: every axis not given at its default; SGLang's attention
     /// data parallelism is its data parallelism.
-    pub fn engine_layout(&self, quant: Option<headcount_spec::engines::BlockQuant>) -> headcount_spec::EngineLayout {
+    pub fn engine_layout(&self, quant: QuantValue) -> headcount_spec::EngineLayout {
         use headcount_spec::keys;
         let g = |k: &str, d: u64| self.get(k).unwrap_or(d);
         headcount_spec::EngineLayout {
             ep: g(keys::EXPERT_PARALLEL, 1),
             dp: self.get(keys::ATTENTION_DATA_PARALLEL).unwrap_or(g(keys::DATA_PARALLEL, 1)),
             nnodes: g(keys::NNODES, 1),
-            quant,
+            quant: quant.block,
+            weights: quant.weights,
             cp: g(keys::CONTEXT_PARALLEL, 1),
             dcp: g(keys::DECODE_CONTEXT_PARALLEL, 1),
             pcp: g(keys::PREFILL_CONTEXT_PARALLEL, 1),

@@ -12,7 +12,7 @@ use syn::parse::ParseStream;
 use syn::parse::discouraged::Speculative;
 use syn::{Attribute, Expr, ExprLit, ExprUnary, Ident, Lit, Token, UnOp};
 
-use crate::ast::{Elem, Entry, Num, Value};
+use crate::ast::{Elem, Entry, Num, QuantValue, Value};
 use crate::ctxt::Ctxt;
 
 /// What a key accepts.
@@ -44,8 +44,10 @@ pub(crate) enum Kind {
     Path,
     /// A list of engine names.
     Engines,
-    /// `fp8_block(n, k)`.
+    /// `fp8_block(n, k)`, `fp8`, `awq(group)` or `gptq(group)`.
     Quant,
+    /// `marlin`: the kernel of the quantized weights.
+    Kernel,
     /// `bf16`, `f16`, `f32` or `fp8`: the bytes of one value.
     Dtype,
     /// A list of `layout(key = value, ..)`, whole layouts.
@@ -68,7 +70,7 @@ fn field_kind(kind: FieldKind) -> Kind {
 }
 
 /// The keys only a declaration has, with their kinds (after the config fields).
-const DECLARATION_KEYS: [(&str, Kind); 14] = [
+const DECLARATION_KEYS: [(&str, Kind); 15] = [
     (keys::DEVICE_MEMORY_GIB, Kind::Count),
     (keys::CONTEXT, Kind::Count),
     (keys::DTYPE, Kind::Dtype),
@@ -78,6 +80,7 @@ const DECLARATION_KEYS: [(&str, Kind); 14] = [
     (keys::DATA_PARALLEL, Kind::Sizes),
     (keys::ENGINES, Kind::Engines),
     (keys::QUANTIZATION, Kind::Quant),
+    (keys::KERNEL, Kind::Kernel),
     (keys::KV_REPLICATION, Kind::Bool),
     (keys::VOCAB_PADDING, Kind::Count),
     (keys::UNEVEN_PIPELINE, Kind::Bool),
@@ -277,6 +280,12 @@ fn typed(key: &'static str, raw: RawEntry, cx: &Ctxt) -> Option<Entry> {
         Kind::Sizes => sizes(key, &expr, cx),
         Kind::Engines => engines(key, &expr, cx),
         Kind::Quant => quantization(key, &expr),
+        Kind::Kernel => match &expr {
+            Expr::Path(p) if p.path.is_ident("marlin") => Ok(Some(Value::Bool(true))),
+            other => {
+                Err(format!("{key} expects marlin, the kernel the engines' Marlin rules check, found {}", found(other)))
+            }
+        },
         Kind::Dtype => dtype(key, &expr),
         Kind::Layouts => layouts(key, &expr, cx),
         Kind::Path => match &expr {
@@ -577,25 +586,40 @@ fn engines(key: &str, expr: &Expr, cx: &Ctxt) -> Result<Option<Value>, String> {
     Ok(ok.then_some(Value::Engines(out)))
 }
 
-/// `quantization = fp8_block(128, 128)`: weights in FP8 with one scale per n x k block.
+/// `quantization = fp8_block(128, 128)` (weights in FP8 with one scale per n x k block),
+/// `fp8`, or `awq(128)` and `gptq(128)` (4-bit weights, one scale a group of 128 input
+/// columns).
 fn quantization(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    use headcount_spec::engines::{BlockQuant, QuantMethod, WeightQuant};
     let usage = format!(
-        "{key} expects fp8_block(n, k), the weight block of FP8 block quantization, such as fp8_block(128, 128)"
+        "{key} expects fp8_block(n, k) (FP8 weights in n x k blocks), fp8, awq(group_size) or gptq(group_size), such as fp8_block(128, 128) or awq(128)"
     );
+    let weights = |method| Some(WeightQuant { method, group: 0, marlin: false });
+    if let Expr::Path(p) = expr
+        && p.path.is_ident("fp8")
+    {
+        return Ok(Some(Value::Quant(QuantValue { block: None, weights: weights(QuantMethod::Fp8) })));
+    }
     let Expr::Call(call) = expr else { return Err(format!("{usage}, found {}", found(expr))) };
-    let is_fp8 = matches!(&*call.func, Expr::Path(p) if p.path.is_ident("fp8_block"));
-    if !is_fp8 || call.args.len() != 2 {
+    let Expr::Path(func) = &*call.func else { return Err(usage) };
+    let method = [QuantMethod::Awq, QuantMethod::Gptq].into_iter().find(|m| func.path.is_ident(m.key()));
+    let arity = if method.is_some() { 1 } else { 2 };
+    if (method.is_none() && !func.path.is_ident("fp8_block")) || call.args.len() != arity {
         return Err(usage);
     }
     let mut v = [0u64; 2];
     for (slot, arg) in v.iter_mut().zip(&call.args) {
         match integer(key, &ungroup(arg.clone()), Sign::Size)? {
             Num::Lit(n) if n > 0 => *slot = n,
+            Num::Lit(_) if method.is_some() => return Err(format!("{key}: a quantization group of 0 columns")),
             Num::Lit(_) => return Err(format!("{key}: a block of 0 rows or columns")),
-            Num::Expr(_) => return Err(format!("{usage}: n and k must be integer literals")),
+            Num::Expr(_) => return Err(format!("{usage}: the sizes must be integer literals")),
         }
     }
-    Ok(Some(Value::Quant(headcount_spec::engines::BlockQuant { n: v[0], k: v[1] })))
+    Ok(Some(Value::Quant(match method {
+        Some(method) => QuantValue { block: None, weights: Some(WeightQuant { method, group: v[0], marlin: false }) },
+        None => QuantValue { block: Some(BlockQuant { n: v[0], k: v[1] }), weights: None },
+    })))
 }
 
 /// The keys of a `layout(..)`: each layout axis, its nodes, its sequence length and its

@@ -121,11 +121,9 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
         Some(Value::Engines(v)) => v.iter().map(|(e, _)| engine_tokens(*e)).collect(),
         _ => Vec::new(),
     };
-    let quant_value = match layout.value(keys::QUANTIZATION) {
-        Some(Value::Quant(q)) => Some(*q),
-        _ => None,
-    };
-    let quant = quant_tokens(quant_value);
+    let quant_value = layout.quant();
+    let quant = quant_tokens(quant_value.block);
+    let weights = weights_tokens(quant_value.weights);
     let layouts: Vec<TokenStream> = match layout.value(keys::LAYOUTS) {
         Some(Value::Layouts(v)) => v.iter().map(|lv| layout_tokens(&lv.engine_layout(quant_value))).collect(),
         _ => Vec::new(),
@@ -161,6 +159,7 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
             const DATA_PARALLEL: &'static [u64] = #dp;
             const ENGINES: &'static [::headcount::Engine] = &[#(#engine_list),*];
             const QUANTIZATION: ::core::option::Option<::headcount::BlockQuant> = #quant;
+            const WEIGHT_QUANTIZATION: ::core::option::Option<::headcount::WeightQuant> = #weights;
             const LAYOUTS: &'static [::headcount::EngineLayout] = &[#(#layouts),*];
             const KV_REPLICATION: bool = #replication;
             const VOCAB_PADDING: u64 = #padding;
@@ -288,10 +287,11 @@ fn memory_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredMe
 /// An `EngineLayout` literal.
 fn layout_tokens(l: &headcount_spec::EngineLayout) -> TokenStream {
     let (tp, pp, ep, dp, nnodes) = (lit_u64(l.tp), lit_u64(l.pp), lit_u64(l.ep), lit_u64(l.dp), lit_u64(l.nnodes));
-    let quant = quant_tokens(l.quant);
+    let (quant, weights) = (quant_tokens(l.quant), weights_tokens(l.weights));
     let axes = axis_tokens(l);
     quote!(::headcount::EngineLayout {
-        tp: #tp, pp: #pp, ep: #ep, dp: #dp, nnodes: #nnodes, quant: #quant, #axes ..::headcount::EngineLayout::new(1, 1)
+        tp: #tp, pp: #pp, ep: #ep, dp: #dp, nnodes: #nnodes, quant: #quant, weights: #weights, #axes
+        ..::headcount::EngineLayout::new(1, 1)
     })
 }
 
@@ -334,6 +334,28 @@ fn quant_tokens(q: Option<headcount_spec::engines::BlockQuant>) -> TokenStream {
         Some(q) => {
             let (n, k) = (lit_u64(q.n), lit_u64(q.k));
             quote!(::core::option::Option::Some(::headcount::BlockQuant { n: #n, k: #k }))
+        }
+        None => quote!(::core::option::Option::None),
+    }
+}
+
+/// `Some(WeightQuant { .. })` or `None`.
+fn weights_tokens(q: Option<headcount_spec::engines::WeightQuant>) -> TokenStream {
+    use headcount_spec::engines::QuantMethod;
+    match q {
+        Some(q) => {
+            let method = format_ident!(
+                "{}",
+                match q.method {
+                    QuantMethod::Awq => "Awq",
+                    QuantMethod::Gptq => "Gptq",
+                    QuantMethod::Fp8 => "Fp8",
+                }
+            );
+            let (group, marlin) = (lit_u64(q.group), q.marlin);
+            quote!(::core::option::Option::Some(::headcount::WeightQuant {
+                method: ::headcount::QuantMethod::#method, group: #group, marlin: #marlin
+            }))
         }
         None => quote!(::core::option::Option::None),
     }

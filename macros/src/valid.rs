@@ -14,7 +14,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::LitStr;
 
-use crate::ast::{Elem, Entry, Input, Num, Value};
+use crate::ast::{Elem, Entry, Input, Num, QuantValue, Value};
 use crate::attr::{KEYS, required};
 use crate::ctxt::Ctxt;
 
@@ -106,6 +106,23 @@ impl Layout {
             }
         }
         Some(all)
+    }
+
+    /// The quantized weights the engines' rules are checked with: `quantization`, run by
+    /// Marlin when `kernel = marlin` (FP8 blocks then FP8 weights through Marlin).
+    pub fn quant(&self) -> QuantValue {
+        let mut q = match self.value(keys::QUANTIZATION) {
+            Some(Value::Quant(q)) => *q,
+            _ => QuantValue::default(),
+        };
+        if matches!(self.value(keys::KERNEL), Some(Value::Bool(true))) {
+            let method = engines::QuantMethod::Fp8;
+            let w = q.weights.unwrap_or(engines::WeightQuant { method, group: 0, marlin: false });
+            if q.weights.is_some() || q.block.is_some() {
+                q.weights = Some(engines::WeightQuant { marlin: true, ..w });
+            }
+        }
+        q
     }
 
     fn given(&self, key: &str) -> Option<&TokenStream> {
@@ -334,7 +351,7 @@ fn default_value(family: Family, key: &str) -> Option<Value> {
         keys::ENGINES => Value::Engines(Vec::new()),
         keys::DEVICE_MEMORY_GIB | keys::CONTEXT => Value::Absent,
         keys::DTYPE => Value::Int(Num::Lit(2)),
-        keys::QUANTIZATION => Value::Absent,
+        keys::QUANTIZATION | keys::KERNEL => Value::Absent,
         keys::KV_REPLICATION | keys::UNEVEN_PIPELINE => Value::Bool(false),
         keys::VOCAB_PADDING => Value::Int(Num::Lit(1)),
         _ => return None,
@@ -466,8 +483,8 @@ fn involved(e: &LayoutError, rule: &Rule) -> Vec<&'static str> {
 /// transformers over a tensor-parallel group of E, Megatron-LM over E data-parallel ranks);
 /// a data-parallel size D with the tensor-parallel size the engine needs beside it (SGLang's
 /// attention data parallelism splits a group of D).
-pub(crate) fn engine_layout(engine: Engine, key: &str, v: u64, quant: Option<engines::BlockQuant>) -> EngineLayout {
-    let l = EngineLayout { quant, ..EngineLayout::new(1, 1) };
+pub(crate) fn engine_layout(engine: Engine, key: &str, v: u64, quant: QuantValue) -> EngineLayout {
+    let l = quant.layout();
     match key {
         keys::TENSOR_PARALLEL => EngineLayout { tp: v, ..l },
         keys::PIPELINE_PARALLEL => EngineLayout { pp: v, ..l },
@@ -497,10 +514,15 @@ fn check_engines(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt)
             return;
         }
     };
-    let quant = match layout.value(keys::QUANTIZATION) {
-        Some(Value::Quant(q)) => Some(*q),
-        _ => None,
-    };
+    if let Some(tokens) = layout.given(keys::KERNEL)
+        && layout.value(keys::QUANTIZATION).is_none_or(|v| matches!(v, Value::Absent))
+    {
+        cx.error_spanned_by(
+            tokens,
+            "a kernel runs quantized weights: give them, such as quantization = awq(128) or quantization = fp8",
+        );
+    }
+    let quant = layout.quant();
     // A value missing or malformed is already reported.
     let Some(known) = layout.fields_known() else { return };
     check_layouts(layout, spec, &engines, quant, known, cx);
@@ -564,7 +586,7 @@ fn check_layouts(
     layout: &mut Layout,
     spec: &ArchSpec,
     engines: &[(Engine, TokenStream)],
-    quant: Option<engines::BlockQuant>,
+    quant: QuantValue,
     known: bool,
     cx: &Ctxt,
 ) {

@@ -59,6 +59,9 @@ macro_rules! architecture_trait {
             const ENGINES: &'static [crate::engines::Engine];
             /// Block quantization the engines' rules were checked with.
             const QUANTIZATION: Option<crate::engines::BlockQuant>;
+            /// AWQ, GPTQ or FP8 weights and their kernel, as the engines' rules were checked
+            /// with (`quantization = awq(128)`, `kernel = marlin`).
+            const WEIGHT_QUANTIZATION: Option<crate::engines::WeightQuant> = None;
             /// The whole layouts declared (`layouts = [layout(..), ..]`), each checked as one
             /// against every engine listed.
             const LAYOUTS: &'static [crate::engines::EngineLayout] = &[];

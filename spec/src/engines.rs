@@ -71,6 +71,55 @@ pub struct BlockQuant {
     pub k: u64,
 }
 
+/// The weights of an AWQ, GPTQ or FP8 checkpoint, as the engines' weight-only quantized
+/// linear methods load them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantMethod {
+    /// 4-bit weights with zero points, one scale a group of input columns.
+    Awq,
+    /// 4-bit weights, one scale a group of input columns.
+    Gptq,
+    /// FP8 weights (per tensor or per channel, or in blocks with [`BlockQuant`]).
+    Fp8,
+}
+
+impl QuantMethod {
+    pub const ALL: [QuantMethod; 3] = [QuantMethod::Awq, QuantMethod::Gptq, QuantMethod::Fp8];
+
+    /// The name `--quantization` and the declaration take.
+    pub const fn key(self) -> &'static str {
+        match self {
+            QuantMethod::Awq => "awq",
+            QuantMethod::Gptq => "gptq",
+            QuantMethod::Fp8 => "fp8",
+        }
+    }
+
+    /// Whether the weights have quantization groups along their input columns.
+    pub const fn grouped(self) -> bool {
+        matches!(self, QuantMethod::Awq | QuantMethod::Gptq)
+    }
+}
+
+/// Weight-only quantization as an engine runs it: the method, the group of input columns a
+/// scale covers (AWQ and GPTQ; 0 for one scale a column, GPTQ's `group_size: -1`), and
+/// whether the Marlin kernels run it (vLLM's and SGLang's `awq_marlin` and `gptq_marlin`,
+/// and FP8 Marlin on GPUs without native FP8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightQuant {
+    pub method: QuantMethod,
+    pub group: u64,
+    pub marlin: bool,
+}
+
+/// Marlin's thread tile: a weight's output rows a multiple of 64 and its input columns of
+/// 128 (`GPTQ_MARLIN_MIN_THREAD_N`, `GPTQ_MARLIN_MIN_THREAD_K`).
+pub const MARLIN_MIN_N: u64 = 64;
+pub const MARLIN_MIN_K: u64 = 128;
+/// Marlin's repack tile: 64 output rows by 16 input columns (`tile_n_size`, `tile_k_size`).
+pub const MARLIN_TILE_N: u64 = 64;
+pub const MARLIN_TILE_K: u64 = 16;
+
 /// One layout as an engine's flags give it. `ep` is the expert-parallel size: vLLM's
 /// `--enable-expert-parallel` (then it must be tp x dp x pcp), SGLang's `--ep-size`,
 /// Megatron-LM's `--expert-model-parallel-size`. `dp` is data parallelism (SGLang: attention
@@ -92,7 +141,9 @@ pub struct BlockQuant {
 ///   `--enable-eplb` with `num_redundant_experts`, SGLang's `--enable-eplb` with
 ///   `--ep-num-redundant-experts`);
 /// - `seq`: the sequence length the context- and sequence-parallel rules split (Megatron-LM's
-///   `--seq-length`), 0 when not given (those rules are then not checked).
+///   `--seq-length`), 0 when not given (those rules are then not checked);
+/// - `weights`: AWQ, GPTQ or FP8 weights and their kernel (`--quantization`, `--group-size`,
+///   `--kernel marlin`); `quant` is FP8's block shape, when the weights are in blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineLayout {
     pub tp: u64,
@@ -113,6 +164,7 @@ pub struct EngineLayout {
     pub eplb: bool,
     pub redundant: u64,
     pub seq: u64,
+    pub weights: Option<WeightQuant>,
 }
 
 impl EngineLayout {
@@ -137,6 +189,7 @@ impl EngineLayout {
             eplb: false,
             redundant: 0,
             seq: 0,
+            weights: None,
         }
     }
 
@@ -286,6 +339,12 @@ pub enum EngineRule {
     ExpertBlockN { size: u64, block: u64 },
     /// Block quantization: an expert's down columns on one rank.
     ExpertBlockK { size: u64, block: u64 },
+    /// AWQ and GPTQ: a rank's input columns of a split weight hold whole quantization groups.
+    QuantGroup { what: &'static str, size: u64, group: u64 },
+    /// Marlin (AWQ and GPTQ): a rank's weight rows a multiple of 64, its columns of 128.
+    MarlinShape { what: &'static str, rows: u64, columns: u64 },
+    /// SGLang's Marlin repack: a rank's weight rows a multiple of 64, its columns of 16.
+    MarlinTile { what: &'static str, rows: u64, columns: u64 },
     /// An axis the engine has no flag for.
     NoSuchAxis { dim: Dimension },
     /// vLLM: decode context parallelism splits the tensor-parallel ranks.
@@ -405,6 +464,9 @@ impl EngineRule {
             EngineRule::MoeDpPp { .. } => "HC2040",
             EngineRule::MoeDpAttnCp { .. } => "HC2041",
             EngineRule::PcpDp { .. } => "HC2042",
+            EngineRule::QuantGroup { .. } => "HC2043",
+            EngineRule::MarlinShape { .. } => "HC2044",
+            EngineRule::MarlinTile { .. } => "HC2045",
         }
     }
 }
@@ -420,7 +482,7 @@ pub struct EngineError {
 }
 
 /// Capacity of a [`RuleList`].
-const RULES_CAPACITY: usize = 16;
+const RULES_CAPACITY: usize = 24;
 
 /// The rules one layout breaks on one engine.
 #[derive(Clone, Copy)]
@@ -504,6 +566,122 @@ const fn block_rules(s: &ArchSpec, l: &EngineLayout, moe_tp: u64, out: &mut Rule
         if tp > 1 && !w.is_multiple_of(q.k) {
             out.push(EngineRule::ExpertBlockK { size: w, block: q.k });
         }
+    }
+}
+
+/// One split weight on a rank: its name, its rows and input columns there, its whole input
+/// columns, and whether it is a routed expert's.
+#[derive(Clone, Copy)]
+struct RankWeight {
+    what: &'static str,
+    rows: u64,
+    columns: u64,
+    full_columns: u64,
+    expert: bool,
+}
+
+const NO_WEIGHT: RankWeight = RankWeight { what: "", rows: 0, columns: 0, full_columns: 0, expert: false };
+
+/// The weights a rank holds of one decoder layer of each kind, as vLLM and SGLang merge and
+/// split them at tensor-parallel size `tp` (the routed experts at `moe_tp`; 0: not split
+/// evenly, left to the width rules). A weight that does not split evenly is left out: the
+/// width and head rules report it.
+const fn rank_weights(s: &ArchSpec, tp: u64, moe_tp: u64) -> ([RankWeight; 10], usize) {
+    let mut out = [NO_WEIGHT; 10];
+    let mut n = 0;
+    let heads = s.num_attention_heads;
+    let hidden = s.hidden_size;
+    if tp != 0 && heads.is_multiple_of(tp) {
+        let h = heads / tp;
+        if s.family.is_mla() {
+            let qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
+            let (what, columns) = match s.q_lora_rank {
+                Some(r) => ("q_b_proj", r),
+                None => ("q_proj", hidden),
+            };
+            out[n] = RankWeight { what, rows: h * qk, columns, full_columns: columns, expert: false };
+            n += 1;
+            let kv_lora = s.kv_lora_rank;
+            let rows = h * (s.qk_nope_head_dim + s.v_head_dim);
+            out[n] = RankWeight { what: "kv_b_proj", rows, columns: kv_lora, full_columns: kv_lora, expert: false };
+            n += 1;
+            let (columns, full_columns) = (h * s.v_head_dim, heads * s.v_head_dim);
+            out[n] = RankWeight { what: "o_proj", rows: hidden, columns, full_columns, expert: false };
+            n += 1;
+        } else if let Some(hd) = s.resolved_head_dim() {
+            let kv = s.num_key_value_heads;
+            let kv_rank = if kv >= tp { kv / tp } else { 1 };
+            let rows = (h + 2 * kv_rank) * hd;
+            out[n] = RankWeight { what: "qkv_proj", rows, columns: hidden, full_columns: hidden, expert: false };
+            n += 1;
+            let (columns, full_columns) = (h * hd, heads * hd);
+            out[n] = RankWeight { what: "o_proj", rows: hidden, columns, full_columns, expert: false };
+            n += 1;
+        }
+    }
+    let widths: [(&'static str, &'static str, u64); 2] = [
+        ("gate_up_proj", "down_proj", if s.has_dense_layers() { s.intermediate_size } else { 0 }),
+        (
+            "shared_experts.gate_up_proj",
+            "shared_experts.down_proj",
+            if s.family.is_moe() { s.moe_intermediate_size * s.n_shared_experts } else { 0 },
+        ),
+    ];
+    let mut i = 0;
+    while i < widths.len() {
+        let (up, down, w) = widths[i];
+        if w != 0 && tp != 0 && w.is_multiple_of(tp) {
+            out[n] = RankWeight { what: up, rows: 2 * w / tp, columns: hidden, full_columns: hidden, expert: false };
+            out[n + 1] = RankWeight { what: down, rows: hidden, columns: w / tp, full_columns: w, expert: false };
+            n += 2;
+        }
+        i += 1;
+    }
+    let w = s.moe_intermediate_size;
+    if s.family.is_moe() && moe_tp != 0 && w.is_multiple_of(moe_tp) {
+        let up = RankWeight {
+            what: "experts.w13",
+            rows: 2 * w / moe_tp,
+            columns: hidden,
+            full_columns: hidden,
+            expert: true,
+        };
+        out[n] = up;
+        out[n + 1] =
+            RankWeight { what: "experts.w2", rows: hidden, columns: w / moe_tp, full_columns: w, expert: true };
+        n += 2;
+    }
+    (out, n)
+}
+
+/// The rules of vLLM's and SGLang's AWQ, GPTQ and FP8 weight-only methods on one rank's
+/// weights: whole quantization groups on a rank (AWQ, GPTQ), Marlin's 64 x 128 thread tile
+/// (AWQ and GPTQ Marlin), and SGLang's Marlin repack tile of 64 x 16 (its FP8 Marlin, which
+/// does not pad, and its Marlin MoE). vLLM 0.33's FP8 Marlin pads a rank's weight to the
+/// tile (`marlin_padded_nk`), so it has no shape rule.
+const fn weight_rules(engine: Engine, s: &ArchSpec, l: &EngineLayout, moe_tp: u64, out: &mut RuleList) {
+    let Some(q) = l.weights else { return };
+    let (weights, n) = rank_weights(s, l.tp, moe_tp);
+    let mut i = 0;
+    while i < n {
+        let w = weights[i];
+        if q.method.grouped() && q.group != 0 && q.group < w.full_columns && !w.columns.is_multiple_of(q.group) {
+            out.push(EngineRule::QuantGroup { what: w.what, size: w.columns, group: q.group });
+        }
+        if q.marlin {
+            let (rows, columns) = (w.rows, w.columns);
+            if q.method.grouped()
+                && !w.expert
+                && (!rows.is_multiple_of(MARLIN_MIN_N) || !columns.is_multiple_of(MARLIN_MIN_K))
+            {
+                out.push(EngineRule::MarlinShape { what: w.what, rows, columns });
+            }
+            let repacked = matches!(engine, Engine::Sglang) && (w.expert || matches!(q.method, QuantMethod::Fp8));
+            if repacked && (!rows.is_multiple_of(MARLIN_TILE_N) || !columns.is_multiple_of(MARLIN_TILE_K)) {
+                out.push(EngineRule::MarlinTile { what: w.what, rows, columns });
+            }
+        }
+        i += 1;
     }
 }
 
@@ -628,6 +806,7 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
                 out.push(EngineRule::ExpertsOverEp { ep, experts: 0 });
             }
             block_rules(s, l, moe_tp, out);
+            weight_rules(engine, s, l, moe_tp, out);
             if let Some((stage, layer)) = vllm_shared_stage(s, pp) {
                 out.push(EngineRule::SharedIndexerStage { pp, stage, layer });
             }
@@ -673,6 +852,7 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             let ep_dp = ep.saturating_mul(l.moe_dp);
             let moe_tp = if tp.is_multiple_of(ep_dp) { tp / ep_dp } else { 0 };
             block_rules(s, l, moe_tp, out);
+            weight_rules(engine, s, l, moe_tp, out);
         }
         Engine::Megatron => {
             if !heads.is_multiple_of(tp) {
@@ -1139,6 +1319,26 @@ const fn ours(m: Msg, r: &EngineRule, e: Engine) -> Msg {
             .push(" or tp x pcp = ")
             .num(tp.saturating_mul(pcp)),
         EngineRule::PcpDp { .. } => m.push("prefill context parallelism takes no data parallelism beside it"),
+        EngineRule::QuantGroup { what, size, group } => m
+            .push(what)
+            .push(" has ")
+            .num(size)
+            .push(" input columns a rank, which do not hold whole quantization groups of ")
+            .num(group),
+        EngineRule::MarlinShape { what, rows, columns } => m
+            .push(what)
+            .push(" is ")
+            .num(rows)
+            .push(" x ")
+            .num(columns)
+            .push(" on a rank, and Marlin needs its rows a multiple of 64 and its columns of 128"),
+        EngineRule::MarlinTile { what, rows, columns } => m
+            .push(what)
+            .push(" is ")
+            .num(rows)
+            .push(" x ")
+            .num(columns)
+            .push(" on a rank, and Marlin's repack needs its rows a multiple of 64 and its columns of 16"),
         EngineRule::DcpKvHeads { tp, kv, heads, dcp } => {
             if tp <= kv {
                 m.push("under grouped-query attention tensor_parallel (")
@@ -1382,6 +1582,38 @@ const fn theirs(m: Msg, r: &EngineRule, e: Engine) -> Msg {
             .num(tp.saturating_mul(pcp))
             .push("]."),
         EngineRule::PcpDp { .. } => m.push("PCP does not support data parallelism yet."),
+        EngineRule::QuantGroup { size, group, .. } => match e {
+            Engine::Vllm => m
+                .push("Weight input_size_per_partition=")
+                .num(size)
+                .push(" is not divisible by group_size=")
+                .num(group)
+                .push(". This happens when tensor_parallel_size splits the layer input into shards that are not a whole number of quant groups. Consider reducing tensor_parallel_size."),
+            _ => m
+                .push("Weight input_size_per_partition = ")
+                .num(size)
+                .push(" is not divisible by group_size = ")
+                .num(group)
+                .push("."),
+        },
+        EngineRule::MarlinShape { rows, columns, .. } => {
+            if !rows.is_multiple_of(MARLIN_MIN_N) {
+                m.push("Weight output_size_per_partition = ")
+                    .num(rows)
+                    .push(" is not divisible by  min_thread_n = 64. Consider reducing tensor_parallel_size or running with --quantization gptq.")
+            } else {
+                m.push("Weight input_size_per_partition = ")
+                    .num(columns)
+                    .push(" is not divisible by min_thread_k = 128. Consider reducing tensor_parallel_size or running with --quantization gptq.")
+            }
+        }
+        EngineRule::MarlinTile { rows, columns, .. } => {
+            if !rows.is_multiple_of(MARLIN_TILE_N) {
+                m.push("size_n = ").num(rows).push(" is not divisible by tile_n_size = 64")
+            } else {
+                m.push("size_k = ").num(columns).push(" is not divisible by tile_k_size = 16")
+            }
+        }
         EngineRule::DcpKvHeads { tp, kv, heads, dcp } => {
             if tp <= kv {
                 m.push("tensor parallel size ")
@@ -1900,5 +2132,46 @@ pub const RULE_DOCS: &[RuleDoc] = &[
         code: "HC2042",
         title: "prefill context parallelism with data parallelism",
         by: &[(Engine::Vllm, "pcp > 1: dp == 1", "config/parallel.py ParallelConfig._validate_parallel_config")],
+    },
+    RuleDoc {
+        code: "HC2043",
+        title: "AWQ and GPTQ: whole quantization groups on a rank",
+        by: &[
+            (
+                Engine::Vllm,
+                "each split weight's input columns a rank % group_size == 0 (group_size < its columns)",
+                "distributed/utils.py verify_group_size_divides_partition",
+            ),
+            (
+                Engine::Sglang,
+                "each split weight's input columns a rank % group_size == 0 (group_size < its columns)",
+                "srt/layers/quantization/marlin_utils.py verify_marlin_supports_shape",
+            ),
+        ],
+    },
+    RuleDoc {
+        code: "HC2044",
+        title: "AWQ and GPTQ Marlin: a rank's weight in Marlin's thread tile",
+        by: &[
+            (
+                Engine::Vllm,
+                "--kernel marlin: rows a rank % 64 == 0 and columns % 128 == 0 (attention, dense and shared MLP)",
+                "quantization/utils/marlin_utils.py verify_marlin_supports_shape",
+            ),
+            (
+                Engine::Sglang,
+                "--kernel marlin: rows a rank % 64 == 0 and columns % 128 == 0 (attention, dense and shared MLP)",
+                "srt/layers/quantization/marlin_utils.py verify_marlin_supports_shape",
+            ),
+        ],
+    },
+    RuleDoc {
+        code: "HC2045",
+        title: "Marlin repack: a rank's weight in the 64 x 16 tile",
+        by: &[(
+            Engine::Sglang,
+            "--kernel marlin: FP8 weights and routed experts, rows a rank % 64 == 0 and columns % 16 == 0",
+            "gemm/marlin/gptq_marlin_repack.cuh (tile_n_size, tile_k_size)",
+        )],
     },
 ];

@@ -26,8 +26,11 @@ pub const EXPERT_PARALLEL: &str = "expert_parallel";
 pub const DATA_PARALLEL: &str = "data_parallel";
 /// Declaration-only: the engines whose layout rules every declared size must pass.
 pub const ENGINES: &str = "engines";
-/// Declaration-only: block quantization the engines' rules must allow, `fp8_block(n, k)`.
+/// Declaration-only: quantized weights the engines' rules must allow: FP8 blocks
+/// `fp8_block(n, k)`, `fp8`, or AWQ and GPTQ with their group size, `awq(128)`, `gptq(128)`.
 pub const QUANTIZATION: &str = "quantization";
+/// Declaration-only: the kernel that runs the quantized weights, `kernel = marlin`.
+pub const KERNEL: &str = "kernel";
 /// Declaration-only: the memory of one device (GiB) every declared layout's ranks must fit.
 pub const DEVICE_MEMORY_GIB: &str = "device_memory_gib";
 /// Declaration-only: the tokens of one sequence whose KV cache a rank must hold too.
@@ -45,7 +48,7 @@ pub const UNEVEN_PIPELINE: &str = "uneven_pipeline";
 pub const FROM_CONFIG: &str = "from_config";
 
 /// The keys only a `#[arch(...)]` declaration has.
-pub const DECLARATION_ONLY: [&str; 15] = [
+pub const DECLARATION_ONLY: [&str; 16] = [
     DEVICE_MEMORY_GIB,
     CONTEXT,
     DTYPE,
@@ -56,6 +59,7 @@ pub const DECLARATION_ONLY: [&str; 15] = [
     DATA_PARALLEL,
     ENGINES,
     QUANTIZATION,
+    KERNEL,
     KV_REPLICATION,
     VOCAB_PADDING,
     UNEVEN_PIPELINE,

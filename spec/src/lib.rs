@@ -31,7 +31,7 @@ pub use arch::{
     Architecture, SupportsDataParallel, SupportsExpertParallel, SupportsPipelineParallel, SupportsTensorParallel,
 };
 pub use config::{Config, ConfigError, RopeLayout, ValidationError};
-pub use engines::{BlockQuant, Engine, EngineLayout};
+pub use engines::{BlockQuant, Engine, EngineLayout, QuantMethod, WeightQuant};
 pub use fields::{FIELDS, Field, FieldKind, FieldValue, IndexerLayer, MlpLayer};
 pub use msg::Msg;
 pub use rules::{ArchSpec, Errors, Family, LayoutError, SizeList};

@@ -35,6 +35,8 @@ pub struct Request {
     pub elt: u64,
     pub context: u64,
     pub quant: Option<BlockQuant>,
+    /// AWQ, GPTQ or FP8 weights and their kernel, whose shape rules the layouts must pass.
+    pub weights: Option<crate::engines::WeightQuant>,
 }
 
 /// One legal layout with its memory and communication.
@@ -323,7 +325,7 @@ fn legal_layouts(s: &ArchSpec, r: &Request, max_world: u64) -> Vec<EngineLayout>
                     Engine::Transformers => vec![1],
                 };
                 for ep in eps {
-                    let l = EngineLayout { ep, dp, quant: r.quant, ..EngineLayout::new(tp, pp) };
+                    let l = EngineLayout { ep, dp, quant: r.quant, weights: r.weights, ..EngineLayout::new(tp, pp) };
                     let w = world(engine, &l);
                     if w > max_world {
                         continue;
@@ -367,7 +369,7 @@ pub fn plan(s: &ArchSpec, r: &Request) -> Plan {
     }
     if legal.is_empty() {
         let mut errors = Errors::new();
-        let l = EngineLayout { quant: r.quant, ..EngineLayout::new(1, 1) };
+        let l = EngineLayout { quant: r.quant, weights: r.weights, ..EngineLayout::new(1, 1) };
         engines::check(r.engine, s, &l, &mut errors);
         let missing = Missing { rule: Some(errors), devices: None, memory: None, context: None };
         return Plan { fits, missing: Some(missing) };

@@ -133,7 +133,7 @@ fn the_engines_reference_is_current() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(codes, sorted, "codes listed once, in order");
-    assert_eq!(codes.len(), 42);
+    assert_eq!(codes.len(), 45);
     let mut doc = String::from(
         "# Engine profiles\n\nGenerated from `spec/src/engines.rs` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
          to rewrite). Each rule is a `const fn` read from the engine's source at the version named;\n\
@@ -217,6 +217,63 @@ fn the_engines_reference_is_current() {
         show(Engine::Sglang, EngineLayout::new(8, 1), Dimension::Expert),
         show(Engine::Megatron, EngineLayout { dp: 8, ..EngineLayout::new(8, 1) }, Dimension::Expert),
     ));
+    // AWQ, GPTQ and FP8 weights on the engines' kernels (HC2043-HC2045).
+    doc.push_str(
+        "\n## Quantized weights\n\n\
+         `--quantization awq|gptq` (with `--group-size`, 128 unless given, -1 for a scale a column) or\n\
+         `fp8`, and `--kernel marlin`, on `check`, `launch-args` and `plan`; in a declaration\n\
+         `quantization = awq(128)` (or `gptq(..)`, `fp8`) and `kernel = marlin`. The rules apply to\n\
+         each weight a rank holds as vLLM and SGLang merge and split them: `qkv_proj` (or the latent\n\
+         attention's `q_b_proj`, `kv_b_proj`), `o_proj`, the dense and shared `gate_up_proj` and\n\
+         `down_proj`, and the routed experts' `w13` and `w2`.\n\n\
+         - AWQ and GPTQ groups must be whole on a rank (HC2043): a split weight's input columns a\n\
+           rank hold whole groups, as both engines check for every kernel.\n\
+         - AWQ and GPTQ Marlin (HC2044): a rank's weight needs rows a multiple of 64 and columns of\n\
+           128. vLLM's `awq_marlin` runs a weight that misses the tile on its unoptimized AWQ kernel\n\
+           instead, with a warning, and its GPTQ picks another kernel; `--kernel marlin` asks for every\n\
+           weight on Marlin, so the check refuses it. vLLM's routed experts fall back to its WNA16 MoE\n\
+           kernel the same way and are not checked.\n\
+         - FP8 Marlin, the kernel of GPUs without native FP8: vLLM 0.33.0 pads a rank's weight to the\n\
+           tile (`marlin_padded_nk`), so it has no shape rule; the `size_n = 5472 is not divisible by\n\
+           tile_n_size = 64` that GLM-4.5-Air-FP8 users met (gate_up_proj's rows a rank at tp 4) came\n\
+           from an older vLLM. SGLang's\n\
+           repack does not pad (HC2045): rows a multiple of 64 and columns of 16, for FP8 weights and\n\
+           for every method's routed experts.\n\n\
+         | config | engine | awq 128 | gptq 32 | awq 128 marlin | fp8 marlin |\n|---|---|---|---|---|---|\n",
+    );
+    for (name, rel) in [
+        ("GLM-4.5 / 4.6", "moe-configs/glm-4.5.json"),
+        ("GLM-4.5-Air", "moe-configs/glm-4.5-air.json"),
+        ("GLM-4.7-Flash", "mla-configs/glm-4.7-flash.json"),
+    ] {
+        use headcount_spec::engines::{QuantMethod, WeightQuant};
+        let c = config(rel);
+        for e in [Engine::Vllm, Engine::Sglang] {
+            let cell = |method, group, marlin| {
+                let l =
+                    EngineLayout { weights: Some(WeightQuant { method, group, marlin }), ..EngineLayout::new(1, 1) };
+                let v = legal(e, &c, l, Dimension::Tensor);
+                if v.is_empty() {
+                    "none".to_owned()
+                } else {
+                    v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                }
+            };
+            doc.push_str(&format!(
+                "| {name} | {} | {} | {} | {} | {} |\n",
+                e.name(),
+                cell(QuantMethod::Awq, 128, false),
+                cell(QuantMethod::Gptq, 32, false),
+                cell(QuantMethod::Awq, 128, true),
+                cell(QuantMethod::Fp8, 0, true),
+            ));
+        }
+    }
+    doc.push_str(
+        "\nGLM-4.5-Air's dense first layer is 10944 channels wide, which groups of 128 do not divide\n\
+         even on one rank: a checkpoint quantized in groups of 128 must leave that layer unquantized\n\
+         or use smaller groups, which its config.json does not say.\n",
+    );
     // Sparse attention's shared indexers on vLLM's pipeline stages (HC2020).
     let (glm5, glm52) = (config("dsa-configs/glm-5.json"), config("dsa-configs/glm-5.2.json"));
     let stages = |c: &Config| show_for(c, Engine::Vllm, EngineLayout::new(8, 1), Dimension::Pipeline);
@@ -388,7 +445,8 @@ fn plan_section() -> String {
                 .map(|&engine| {
                     let context = if engine == Engine::Megatron { 4096 } else { c.max_position_embeddings };
                     let devices = Devices { count, gib: 80, per_node: 8 };
-                    let p = plan::plan(&spec, &Request { engine, devices, elt: 2, context, quant: None });
+                    let p =
+                        plan::plan(&spec, &Request { engine, devices, elt: 2, context, quant: None, weights: None });
                     match p.fits.first() {
                         Some(b) => {
                             let l = b.layout;

@@ -16,7 +16,7 @@ fn config(rel: &str) -> Config {
 const GIB: u64 = 1 << 30;
 
 fn request(engine: Engine, count: u64, context: u64) -> Request {
-    Request { engine, devices: Devices { count, gib: 80, per_node: 8 }, elt: 2, context, quant: None }
+    Request { engine, devices: Devices { count, gib: 80, per_node: 8 }, elt: 2, context, quant: None, weights: None }
 }
 
 fn accepted(engine: Engine, c: &Config, l: &EngineLayout) -> bool {

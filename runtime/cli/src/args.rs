@@ -304,10 +304,8 @@ pub struct CheckArgs {
     /// max_position_embeddings).
     #[arg(long, value_name = "TOKENS")]
     pub context: Option<u64>,
-    /// With --engine: block-quantized weights, `fp8-block-N` (N x N blocks) or
-    /// `fp8-block-NxK`, as the engines' FP8 block rules check them.
-    #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
-    pub quantization: Option<headcount_spec::engines::BlockQuant>,
+    #[command(flatten)]
+    pub quant: QuantArgs,
     /// With --engine: speculative decoding with the checkpoint's MTP layers, N drafts a step.
     #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
     pub speculative_tokens: Option<u64>,
@@ -464,8 +462,8 @@ pub struct LaunchArgs {
     pub data_parallel: u64,
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub nnodes: u64,
-    #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
-    pub quantization: Option<headcount_spec::engines::BlockQuant>,
+    #[command(flatten)]
+    pub quant: QuantArgs,
     /// Speculative decoding with the checkpoint's multi-token-prediction layers, N drafts a
     /// step (vLLM's method mtp, SGLang's EAGLE over the NextN layers).
     #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
@@ -499,9 +497,8 @@ pub struct PlanArgs {
     /// training sequence length) [default: max_position_embeddings; Megatron-LM: 4096].
     #[arg(long, value_name = "TOKENS", value_parser = at_least_one_u64)]
     pub context: Option<u64>,
-    /// Block-quantized weights, `fp8-block-N` or `fp8-block-NxK`.
-    #[arg(long, value_name = "fp8-block-N", value_parser = block_quant)]
-    pub quantization: Option<headcount_spec::engines::BlockQuant>,
+    #[command(flatten)]
+    pub quant: QuantArgs,
     /// The model as the engine names it in the launch command (default: the config's folder).
     #[arg(long)]
     pub model: Option<String>,
@@ -533,16 +530,103 @@ fn at_least_one_u64(s: &str) -> Result<u64, String> {
     }
 }
 
-/// `fp8-block-128` or `fp8-block-128x64`.
-fn block_quant(s: &str) -> Result<headcount_spec::engines::BlockQuant, String> {
-    let bad = || format!("{s:?} is not a block quantization: use fp8-block-N or fp8-block-NxK, e.g. fp8-block-128");
+/// The quantized weights of the checkpoint an engine runs, as its rules check them.
+#[derive(Args, Clone, Debug, Default)]
+pub struct QuantArgs {
+    /// Quantized weights: `awq` or `gptq` (4-bit, see --group-size), `fp8`, or FP8 in
+    /// blocks, `fp8-block-N` (N x N) or `fp8-block-NxK`.
+    #[arg(long, value_name = "METHOD", value_parser = quantization)]
+    pub quantization: Option<Quantization>,
+    /// AWQ and GPTQ: the input columns one scale covers, or -1 for a scale a column
+    /// [default: 128].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub group_size: Option<i64>,
+    /// The kernel that runs the quantized weights: `marlin` (vLLM's and SGLang's awq_marlin
+    /// and gptq_marlin, and FP8 Marlin, which GPUs without native FP8 run).
+    #[arg(long, value_enum, value_name = "KERNEL")]
+    pub kernel: Option<KernelArg>,
+}
+
+/// `--quantization`: FP8 blocks or a weight-only method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quantization {
+    Block(headcount_spec::engines::BlockQuant),
+    Method(headcount_spec::engines::QuantMethod),
+}
+
+/// A kernel `--kernel` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KernelArg {
+    Marlin,
+}
+
+impl QuantArgs {
+    /// FP8's blocks and the weight-only quantization, as the engine rules take them.
+    pub fn layout(
+        &self,
+    ) -> Result<(Option<headcount_spec::engines::BlockQuant>, Option<headcount_spec::engines::WeightQuant>), String>
+    {
+        use headcount_spec::engines::{QuantMethod, WeightQuant};
+        let marlin = self.kernel == Some(KernelArg::Marlin);
+        let (block, method) = match self.quantization {
+            None if marlin => return Err("--kernel marlin runs quantized weights: give --quantization".to_owned()),
+            None if self.group_size.is_some() => {
+                return Err("--group-size is AWQ's and GPTQ's: give --quantization awq or gptq".to_owned());
+            }
+            None => return Ok((None, None)),
+            Some(Quantization::Block(b)) => (Some(b), QuantMethod::Fp8),
+            Some(Quantization::Method(m)) => (None, m),
+        };
+        let group = match (self.group_size, method.grouped()) {
+            (None, true) => 128,
+            (Some(-1), true) => 0,
+            (Some(g), true) if g >= 1 => g as u64,
+            (Some(g), true) => {
+                return Err(format!("--group-size {g}: give 1 or more columns, or -1 for a scale a column"));
+            }
+            (Some(_), false) => return Err("--group-size is AWQ's and GPTQ's, not FP8's".to_owned()),
+            (None, false) => 0,
+        };
+        let weights = (block.is_none() || marlin).then_some(WeightQuant { method, group, marlin });
+        Ok((block, weights))
+    }
+
+    /// The weights in words, for a heading: ", awq groups of 128 through marlin".
+    pub fn describe(&self) -> String {
+        let mut s = match self.quantization {
+            None => return String::new(),
+            Some(Quantization::Block(q)) => format!(", fp8 blocks {}x{}", q.n, q.k),
+            Some(Quantization::Method(m)) if m.grouped() => match self.group_size.unwrap_or(128) {
+                -1 => format!(", {} a scale a column", m.key()),
+                g => format!(", {} groups of {g}", m.key()),
+            },
+            Some(Quantization::Method(m)) => format!(", {}", m.key()),
+        };
+        if self.kernel == Some(KernelArg::Marlin) {
+            s.push_str(" through marlin");
+        }
+        s
+    }
+}
+
+/// `awq`, `gptq`, `fp8`, `fp8-block-128` or `fp8-block-128x64`.
+fn quantization(s: &str) -> Result<Quantization, String> {
+    use headcount_spec::engines::QuantMethod;
+    if let Some(m) = QuantMethod::ALL.into_iter().find(|m| m.key() == s) {
+        return Ok(Quantization::Method(m));
+    }
+    let bad = || {
+        format!(
+            "{s:?} is not a quantization: use awq, gptq, fp8, or FP8 blocks fp8-block-N or fp8-block-NxK, e.g. fp8-block-128"
+        )
+    };
     let rest = s.strip_prefix("fp8-block-").ok_or_else(bad)?;
     let (n, k) = rest.split_once('x').unwrap_or((rest, rest));
     let (n, k): (u64, u64) = (n.parse().map_err(|_| bad())?, k.parse().map_err(|_| bad())?);
     if n == 0 || k == 0 {
         return Err(format!("{s:?}: a block of 0 rows or columns"));
     }
-    Ok(headcount_spec::engines::BlockQuant { n, k })
+    Ok(Quantization::Block(headcount_spec::engines::BlockQuant { n, k }))
 }
 
 /// An engine whose layout rules `check --engine` applies.

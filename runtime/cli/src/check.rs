@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use headcount_runtime::{Error, Result};
 use headcount_spec::Config;
-use headcount_spec::engines::{self, Dimension, Engine, EngineLayout};
+use headcount_spec::engines::{self, Dimension, Engine, EngineLayout, QuantMethod};
 
 use crate::args::{CheckArgs, LaunchArgs};
 
@@ -198,6 +198,7 @@ fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
         return Err(Error::InvalidArgument("--tp, --pp, --ep, --dp and --nnodes must be at least 1".to_owned()));
     }
     let seq = a.context.unwrap_or(0);
+    let (quant, weights) = a.quant.layout().map_err(Error::InvalidArgument)?;
     let axes = a.axes.given();
     let mut refused = 0;
     for &engine in &engines {
@@ -206,13 +207,7 @@ fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
             for &pp in &pps {
                 for &ep in &eps {
                     for &dp in &dps {
-                        let l = EngineLayout {
-                            ep,
-                            dp,
-                            nnodes: a.nnodes,
-                            quant: a.quantization,
-                            ..EngineLayout::new(tp, pp)
-                        };
+                        let l = EngineLayout { ep, dp, nnodes: a.nnodes, quant, weights, ..EngineLayout::new(tp, pp) };
                         let l = a.axes.apply(l, seq);
                         let name =
                             format!("tp {tp} pp {pp} ep {ep} dp {dp}{}{axes}", if axes.is_empty() { "" } else { " " });
@@ -264,11 +259,12 @@ fn engines(a: &CheckArgs, config: &Config) -> Result<ExitCode> {
 /// with the pipeline and expert-parallel sizes it takes beside it.
 fn print_engine_table(engine: Engine, spec: &headcount_spec::ArchSpec, a: &CheckArgs) {
     let dp = a.axes.attn_dp.or(a.data_parallel.first().copied()).unwrap_or(1);
-    let base = EngineLayout { dp, nnodes: a.nnodes, quant: a.quantization, ..EngineLayout::new(1, 1) };
+    let (quant, weights) = a.quant.layout().unwrap_or_default();
+    let base = EngineLayout { dp, nnodes: a.nnodes, quant, weights, ..EngineLayout::new(1, 1) };
     let base = a.axes.apply(base, a.context.unwrap_or(0));
     let legal = |l: &EngineLayout, dim: Dimension| engines::legal_values(engine, spec, l, dim);
     let tps = legal(&base, Dimension::Tensor);
-    let quant = a.quantization.map_or(String::new(), |q| format!(", fp8 blocks {}x{}", q.n, q.k));
+    let quant = a.quant.describe();
     let axes = a.axes.given();
     let quant = if axes.is_empty() { quant } else { format!("{quant}, {axes}") };
     println!(
@@ -406,7 +402,8 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
     if [tp, pp, ep, dp, a.nnodes].contains(&0) {
         return Err(Error::InvalidArgument("--tp, --pp, --ep, --dp and --nnodes must be at least 1".to_owned()));
     }
-    let layout = EngineLayout { ep, dp, nnodes: a.nnodes, quant: a.quantization, ..EngineLayout::new(tp, pp) };
+    let (quant, weights) = a.quant.layout().map_err(Error::InvalidArgument)?;
+    let layout = EngineLayout { ep, dp, nnodes: a.nnodes, quant, weights, ..EngineLayout::new(tp, pp) };
     let layout = a.axes.apply(layout, a.context.unwrap_or(0));
     let spec = config.spec(&[], &[]);
     let mut errors = headcount_spec::Errors::new();
@@ -453,6 +450,13 @@ fn model_of(config: &Path) -> String {
 /// The lines `launch-args` prints for a layout the engine accepts: the command, after any
 /// comment it needs. `context` sets the longest sequence (vLLM's and SGLang's context
 /// length, Megatron-LM's sequence length).
+/// vLLM's and SGLang's `--quantization` for the layout's weights: `awq_marlin` and
+/// `gptq_marlin` for Marlin, else the method (FP8 Marlin is the GPU's choice, not a method).
+fn quantization_flag(layout: &EngineLayout) -> Option<String> {
+    let w = layout.weights?;
+    Some(if w.marlin && w.method.grouped() { format!("{}_marlin", w.method.key()) } else { w.method.key().to_owned() })
+}
+
 fn launch_lines(
     config: &Config,
     engine: Engine,
@@ -488,6 +492,9 @@ fn launch_lines(
                     push(&["--eplb-config", &format!("{{\"num_redundant_experts\": {}}}", layout.redundant)]);
                 }
             }
+            if let Some(q) = quantization_flag(layout) {
+                push(&["--quantization", &q]);
+            }
             if let Some(n) = context {
                 push(&["--max-model-len", &n.to_string()]);
             }
@@ -496,7 +503,14 @@ fn launch_lines(
             }
         }
         Engine::Sglang => {
+            if layout.weights.is_some_and(|w| w.marlin && w.method == QuantMethod::Fp8) {
+                // SGLang runs FP8 Marlin by itself only on GPUs without native FP8.
+                push(&["SGLANG_FORCE_FP8_MARLIN=1"]);
+            }
             push(&["python", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", &tp.to_string()]);
+            if let Some(q) = quantization_flag(layout) {
+                push(&["--quantization", &q]);
+            }
             push(&["--pp-size", &pp.to_string()]);
             if ep > 1 {
                 push(&["--ep-size", &ep.to_string()]);
@@ -649,8 +663,8 @@ pub fn plan(a: &crate::args::PlanArgs) -> Result<ExitCode> {
     // sequence, not the longest context.
     let default_context = if engine == Engine::Megatron { 4096 } else { config.max_position_embeddings };
     let context = a.context.unwrap_or(default_context);
-    let request =
-        Request { engine, devices: Devices { count, gib, per_node }, elt: a.dtype, context, quant: a.quantization };
+    let (quant, weights) = a.quant.layout().map_err(Error::InvalidArgument)?;
+    let request = Request { engine, devices: Devices { count, gib, per_node }, elt: a.dtype, context, quant, weights };
     let spec = config.spec(&[], &[]);
     let answer = plan::plan(&spec, &request);
     let model = a.model.clone().unwrap_or_else(|| model_of(&a.config));

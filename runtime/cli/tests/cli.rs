@@ -462,7 +462,7 @@ fn check_against_engines() {
         0,
         "tp   8: pp 1-46, ep 1, 8",
     );
-    expect(&headcount(&["check", &glm45, "--engine", "vllm", "--quantization", "int4"]), 2, "not a block quantization");
+    expect(&headcount(&["check", &glm45, "--engine", "vllm", "--quantization", "int4"]), 2, "is not a quantization");
     let bad = fixture("moe-configs/topk-group-exceeds-groups.json");
     expect(&headcount(&["check", &bad, "--engine", "vllm"]), 1, "error[HC0903]");
 }
@@ -832,4 +832,79 @@ fn check_and_launch_args_take_the_layout_axes() {
         "--expert-tensor-parallel-size 1 --context-parallel-size 2 --sequence-parallel --num-layers-per-virtual-pipeline-stage 23",
     );
     expect(&launch(&["--engine", "megatron", "--tp", "8", "--pp", "4", "--virtual-pp", "2"]), 1, "error[HC2032]");
+}
+
+/// AWQ, GPTQ and FP8 weights and the Marlin kernel on the published shapes: the groups on a
+/// rank, Marlin's tiles per engine, the launch command's kernel, and flags that do not fit.
+#[test]
+fn check_and_launch_args_take_quantized_weights_and_their_kernel() {
+    let air = fixture("moe-configs/glm-4.5-air.json");
+    let check = |extra: &[&str]| {
+        let mut args = vec!["check", &air, "--engine", "vllm", "--engine", "sglang"];
+        args.extend_from_slice(extra);
+        headcount(&args)
+    };
+    // GLM-4.5-Air in GPTQ groups of 32: whole groups a rank at tp 2, not at tp 4.
+    let o = check(&["--tp", "2", "--quantization", "gptq", "--group-size", "32"]);
+    expect(&o, 0, "legal layouts on vLLM (dp 1, 1 node, gptq groups of 32)");
+    let o = check(&["--tp", "4", "--quantization", "gptq", "--group-size", "32"]);
+    expect(&o, 1, "error[HC2043]: tp 4 pp 1 ep 1 dp 1: vLLM 0.33.0 refuses tensor_parallel 4: down_proj has 2736");
+    // FP8 through Marlin at tp 4: vLLM pads, SGLang's repack refuses 5472 rows.
+    let o = check(&["--tp", "4", "--quantization", "fp8", "--kernel", "marlin"]);
+    expect(&o, 1, "error[HC2045]: tp 4 pp 1 ep 1 dp 1: SGLang 0.5.23 refuses tensor_parallel 4");
+    let (out, _) = text(&o);
+    let vllm = out.split("SGLang 0.5.23:").next().unwrap_or_default();
+    assert!(vllm.contains("ok: tp 4 pp 1 ep 1 dp 1") && !vllm.contains("error["), "{out}");
+    // GLM-4.5 in AWQ groups of 128 through Marlin: tp 4 runs, tp 8 does not.
+    let glm45 = fixture("moe-configs/glm-4.5.json");
+    let o = headcount(&[
+        "check",
+        &glm45,
+        "--engine",
+        "vllm",
+        "--tp",
+        "4",
+        "--tp",
+        "8",
+        "--quantization",
+        "awq",
+        "--kernel",
+        "marlin",
+    ]);
+    expect(&o, 1, "ok: tp 4 pp 1 ep 1 dp 1");
+    expect(
+        &o,
+        1,
+        "error[HC2044]: tp 8 pp 1 ep 1 dp 1: vLLM 0.33.0 refuses tensor_parallel 8: shared_experts.down_proj is 5120 x 192",
+    );
+    let launch = |engine: &str, extra: &[&str]| {
+        let mut args = vec!["launch-args", &glm45, "--engine", engine, "--tp", "4"];
+        args.extend_from_slice(extra);
+        headcount(&args)
+    };
+    expect(&launch("vllm", &["--quantization", "awq", "--kernel", "marlin"]), 0, "--quantization awq_marlin");
+    expect(&launch("sglang", &["--quantization", "gptq"]), 0, "--quantization gptq");
+    expect(
+        &launch("sglang", &["--quantization", "fp8", "--kernel", "marlin"]),
+        0,
+        "SGLANG_FORCE_FP8_MARLIN=1 python -m sglang.launch_server",
+    );
+    let o = headcount(&[
+        "launch-args",
+        &glm45,
+        "--engine",
+        "vllm",
+        "--tp",
+        "8",
+        "--quantization",
+        "awq",
+        "--kernel",
+        "marlin",
+    ]);
+    expect(&o, 1, "error[HC2044]: vLLM 0.33.0 refuses tensor_parallel 8");
+    // Flags that name nothing to run.
+    expect(&launch("vllm", &["--kernel", "marlin"]), 1, "--kernel marlin runs quantized weights");
+    expect(&launch("vllm", &["--quantization", "fp8", "--group-size", "64"]), 1, "--group-size is AWQ's and GPTQ's");
+    expect(&launch("vllm", &["--quantization", "awq", "--group-size", "0"]), 1, "--group-size 0");
+    expect(&launch("vllm", &["--kernel", "exllama"]), 2, "invalid value 'exllama'");
 }
