@@ -88,7 +88,7 @@ pub use headcount_macros::Architecture;
 pub use headcount_spec::{
     ArchSpec, Architecture, BlockQuant, Config, ConfigError, Engine, EngineLayout, Family, LayoutError, QuantMethod,
     SupportsDataParallel, SupportsExpertParallel, SupportsPipelineParallel, SupportsTensorParallel, ValidationError,
-    WeightQuant, keys, rules,
+    VisionFamily, VisionSpec, WeightQuant, keys, rules,
 };
 
 /// The rules crate, for code that needs more than the re-exports.

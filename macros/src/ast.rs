@@ -54,6 +54,15 @@ pub(crate) struct Elem {
     pub tokens: TokenStream,
 }
 
+/// A vision-language declaration's config type and tower, with the tokens of each size
+/// written (where its errors point).
+#[derive(Clone)]
+pub(crate) struct VisionValue {
+    pub family: headcount_spec::vision::VisionFamily,
+    pub tower: headcount_spec::vision::VisionSpec,
+    pub args: Vec<(&'static str, TokenStream)>,
+}
+
 /// The quantized weights a declaration gives (`quantization`, with `kernel = marlin`): FP8's
 /// blocks, and AWQ, GPTQ or FP8 weights with their group and kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -93,6 +102,8 @@ pub(crate) enum Value {
     Indexers(Vec<headcount_spec::IndexerLayer>),
     /// `layouts = [layout(tensor_parallel = 8, ..), ..]`.
     Layouts(Vec<LayoutValue>),
+    /// `vision = glm4v_moe(depth = 24, ..)`.
+    Vision(VisionValue),
     /// An optional value left out: no pad or bos token, head_dim derived.
     Absent,
 }
@@ -138,6 +149,7 @@ impl LayoutValue {
             eplb: g(keys::EPLB, 0) != 0,
             redundant: g(keys::REDUNDANT_EXPERTS, 0),
             seq: g(keys::SEQ_LENGTH, 0),
+            mm_encoder_dp: g(keys::MM_ENCODER_DATA_PARALLEL, 0) != 0,
             ..headcount_spec::EngineLayout::new(g(keys::TENSOR_PARALLEL, 1), g(keys::PIPELINE_PARALLEL, 1))
         }
     }

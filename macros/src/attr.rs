@@ -48,6 +48,8 @@ pub(crate) enum Kind {
     Quant,
     /// `marlin`: the kernel of the quantized weights.
     Kernel,
+    /// `glm4v_moe(depth = 24, ..)`: a vision-language config type and its tower's sizes.
+    Vision,
     /// `bf16`, `f16`, `f32` or `fp8`: the bytes of one value.
     Dtype,
     /// A list of `layout(key = value, ..)`, whole layouts.
@@ -70,7 +72,7 @@ fn field_kind(kind: FieldKind) -> Kind {
 }
 
 /// The keys only a declaration has, with their kinds (after the config fields).
-const DECLARATION_KEYS: [(&str, Kind); 15] = [
+const DECLARATION_KEYS: [(&str, Kind); 16] = [
     (keys::DEVICE_MEMORY_GIB, Kind::Count),
     (keys::CONTEXT, Kind::Count),
     (keys::DTYPE, Kind::Dtype),
@@ -81,6 +83,7 @@ const DECLARATION_KEYS: [(&str, Kind); 15] = [
     (keys::ENGINES, Kind::Engines),
     (keys::QUANTIZATION, Kind::Quant),
     (keys::KERNEL, Kind::Kernel),
+    (keys::VISION, Kind::Vision),
     (keys::KV_REPLICATION, Kind::Bool),
     (keys::VOCAB_PADDING, Kind::Count),
     (keys::UNEVEN_PIPELINE, Kind::Bool),
@@ -280,6 +283,7 @@ fn typed(key: &'static str, raw: RawEntry, cx: &Ctxt) -> Option<Entry> {
         Kind::Sizes => sizes(key, &expr, cx),
         Kind::Engines => engines(key, &expr, cx),
         Kind::Quant => quantization(key, &expr),
+        Kind::Vision => vision(key, &expr),
         Kind::Kernel => match &expr {
             Expr::Path(p) if p.path.is_ident("marlin") => Ok(Some(Value::Bool(true))),
             other => {
@@ -622,9 +626,58 @@ fn quantization(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
     })))
 }
 
+/// `vision = glm4v_moe(depth = 24, hidden_size = 1536, num_heads = 12, intermediate_size =
+/// 10944, out_hidden_size = 4096)`: the vision-language config type (config.json's
+/// model_type) and its tower's sizes (vision_config's; a size left out is transformers'
+/// default), each an integer literal.
+fn vision(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
+    use headcount_spec::vision::{VisionFamily, VisionSpec};
+    let names: Vec<&str> = VisionSpec::DEFAULT.entries().iter().map(|(k, _)| *k).collect();
+    let types: Vec<&str> = VisionFamily::ALL.iter().map(|f| f.model_type()).collect();
+    let usage = format!(
+        "{key} expects the vision-language config type ({}) with its tower's sizes, such as glm4v_moe(depth = 24, hidden_size = 1536, num_heads = 12, intermediate_size = 10944, out_hidden_size = 4096)",
+        types.join(", ")
+    );
+    let Expr::Call(call) = expr else { return Err(format!("{usage}, found {}", found(expr))) };
+    let Expr::Path(func) = &*call.func else { return Err(usage) };
+    let name = func.path.get_ident().map(|i| i.unraw().to_string()).unwrap_or_default();
+    let Some(family) = VisionFamily::from_model_type(&name) else {
+        return Err(format!("{key}: `{name}` is not a vision-language config type: use {}", types.join(", ")));
+    };
+    let mut tower = VisionSpec::DEFAULT;
+    let mut args: Vec<(&'static str, proc_macro2::TokenStream)> = Vec::new();
+    for arg in &call.args {
+        let arg = ungroup(arg.clone());
+        let Expr::Assign(a) = &arg else { return Err(format!("{usage}, found {}", found(&arg))) };
+        let size = match &*a.left {
+            Expr::Path(p) => p.path.get_ident().map(|i| i.unraw().to_string()),
+            _ => None,
+        };
+        let Some(k) = size.as_deref().and_then(|n| names.iter().find(|k| **k == n)) else {
+            return Err(format!(
+                "{key}: unknown vision tower key `{}`: use {}",
+                size.unwrap_or_default(),
+                names.join(", ")
+            ));
+        };
+        if args.iter().any(|(x, _)| x == k) {
+            return Err(format!("{key}: `{k}` is given twice"));
+        }
+        let right = ungroup((*a.right).clone());
+        match integer(k, &right, Sign::Size)? {
+            Num::Lit(n) => {
+                tower.set(k, n);
+            }
+            Num::Expr(_) => return Err(format!("{key}: `{k}` must be an integer literal")),
+        }
+        args.push((k, right.to_token_stream()));
+    }
+    Ok(Some(Value::Vision(crate::ast::VisionValue { family, tower, args })))
+}
+
 /// The keys of a `layout(..)`: each layout axis, its nodes, its sequence length and its
 /// speculative tokens; `true` for the switches.
-const LAYOUT_KEYS: [(&str, bool); 19] = [
+const LAYOUT_KEYS: [(&str, bool); 20] = [
     (keys::TENSOR_PARALLEL, false),
     (keys::PIPELINE_PARALLEL, false),
     (keys::EXPERT_PARALLEL, false),
@@ -644,6 +697,7 @@ const LAYOUT_KEYS: [(&str, bool); 19] = [
     (keys::REDUNDANT_EXPERTS, false),
     (keys::SPECULATIVE_TOKENS, false),
     (keys::SEQ_LENGTH, false),
+    (keys::MM_ENCODER_DATA_PARALLEL, true),
 ];
 
 /// `layouts = [layout(tensor_parallel = 16, decode_context_parallel = 2), ..]`: whole

@@ -124,6 +124,29 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
     let quant_value = layout.quant();
     let quant = quant_tokens(quant_value.block);
     let weights = weights_tokens(quant_value.weights);
+    let (vision, vision_family) = match layout.vision() {
+        Some(v) => {
+            let t = v.tower;
+            let (depth, hidden, heads) = (lit_u64(t.depth), lit_u64(t.hidden_size), lit_u64(t.num_heads));
+            let (inter, out) = (lit_u64(t.intermediate_size), lit_u64(t.out_hidden_size));
+            let family = format_ident!(
+                "{}",
+                match v.family {
+                    headcount_spec::VisionFamily::Glm4v => "Glm4v",
+                    headcount_spec::VisionFamily::Glm4vMoe => "Glm4vMoe",
+                    headcount_spec::VisionFamily::Glm46v => "Glm46v",
+                }
+            );
+            (
+                quote!(::core::option::Option::Some(::headcount::VisionSpec {
+                    depth: #depth, hidden_size: #hidden, num_heads: #heads, intermediate_size: #inter,
+                    out_hidden_size: #out,
+                })),
+                quote!(::core::option::Option::Some(::headcount::VisionFamily::#family)),
+            )
+        }
+        None => (quote!(::core::option::Option::None), quote!(::core::option::Option::None)),
+    };
     let layouts: Vec<TokenStream> = match layout.value(keys::LAYOUTS) {
         Some(Value::Layouts(v)) => v.iter().map(|lv| layout_tokens(&lv.engine_layout(quant_value))).collect(),
         _ => Vec::new(),
@@ -160,6 +183,8 @@ fn expand(input: &Input, layout: &Layout, cx: Ctxt) -> TokenStream {
             const ENGINES: &'static [::headcount::Engine] = &[#(#engine_list),*];
             const QUANTIZATION: ::core::option::Option<::headcount::BlockQuant> = #quant;
             const WEIGHT_QUANTIZATION: ::core::option::Option<::headcount::WeightQuant> = #weights;
+            const VISION: ::core::option::Option<::headcount::VisionSpec> = #vision;
+            const VISION_FAMILY: ::core::option::Option<::headcount::VisionFamily> = #vision_family;
             const LAYOUTS: &'static [::headcount::EngineLayout] = &[#(#layouts),*];
             const KV_REPLICATION: bool = #replication;
             const VOCAB_PADDING: u64 = #padding;
@@ -315,7 +340,9 @@ fn axis_tokens(l: &headcount_spec::EngineLayout) -> TokenStream {
             out.extend(quote!(#field: #v,));
         }
     }
-    for (name, on) in [("sp", l.sp), ("tp_comm_overlap", l.tp_comm_overlap), ("eplb", l.eplb)] {
+    for (name, on) in
+        [("sp", l.sp), ("tp_comm_overlap", l.tp_comm_overlap), ("eplb", l.eplb), ("mm_encoder_dp", l.mm_encoder_dp)]
+    {
         if on {
             let field = format_ident!("{}", name);
             out.extend(quote!(#field: true,));

@@ -486,6 +486,7 @@ impl Literal {
             kv_replication: self.replication,
             vocab_padding: self.padding,
             uneven_pipeline: self.uneven,
+            vision: None,
         }
     }
 }

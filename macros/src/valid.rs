@@ -108,6 +108,14 @@ impl Layout {
         Some(all)
     }
 
+    /// The vision-language config type and tower, when the declaration has one.
+    pub fn vision(&self) -> Option<&crate::ast::VisionValue> {
+        match self.value(keys::VISION)? {
+            Value::Vision(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// The quantized weights the engines' rules are checked with: `quantization`, run by
     /// Marlin when `kernel = marlin` (FP8 blocks then FP8 weights through Marlin).
     pub fn quant(&self) -> QuantValue {
@@ -324,8 +332,13 @@ fn from_field(v: FieldValue) -> Value {
     }
 }
 
-/// A key's value in config.json; `None` for declaration-only keys.
+/// A key's value in config.json; `None` for declaration-only keys (a vision-language
+/// config's tower is its `vision`).
 fn config_value(c: &Config, key: &str) -> Option<Value> {
+    if key == keys::VISION {
+        let v = c.vision.as_ref()?;
+        return Some(Value::Vision(crate::ast::VisionValue { family: v.family, tower: v.tower, args: Vec::new() }));
+    }
     c.get(key).map(from_field)
 }
 
@@ -351,7 +364,7 @@ fn default_value(family: Family, key: &str) -> Option<Value> {
         keys::ENGINES => Value::Engines(Vec::new()),
         keys::DEVICE_MEMORY_GIB | keys::CONTEXT => Value::Absent,
         keys::DTYPE => Value::Int(Num::Lit(2)),
-        keys::QUANTIZATION | keys::KERNEL => Value::Absent,
+        keys::QUANTIZATION | keys::KERNEL | keys::VISION => Value::Absent,
         keys::KV_REPLICATION | keys::UNEVEN_PIPELINE => Value::Bool(false),
         keys::VOCAB_PADDING => Value::Int(Num::Lit(1)),
         _ => return None,
@@ -369,7 +382,12 @@ fn to_field(v: &Value) -> Option<FieldValue> {
         Value::Layers(l) => FieldValue::Layers(l.clone()),
         Value::Indexers(l) => FieldValue::Indexers(l.clone()),
         Value::Absent => FieldValue::Absent,
-        Value::Family(_) | Value::Path(_) | Value::Engines(_) | Value::Quant(_) | Value::Layouts(_) => return None,
+        Value::Family(_)
+        | Value::Path(_)
+        | Value::Engines(_)
+        | Value::Quant(_)
+        | Value::Layouts(_)
+        | Value::Vision(_) => return None,
     })
 }
 
@@ -394,8 +412,14 @@ fn run_rules(layout: &mut Layout, input: &Input, from_config: Option<&LitStr>, c
         kv_replication: layout.bool(keys::KV_REPLICATION),
         vocab_padding: layout.u64(keys::VOCAB_PADDING).unwrap_or(1),
         uneven_pipeline: layout.bool(keys::UNEVEN_PIPELINE),
+        vision: layout.vision().map(|v| v.tower),
         ..config.spec(&tp, &pp)
     };
+    if let Some(v) = layout.vision()
+        && let Some(tokens) = layout.given(keys::VISION)
+    {
+        vision_family(layout.family, v.family, tokens, cx);
+    }
     let known = |keys: &[&str]| keys.iter().all(|k| layout.literal(k) == Some(true));
     let dims: &[&str] = if layout.family.is_mla() {
         &[keys::QK_ROPE_HEAD_DIM]
@@ -431,6 +455,35 @@ fn run_rules(layout: &mut Layout, input: &Input, from_config: Option<&LitStr>, c
     check_memory(layout, &spec, input, cx);
 }
 
+/// A vision-language config type takes one kind of text model: glm4v the glm4 layers,
+/// glm4v_moe the glm4_moe ones, glm46v either.
+fn vision_family(family: Family, vision: headcount_spec::VisionFamily, tokens: &TokenStream, cx: &Ctxt) {
+    let text = headcount_spec::TextModel::of_family(family);
+    if text.is_some_and(|t| vision.takes(t)) {
+        return;
+    }
+    let takes: Vec<&str> = [Family::Glm4, Family::Glm4Moe]
+        .into_iter()
+        .filter(|f| headcount_spec::TextModel::of_family(*f).is_some_and(|t| vision.takes(t)))
+        .map(Family::model_type)
+        .collect();
+    cx.error_spanned_by(
+        tokens,
+        format!(
+            "{} holds a text model of family {}, not {}: use `family = {}`{}",
+            vision.model_type(),
+            takes.join(" or "),
+            family.model_type(),
+            takes[0],
+            match family {
+                Family::Glm4 => ", or vision = glm4v(..)",
+                Family::Glm4Moe => ", or vision = glm4v_moe(..)",
+                _ => "",
+            },
+        ),
+    );
+}
+
 /// Reports one rule violation at the value it is about: the list element for a list key,
 /// the value as written; for a value not written (read from config.json or a default),
 /// the other value written that the violation involves (an override of the file, a
@@ -438,6 +491,20 @@ fn run_rules(layout: &mut Layout, input: &Input, from_config: Option<&LitStr>, c
 fn report(layout: &Layout, input: &Input, rule: &Rule, from_config: Option<&LitStr>, e: &LayoutError, cx: &Ctxt) {
     let key = e.field();
     let msg = e.to_string();
+    // A vision tower's error points at the size it is about, as written.
+    let size = match e {
+        LayoutError::VisionNotPositive { field } => Some(*field),
+        LayoutError::VisionHiddenNotMultipleOfHeads { .. } | LayoutError::VisionHeadDimNotMultipleOf4 { .. } => {
+            Some(headcount_spec::vision::NUM_HEADS)
+        }
+        _ => None,
+    };
+    if let (Some(size), Some(v)) = (size, layout.vision())
+        && let Some((_, tokens)) = v.args.iter().find(|(k, _)| *k == size)
+    {
+        cx.error_spanned_by(tokens, msg);
+        return;
+    }
     if let Some(tokens) = layout.given(key) {
         let element = match (e.element(), layout.value(key)) {
             (Some(v), Some(Value::List(items))) => items.iter().find(|i| i.num.lit() == Some(v)).map(|i| &i.tokens),

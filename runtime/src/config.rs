@@ -164,6 +164,13 @@ impl Dims {
     /// i64: the `as i64` casts of these sizes never wrap.
     pub fn new(config: &Config) -> Result<Dims> {
         config.validate()?;
+        if let Some(v) = &config.vision {
+            return Err(Error::Config(headcount_spec::ConfigError::Unsupported {
+                field: "model_type".to_owned(),
+                value: format!("{:?}", v.family.model_type()),
+                reason: "headcount checks vision-language configs (`headcount check`, `declare`, `launch-args`) and runs text-only models: its layers are those of the text model alone",
+            }));
+        }
         // cannot fire: a valid config has a head_dim (given, or derived by rule 3).
         let hd = config.resolved_head_dim().unwrap_or(0) as usize;
         let spec = config.spec(&[], &[]);

@@ -69,6 +69,10 @@ macro_rules! architecture_trait {
             /// Vocabulary padded to a multiple of this before a vocab-parallel split (1 = none).
             const VOCAB_PADDING: u64;
             const UNEVEN_PIPELINE: bool;
+            /// The vision tower of a vision-language declaration (`vision = glm4v_moe(..)`).
+            const VISION: Option<crate::vision::VisionSpec> = None;
+            /// The vision-language config type a declaration with a tower is (`glm4v`, ..).
+            const VISION_FAMILY: Option<crate::vision::VisionFamily> = None;
 
             /// Query heads per kv head.
             const GROUP_SIZE: usize = match Self::NUM_ATTENTION_HEADS.checked_div(Self::NUM_KEY_VALUE_HEADS) {
@@ -86,6 +90,7 @@ macro_rules! architecture_trait {
                 kv_replication: Self::KV_REPLICATION,
                 vocab_padding: Self::VOCAB_PADDING,
                 uneven_pipeline: Self::UNEVEN_PIPELINE,
+                vision: Self::VISION,
             };
 
             /// Parameters of the whole model, as its checkpoint stores them.
@@ -122,7 +127,11 @@ macro_rules! architecture_trait {
 
             /// The Hugging Face config this declaration corresponds to.
             fn config() -> crate::Config {
-                crate::Config::from_spec(&Self::SPEC)
+                let mut c = crate::Config::from_spec(&Self::SPEC);
+                if let (Some(v), Some(family)) = (c.vision.as_mut(), Self::VISION_FAMILY) {
+                    v.family = family;
+                }
+                c
             }
         }
     };

@@ -17,6 +17,12 @@ use crate::fields::{
 };
 use crate::keys;
 use crate::rules::{self, ArchSpec, Family, LayoutError};
+use crate::vision::{TextModel, Vision, VisionFamily};
+
+/// A vision-language config's text model.
+const TEXT_CONFIG: &str = "text_config";
+/// A vision-language config's vision tower.
+const VISION_CONFIG: &str = "vision_config";
 
 /// The largest config.json [`Config::from_file`] reads. Real ones are a few kilobytes.
 pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
@@ -96,6 +102,9 @@ macro_rules! config_struct {
             pub rope_layout: RopeLayout,
             /// Keys this crate does not interpret, kept verbatim.
             pub extra: BTreeMap<String, Value>,
+            /// The vision tower and outer keys of a vision-language config (`glm4v`,
+            /// `glm4v_moe`, `glm46v`), whose text model the other fields are.
+            pub vision: Option<Box<crate::vision::Vision>>,
         }
     };
 }
@@ -370,6 +379,7 @@ macro_rules! config_impl {
                     eos_is_scalar: false,
                     rope_layout: RopeLayout::Parameters,
                     extra: BTreeMap::new(),
+                    vision: None,
                 }
             }
 
@@ -439,6 +449,7 @@ macro_rules! config_impl {
                     kv_replication: true,
                     vocab_padding: 1,
                     uneven_pipeline: false,
+                    vision: self.vision.as_ref().map(|v| v.tower),
                 }
             }
 
@@ -450,6 +461,17 @@ macro_rules! config_impl {
                     eos_is_scalar: false,
                     rope_layout: RopeLayout::Parameters,
                     extra: BTreeMap::new(),
+                    vision: s.vision.and_then(|tower| {
+                        let family = crate::vision::VisionFamily::for_text(s.family)?;
+                        let text = crate::vision::TextModel::of_family(s.family)?;
+                        Some(Box::new(crate::vision::Vision {
+                            family,
+                            text,
+                            tower,
+                            tower_extra: BTreeMap::new(),
+                            outer: BTreeMap::new(),
+                        }))
+                    }),
                 }
             }
         }
@@ -623,10 +645,67 @@ impl Config {
             None => Family::Glm,
             Some(v) => {
                 let s = v.as_str().ok_or_else(|| field_err(keys::MODEL_TYPE, "a string", v))?;
+                if let Some(vf) = VisionFamily::from_model_type(s) {
+                    return Config::from_vision(vf, map);
+                }
                 Family::from_model_type(s).ok_or_else(|| ConfigError::UnknownModelType(s.to_owned()))?
             }
         };
         map.remove(keys::MODEL_TYPE);
+        Config::from_map(map, family, None)
+    }
+
+    /// A vision-language config: its text model (`text_config`, read as its family with
+    /// the text config class's defaults), its tower (`vision_config`) and its other keys.
+    fn from_vision(vf: VisionFamily, mut map: Map<String, Value>) -> Result<Config, ConfigError> {
+        map.remove(keys::MODEL_TYPE);
+        let mut text_map = match map.remove(TEXT_CONFIG) {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m,
+            Some(other) => return Err(field_err(TEXT_CONFIG, "an object", &other)),
+        };
+        let text_type = format!("{TEXT_CONFIG}.{}", keys::MODEL_TYPE);
+        let expected = match vf {
+            VisionFamily::Glm4v => "\"glm4v_text\"",
+            VisionFamily::Glm4vMoe => "\"glm4v_moe_text\"",
+            VisionFamily::Glm46v => "\"glm4v_text\" or \"glm4v_moe_text\"",
+        };
+        let text = match text_map.remove(keys::MODEL_TYPE) {
+            None => vf.default_text(),
+            Some(v) => match v.as_str().and_then(TextModel::from_model_type) {
+                Some(t) if vf.takes(t) => t,
+                _ => return Err(field_err(&text_type, expected, &v)),
+            },
+        };
+        let mut unread = BTreeMap::new();
+        for &k in text.unread_keys() {
+            if let Some(v) = text_map.remove(k) {
+                unread.insert(k.to_owned(), v);
+            }
+        }
+        // transformers 4 wrote the multimodal rotary sections as rope_scaling.
+        if let Some(v) = text_map.remove("rope_scaling") {
+            let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(Value::as_str);
+            if !(v.is_null() || (v.is_object() && kind.is_none_or(|t| t == "default"))) {
+                return Err(ConfigError::Unsupported {
+                    field: format!("{TEXT_CONFIG}.rope_scaling"),
+                    value: shown(&v),
+                    reason: "only the default rotary embedding (with its mrope_section) is read",
+                });
+            }
+            unread.insert("rope_scaling".to_owned(), v);
+        }
+        let mut c = Config::from_map(text_map, text.family(), Some(text))?;
+        c.extra.extend(unread);
+        let (tower, tower_extra) = crate::vision::read_tower(map.remove(VISION_CONFIG))?;
+        let outer = map.into_iter().collect();
+        c.vision = Some(Box::new(Vision { family: vf, text, tower, tower_extra, outer }));
+        Ok(c)
+    }
+
+    /// The fields of `family` from a config object without its model_type (a vision
+    /// config's text model takes its text config class's defaults).
+    fn from_map(mut map: Map<String, Value>, family: Family, text: Option<TextModel>) -> Result<Config, ConfigError> {
         // transformers' other names for a key (its attribute_map) read as the key.
         for &(alias, key) in ALIASES {
             let in_family = crate::fields::field(key).is_some_and(|f| f.in_family(family));
@@ -650,6 +729,9 @@ impl Config {
             }
         }
         let mut c = Config::defaults(family);
+        if let Some(t) = text {
+            t.apply_defaults(&mut c);
+        }
         let mut rope_params: Option<Map<String, Value>> = None;
         let mut top_rope: Vec<(String, Value)> = Vec::new();
         let mut kv_null = false;
@@ -737,8 +819,20 @@ impl Config {
         Ok(c)
     }
 
-    /// The config as HF config.json JSON, keys sorted as transformers writes them.
+    /// The config as HF config.json JSON, keys sorted as transformers writes them (a
+    /// vision-language config's text model under text_config).
     pub fn to_value(&self) -> Value {
+        let text = self.text_value();
+        let Some(v) = &self.vision else { return text };
+        let mut m: Map<String, Value> = v.outer.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        m.insert(keys::MODEL_TYPE.into(), v.family.model_type().into());
+        m.insert(TEXT_CONFIG.into(), text);
+        m.insert(VISION_CONFIG.into(), v.tower_json());
+        Value::Object(m)
+    }
+
+    /// The fields as one config object.
+    fn text_value(&self) -> Value {
         let mut m = Map::new();
         let mut rest = None;
         for (k, v) in &self.extra {
@@ -748,9 +842,19 @@ impl Config {
                 m.insert(k.clone(), v.clone());
             }
         }
-        m.insert(keys::MODEL_TYPE.into(), self.family.model_type().into());
+        let model_type = match &self.vision {
+            Some(v) => v.text.model_type(),
+            None => self.family.model_type(),
+        };
+        m.insert(keys::MODEL_TYPE.into(), model_type.into());
         let mut rope = Map::new();
+        // A vision config's text model does not read some of its family's keys: they are
+        // written back only as given (kept in extra).
+        let unread: &[&str] = self.vision.as_ref().map_or(&[], |v| v.text.unread_keys());
         for (k, v, is_rope) in self.fields_json() {
+            if unread.contains(&k) {
+                continue;
+            }
             if is_rope && self.rope_layout == RopeLayout::Parameters {
                 rope.insert(k.into(), v);
             } else {

@@ -43,6 +43,9 @@ pub fn declaration(config: &Config, name: &str) -> String {
     let mut kv = |k: &str, v: String| {
         let _ = writeln!(s, "    {k} = {v},");
     };
+    if let Some(v) = &c.vision {
+        kv(keys::VISION, v.declaration());
+    }
     for f in FIELDS.iter().filter(|f| f.in_family(c.family)) {
         let Some(value) = c.get(f.key) else { continue };
         let text = match value {

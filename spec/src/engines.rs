@@ -142,6 +142,8 @@ pub const MARLIN_TILE_K: u64 = 16;
 ///   `--ep-num-redundant-experts`);
 /// - `seq`: the sequence length the context- and sequence-parallel rules split (Megatron-LM's
 ///   `--seq-length`), 0 when not given (those rules are then not checked);
+/// - `mm_encoder_dp`: a vision tower run data-parallel, whole on every rank (vLLM's
+///   `--mm-encoder-tp-mode data`, SGLang's `--mm-enable-dp-encoder`) instead of split over tp;
 /// - `weights`: AWQ, GPTQ or FP8 weights and their kernel (`--quantization`, `--group-size`,
 ///   `--kernel marlin`); `quant` is FP8's block shape, when the weights are in blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,6 +167,7 @@ pub struct EngineLayout {
     pub redundant: u64,
     pub seq: u64,
     pub weights: Option<WeightQuant>,
+    pub mm_encoder_dp: bool,
 }
 
 impl EngineLayout {
@@ -190,6 +193,7 @@ impl EngineLayout {
             redundant: 0,
             seq: 0,
             weights: None,
+            mm_encoder_dp: false,
         }
     }
 
@@ -223,6 +227,8 @@ pub enum Dimension {
     /// Expert-parallel load balancing, 0 (off) or 1 (on).
     Eplb,
     Redundant,
+    /// A vision tower run data-parallel, 0 (off: split over tp) or 1 (on).
+    EncoderData,
 }
 
 impl Dimension {
@@ -243,12 +249,13 @@ impl Dimension {
             Dimension::MoeData => crate::keys::MOE_DATA_PARALLEL,
             Dimension::Eplb => crate::keys::EPLB,
             Dimension::Redundant => crate::keys::REDUNDANT_EXPERTS,
+            Dimension::EncoderData => crate::keys::MM_ENCODER_DATA_PARALLEL,
         }
     }
 
     /// Whether the axis is a switch (0 off, 1 on) rather than a size.
     pub const fn is_switch(self) -> bool {
-        matches!(self, Dimension::Sequence | Dimension::CommOverlap | Dimension::Eplb)
+        matches!(self, Dimension::Sequence | Dimension::CommOverlap | Dimension::Eplb | Dimension::EncoderData)
     }
 
     /// The value of this axis in `l`.
@@ -269,6 +276,7 @@ impl Dimension {
             Dimension::MoeData => l.moe_dp,
             Dimension::Eplb => l.eplb as u64,
             Dimension::Redundant => l.redundant,
+            Dimension::EncoderData => l.mm_encoder_dp as u64,
         }
     }
 
@@ -291,6 +299,7 @@ impl Dimension {
             Dimension::MoeData => l.moe_dp = v,
             Dimension::Eplb => l.eplb = v != 0,
             Dimension::Redundant => l.redundant = v,
+            Dimension::EncoderData => l.mm_encoder_dp = v != 0,
         }
         l
     }
@@ -345,6 +354,10 @@ pub enum EngineRule {
     MarlinShape { what: &'static str, rows: u64, columns: u64 },
     /// SGLang's Marlin repack: a rank's weight rows a multiple of 64, its columns of 16.
     MarlinTile { what: &'static str, rows: u64, columns: u64 },
+    /// vLLM: the vision tower's heads split over tp.
+    VisionHeads { tp: u64, heads: u64 },
+    /// A vision tower's width split over tp.
+    VisionWidth { what: &'static str, tp: u64, width: u64 },
     /// An axis the engine has no flag for.
     NoSuchAxis { dim: Dimension },
     /// vLLM: decode context parallelism splits the tensor-parallel ranks.
@@ -467,6 +480,8 @@ impl EngineRule {
             EngineRule::QuantGroup { .. } => "HC2043",
             EngineRule::MarlinShape { .. } => "HC2044",
             EngineRule::MarlinTile { .. } => "HC2045",
+            EngineRule::VisionHeads { .. } => "HC2046",
+            EngineRule::VisionWidth { .. } => "HC2047",
         }
     }
 }
@@ -685,6 +700,35 @@ const fn weight_rules(engine: Engine, s: &ArchSpec, l: &EngineLayout, moe_tp: u6
     }
 }
 
+/// vLLM's and SGLang's split of a vision tower over the tensor-parallel ranks (unless it runs
+/// data-parallel): vLLM divides its heads (`dist_utils.divide(num_heads, tp_size)`), SGLang
+/// pads them with zero heads up to a multiple of tp; both split the attention output's
+/// hidden_size, the blocks' MLP (out_hidden_size wide) and the patch merger's
+/// (intermediate_size) with column- and row-parallel layers.
+const fn vision_rules(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleList) {
+    let Some(v) = s.vision else { return };
+    let tp = l.tp;
+    if l.mm_encoder_dp || tp <= 1 {
+        return;
+    }
+    if matches!(engine, Engine::Vllm) && v.num_heads != 0 && !v.num_heads.is_multiple_of(tp) {
+        out.push(EngineRule::VisionHeads { tp, heads: v.num_heads });
+    }
+    let widths: [(&'static str, u64); 3] = [
+        ("hidden_size", v.hidden_size),
+        ("out_hidden_size", v.out_hidden_size),
+        ("intermediate_size", v.intermediate_size),
+    ];
+    let mut i = 0;
+    while i < widths.len() {
+        let (what, width) = widths[i];
+        if width != 0 && !width.is_multiple_of(tp) {
+            out.push(EngineRule::VisionWidth { what, tp, width });
+        }
+        i += 1;
+    }
+}
+
 /// Speculative decoding with the config's own multi-token-prediction layers, `tokens`
 /// drafts a step, as `engine` takes it: the broken rule's code and message, or `None`.
 /// vLLM's `method: mtp` chains the layers and reuses them past their count; SGLang's
@@ -807,6 +851,7 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             }
             block_rules(s, l, moe_tp, out);
             weight_rules(engine, s, l, moe_tp, out);
+            vision_rules(engine, s, l, out);
             if let Some((stage, layer)) = vllm_shared_stage(s, pp) {
                 out.push(EngineRule::SharedIndexerStage { pp, stage, layer });
             }
@@ -853,6 +898,7 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             let moe_tp = if tp.is_multiple_of(ep_dp) { tp / ep_dp } else { 0 };
             block_rules(s, l, moe_tp, out);
             weight_rules(engine, s, l, moe_tp, out);
+            vision_rules(engine, s, l, out);
         }
         Engine::Megatron => {
             if !heads.is_multiple_of(tp) {
@@ -917,6 +963,7 @@ pub const fn has_axis(engine: Engine, dim: Dimension) -> bool {
         Dimension::Tensor | Dimension::Pipeline | Dimension::Expert | Dimension::Data => true,
         Dimension::DecodeContext | Dimension::PrefillContext => matches!(engine, Engine::Vllm),
         Dimension::AttentionContext | Dimension::MoeData => matches!(engine, Engine::Sglang),
+        Dimension::EncoderData => matches!(engine, Engine::Vllm | Engine::Sglang),
         Dimension::Eplb | Dimension::Redundant => matches!(engine, Engine::Vllm | Engine::Sglang),
         Dimension::Context
         | Dimension::Sequence
@@ -927,7 +974,7 @@ pub const fn has_axis(engine: Engine, dim: Dimension) -> bool {
 }
 
 /// The axes beyond tp, pp, ep and dp, in the order their rules run.
-pub const AXES: [Dimension; 11] = [
+pub const AXES: [Dimension; 12] = [
     Dimension::Context,
     Dimension::DecodeContext,
     Dimension::PrefillContext,
@@ -939,6 +986,7 @@ pub const AXES: [Dimension; 11] = [
     Dimension::MoeData,
     Dimension::Eplb,
     Dimension::Redundant,
+    Dimension::EncoderData,
 ];
 
 /// Whether axis `dim` of `l` is at its default (1, off, or for etp, tp).
@@ -1101,7 +1149,7 @@ const fn search_limit(s: &ArchSpec, dim: Dimension) -> u64 {
         Dimension::Context | Dimension::DecodeContext | Dimension::PrefillContext => 64,
         Dimension::AttentionContext | Dimension::MoeData => s.num_attention_heads,
         Dimension::ExpertTensor => 64,
-        Dimension::Sequence | Dimension::CommOverlap | Dimension::Eplb => 1,
+        Dimension::Sequence | Dimension::CommOverlap | Dimension::Eplb | Dimension::EncoderData => 1,
         Dimension::Redundant if s.family.is_moe() => s.n_routed_experts,
         Dimension::Redundant => 0,
     };
@@ -1339,6 +1387,16 @@ const fn ours(m: Msg, r: &EngineRule, e: Engine) -> Msg {
             .push(" x ")
             .num(columns)
             .push(" on a rank, and Marlin's repack needs its rows a multiple of 64 and its columns of 16"),
+        EngineRule::VisionHeads { heads, .. } => m
+            .push("the vision tower's num_heads (")
+            .num(heads)
+            .push(") must be divisible by it, or the tower run data-parallel (--mm-encoder-dp: vLLM's --mm-encoder-tp-mode data)"),
+        EngineRule::VisionWidth { what, width, .. } => m
+            .push("the vision tower's ")
+            .push(what)
+            .push(" (")
+            .num(width)
+            .push(") must be divisible by it, or the tower run data-parallel (--mm-encoder-dp)"),
         EngineRule::DcpKvHeads { tp, kv, heads, dcp } => {
             if tp <= kv {
                 m.push("under grouped-query attention tensor_parallel (")
@@ -1429,6 +1487,7 @@ pub const fn engine_flag(dim: Dimension) -> &'static str {
         Dimension::CommOverlap => "--tp-comm-overlap",
         Dimension::VirtualPipeline => "--num-layers-per-virtual-pipeline-stage (layers / (pp x vpp))",
         Dimension::ExpertTensor => "--expert-tensor-parallel-size",
+        Dimension::EncoderData => "--mm-encoder-tp-mode data (vLLM), --mm-enable-dp-encoder (SGLang)",
     }
 }
 
@@ -1446,6 +1505,7 @@ const fn axis_owner(dim: Dimension) -> &'static str {
         Dimension::CommOverlap => "Megatron-LM's --tp-comm-overlap",
         Dimension::VirtualPipeline => "Megatron-LM's --num-layers-per-virtual-pipeline-stage",
         Dimension::ExpertTensor => "Megatron-LM's --expert-tensor-parallel-size",
+        Dimension::EncoderData => "vLLM's --mm-encoder-tp-mode data, SGLang's --mm-enable-dp-encoder",
         _ => "every engine's",
     }
 }
@@ -1607,6 +1667,8 @@ const fn theirs(m: Msg, r: &EngineRule, e: Engine) -> Msg {
                     .push(" is not divisible by min_thread_k = 128. Consider reducing tensor_parallel_size or running with --quantization gptq.")
             }
         }
+        EngineRule::VisionHeads { tp, heads } => m.num(heads).push(" is not divisible by ").num(tp),
+        EngineRule::VisionWidth { tp, width, .. } => m.num(width).push(" is not divisible by ").num(tp),
         EngineRule::MarlinTile { rows, columns, .. } => {
             if !rows.is_multiple_of(MARLIN_TILE_N) {
                 m.push("size_n = ").num(rows).push(" is not divisible by tile_n_size = 64")
@@ -2173,5 +2235,30 @@ pub const RULE_DOCS: &[RuleDoc] = &[
             "--kernel marlin: FP8 weights and routed experts, rows a rank % 64 == 0 and columns % 16 == 0",
             "gemm/marlin/gptq_marlin_repack.cuh (tile_n_size, tile_k_size)",
         )],
+    },
+    RuleDoc {
+        code: "HC2046",
+        title: "vision tower heads over tensor parallelism",
+        by: &[(
+            Engine::Vllm,
+            "vision num_heads % tp == 0 (unless the tower runs data-parallel)",
+            "model_executor/models/glm4_1v.py Glm4vVisionAttention (dist_utils.divide)",
+        )],
+    },
+    RuleDoc {
+        code: "HC2047",
+        title: "vision tower widths over tensor parallelism",
+        by: &[
+            (
+                Engine::Vllm,
+                "vision hidden_size, out_hidden_size and intermediate_size % tp == 0 (unless data-parallel)",
+                "model_executor/models/glm4_1v.py Glm4vVisionBlock, Glm4vPatchMerger",
+            ),
+            (
+                Engine::Sglang,
+                "vision hidden_size, out_hidden_size and intermediate_size % tp == 0 (unless data-parallel)",
+                "srt/models/glm4v.py Glm4vVisionBlock, Glm4vPatchMerger",
+            ),
+        ],
     },
 ];

@@ -29,6 +29,10 @@ pub const ENGINES: &str = "engines";
 /// Declaration-only: quantized weights the engines' rules must allow: FP8 blocks
 /// `fp8_block(n, k)`, `fp8`, or AWQ and GPTQ with their group size, `awq(128)`, `gptq(128)`.
 pub const QUANTIZATION: &str = "quantization";
+/// Declaration-only: a vision-language model's config type and vision tower,
+/// `vision = glm4v_moe(depth = 24, hidden_size = 1536, num_heads = 12, ..)` (config.json's
+/// model_type and vision_config).
+pub const VISION: &str = "vision";
 /// Declaration-only: the kernel that runs the quantized weights, `kernel = marlin`.
 pub const KERNEL: &str = "kernel";
 /// Declaration-only: the memory of one device (GiB) every declared layout's ranks must fit.
@@ -48,7 +52,7 @@ pub const UNEVEN_PIPELINE: &str = "uneven_pipeline";
 pub const FROM_CONFIG: &str = "from_config";
 
 /// The keys only a `#[arch(...)]` declaration has.
-pub const DECLARATION_ONLY: [&str; 16] = [
+pub const DECLARATION_ONLY: [&str; 17] = [
     DEVICE_MEMORY_GIB,
     CONTEXT,
     DTYPE,
@@ -65,6 +69,7 @@ pub const DECLARATION_ONLY: [&str; 16] = [
     UNEVEN_PIPELINE,
     FROM_CONFIG,
     LAYOUTS,
+    VISION,
 ];
 
 /// Declaration-only: whole layouts, `layouts = [layout(tensor_parallel = 8, ..), ..]`, each
@@ -100,3 +105,6 @@ pub const SPECULATIVE_TOKENS: &str = "speculative_tokens";
 pub const NNODES: &str = "nnodes";
 /// A layout's sequence length, which context and sequence parallelism split.
 pub const SEQ_LENGTH: &str = "seq_length";
+/// A layout's switch: the vision tower run data-parallel, whole on every rank (vLLM's
+/// `--mm-encoder-tp-mode data`, SGLang's `--mm-enable-dp-encoder`).
+pub const MM_ENCODER_DATA_PARALLEL: &str = "mm_encoder_data_parallel";

@@ -26,6 +26,7 @@ pub mod msg;
 pub mod plan;
 pub mod reference;
 pub mod rules;
+pub mod vision;
 
 pub use arch::{
     Architecture, SupportsDataParallel, SupportsExpertParallel, SupportsPipelineParallel, SupportsTensorParallel,
@@ -35,3 +36,4 @@ pub use engines::{BlockQuant, Engine, EngineLayout, QuantMethod, WeightQuant};
 pub use fields::{FIELDS, Field, FieldKind, FieldValue, IndexerLayer, MlpLayer};
 pub use msg::Msg;
 pub use rules::{ArchSpec, Errors, Family, LayoutError, SizeList};
+pub use vision::{TextModel, Vision, VisionFamily, VisionSpec};

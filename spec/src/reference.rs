@@ -346,6 +346,70 @@ pub const RULES: &[RuleDoc] = &[
         failing: &[("family", "glm_moe_dsa"), ("q_lora_rank", "None")],
         fix: &[("family", "glm_moe_dsa"), ("q_lora_rank", "64")],
     },
+    RuleDoc {
+        code: "HC1401",
+        rule: 14,
+        title: "a vision tower's count is zero",
+        condition: "a vision-language config's tower (vision_config: depth, hidden_size, num_heads, \
+                    intermediate_size, out_hidden_size) has every count at least 1",
+        failing: &[
+            ("family", "glm4"),
+            (
+                "vision",
+                "glm4v(depth = 0, hidden_size = 64, num_heads = 4, intermediate_size = 128, out_hidden_size = 256)",
+            ),
+        ],
+        fix: &[
+            ("family", "glm4"),
+            (
+                "vision",
+                "glm4v(depth = 2, hidden_size = 64, num_heads = 4, intermediate_size = 128, out_hidden_size = 256)",
+            ),
+        ],
+    },
+    RuleDoc {
+        code: "HC1402",
+        rule: 14,
+        title: "a vision tower's width does not split into its heads",
+        condition: "vision_config's hidden_size % num_heads == 0 (transformers reshapes the tower's q, k and v \
+                    into num_heads heads, and fails at the first image otherwise)",
+        failing: &[
+            ("family", "glm4"),
+            (
+                "vision",
+                "glm4v(depth = 2, hidden_size = 60, num_heads = 8, intermediate_size = 128, out_hidden_size = 256)",
+            ),
+        ],
+        fix: &[
+            ("family", "glm4"),
+            (
+                "vision",
+                "glm4v(depth = 2, hidden_size = 64, num_heads = 8, intermediate_size = 128, out_hidden_size = 256)",
+            ),
+        ],
+    },
+    RuleDoc {
+        code: "HC1403",
+        rule: 14,
+        title: "a vision tower's head is not a multiple of 4 channels",
+        condition: "vision_config's hidden_size / num_heads % 4 == 0: the tower's 2D rotary embedding gives a \
+                    quarter of a head's channel pairs to the patch row and a quarter to the column (transformers \
+                    fails at the first image otherwise)",
+        failing: &[
+            ("family", "glm4"),
+            (
+                "vision",
+                "glm4v(depth = 2, hidden_size = 48, num_heads = 8, intermediate_size = 128, out_hidden_size = 256)",
+            ),
+        ],
+        fix: &[
+            ("family", "glm4"),
+            (
+                "vision",
+                "glm4v(depth = 2, hidden_size = 64, num_heads = 8, intermediate_size = 128, out_hidden_size = 256)",
+            ),
+        ],
+    },
 ];
 
 /// The keys every glm_moe_dsa example adds to the latent-attention ones: the indexer's sizes.

@@ -121,6 +121,8 @@ macro_rules! arch_spec {
             /// Pad the vocabulary to a multiple of this before a vocab-parallel split; 1 = none.
             pub vocab_padding: u64,
             pub uneven_pipeline: bool,
+            /// The vision tower of a vision-language config ([`crate::vision`]).
+            pub vision: Option<crate::vision::VisionSpec>,
         }
 
         impl ArchSpec<'_> {
@@ -535,6 +537,12 @@ pub enum LayoutError {
     IndexHeadDimBelowRope { index_head_dim: u64, rope: u64 },
     /// Rule 13: sparse attention without low-rank queries (the indexer reads them).
     DsaNeedsQueryRank,
+    /// Rule 14: a vision tower's count is zero.
+    VisionNotPositive { field: &'static str },
+    /// Rule 14: the vision tower's hidden_size does not split into its heads.
+    VisionHiddenNotMultipleOfHeads { hidden: u64, heads: u64 },
+    /// Rule 14: the vision tower's head size is not a multiple of 4 (its 2D rotary halves).
+    VisionHeadDimNotMultipleOf4 { head_dim: u64 },
     /// An engine profile refuses a layout ([`crate::engines`]).
     Engine(crate::engines::EngineError),
     /// A declared layout's ranks do not fit the declared device memory ([`crate::memory`]).
@@ -581,6 +589,9 @@ impl LayoutError {
             LayoutError::IndexerTypesLength { .. } | LayoutError::IndexerFirstShared => keys::INDEXER_TYPES,
             LayoutError::IndexHeadDimBelowRope { .. } => keys::INDEX_HEAD_DIM,
             LayoutError::DsaNeedsQueryRank => keys::Q_LORA_RANK,
+            LayoutError::VisionNotPositive { .. }
+            | LayoutError::VisionHiddenNotMultipleOfHeads { .. }
+            | LayoutError::VisionHeadDimNotMultipleOf4 { .. } => keys::VISION,
             LayoutError::Engine(e) => e.rule.dimension().key(),
             LayoutError::Memory(_) => keys::DEVICE_MEMORY_GIB,
         }
@@ -646,6 +657,9 @@ impl LayoutError {
             LayoutError::IndexerFirstShared => "HC1302",
             LayoutError::IndexHeadDimBelowRope { .. } => "HC1303",
             LayoutError::DsaNeedsQueryRank => "HC1304",
+            LayoutError::VisionNotPositive { .. } => "HC1401",
+            LayoutError::VisionHiddenNotMultipleOfHeads { .. } => "HC1402",
+            LayoutError::VisionHeadDimNotMultipleOf4 { .. } => "HC1403",
             LayoutError::Engine(e) => e.rule.code(),
             LayoutError::Memory(_) => "HC1101",
         }
@@ -931,6 +945,27 @@ impl LayoutError {
             LayoutError::DsaNeedsQueryRank => m.push(
                 "q_lora_rank must be a number under sparse attention: the indexer's queries are made from the low-rank query (q_a_layernorm's output), so glm_moe_dsa has no single q_proj",
             ),
+            LayoutError::VisionNotPositive { field } => {
+                m.push("the vision tower's ").push(field).push(" (vision_config) must be at least 1, got 0")
+            }
+            LayoutError::VisionHiddenNotMultipleOfHeads { hidden, heads } => nearest_multiples(
+                m.push("the vision tower's hidden_size (")
+                    .num(hidden)
+                    .push(") must be a multiple of its num_heads (")
+                    .num(heads)
+                    .push("): transformers reshapes hidden_size into num_heads heads; use hidden_size "),
+                hidden,
+                heads,
+                " or ",
+            ),
+            LayoutError::VisionHeadDimNotMultipleOf4 { head_dim } => m
+                .push("the vision tower's head size, hidden_size / num_heads = ")
+                .num(head_dim)
+                .push(", must be a multiple of 4: its 2D rotary embedding turns a quarter of each head's channel pairs by the patch row and a quarter by the column, so a head of ")
+                .num(head_dim)
+                .push(" gets ")
+                .num(head_dim.div_ceil(4) * 4)
+                .push(" rotary channels"),
             LayoutError::Engine(e) => e.write(m),
             LayoutError::Memory(e) => e.write(m),
             LayoutError::ExpertParallelDense { ep, family } => m
@@ -1446,7 +1481,7 @@ pub struct Rule {
 }
 
 /// Every rule, in the order messages are reported.
-pub const RULES: [Rule; 13] = [
+pub const RULES: [Rule; 14] = [
     Rule {
         name: "counts",
         run: counts,
@@ -1559,6 +1594,7 @@ pub const RULES: [Rule; 13] = [
             keys::NUM_HIDDEN_LAYERS,
         ],
     },
+    Rule { name: "vision_tower", run: vision_tower, fields: &[keys::VISION] },
     Rule {
         name: "sparse_attention",
         run: sparse_attention,
@@ -1571,6 +1607,31 @@ pub const RULES: [Rule; 13] = [
         ],
     },
 ];
+
+/// Rule 14: a vision tower's sizes fit transformers' tower: every count at least 1, hidden_size
+/// split evenly into the heads, and each head a multiple of 4 channels (its 2D rotary
+/// embedding is a row half and a column half, each of cos and sin pairs).
+pub const fn vision_tower(s: &ArchSpec, out: &mut Errors) {
+    let Some(v) = s.vision else { return };
+    let entries = v.entries();
+    let mut i = 0;
+    let mut zero = false;
+    while i < entries.len() {
+        if entries[i].1 == 0 {
+            out.push(LayoutError::VisionNotPositive { field: entries[i].0 });
+            zero = true;
+        }
+        i += 1;
+    }
+    if zero {
+        return;
+    }
+    match v.head_dim() {
+        None => out.push(LayoutError::VisionHiddenNotMultipleOfHeads { hidden: v.hidden_size, heads: v.num_heads }),
+        Some(d) if !d.is_multiple_of(4) => out.push(LayoutError::VisionHeadDimNotMultipleOf4 { head_dim: d }),
+        Some(_) => {}
+    }
+}
 
 /// Runs every rule; the complete list of violations.
 pub const fn validate(s: &ArchSpec) -> Errors {
@@ -1588,6 +1649,7 @@ pub const fn validate(s: &ArchSpec) -> Errors {
     expert_parallel(s, &mut out);
     latent_attention(s, &mut out);
     sparse_attention(s, &mut out);
+    vision_tower(s, &mut out);
     out
 }
 

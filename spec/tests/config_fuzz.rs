@@ -358,6 +358,7 @@ proptest! {
             kv_replication: x.kv_replication,
             vocab_padding: x.vocab_padding,
             uneven_pipeline: x.uneven_pipeline,
+            vision: None,
             ..c.spec(&x.tp, &x.pp)
         };
         let t0 = Instant::now();

@@ -21,7 +21,7 @@ fn transformers_configs() -> Vec<PathBuf> {
             out.push(p);
         }
     }
-    for dir in ["moe-configs", "mla-configs"] {
+    for dir in ["moe-configs", "mla-configs", "vision-configs"] {
         for e in std::fs::read_dir(fixtures().join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "json") {

@@ -133,7 +133,7 @@ fn the_engines_reference_is_current() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(codes, sorted, "codes listed once, in order");
-    assert_eq!(codes.len(), 45);
+    assert_eq!(codes.len(), 47);
     let mut doc = String::from(
         "# Engine profiles\n\nGenerated from `spec/src/engines.rs` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
          to rewrite). Each rule is a `const fn` read from the engine's source at the version named;\n\
@@ -274,6 +274,29 @@ fn the_engines_reference_is_current() {
          even on one rank: a checkpoint quantized in groups of 128 must leave that layer unquantized\n\
          or use smaller groups, which its config.json does not say.\n",
     );
+    // Vision towers over tensor parallelism (HC2046, HC2047).
+    doc.push_str(
+        "\n## Vision towers\n\n\
+         A glm4v, glm4v_moe or glm46v config (`text_config` and `vision_config`) is checked as its text\n\
+         model's family (glm4 or glm4_moe) plus its tower. vLLM splits the tower over the\n\
+         tensor-parallel ranks, its heads included (HC2046: `12 is not divisible by 8`, vllm issue\n\
+         24004); SGLang pads the heads with zero heads to a multiple of tp and splits only the widths\n\
+         (HC2047). `--mm-encoder-dp` (`mm_encoder_data_parallel` in a layout) runs the tower whole on\n\
+         every rank instead: vLLM's `--mm-encoder-tp-mode data`, SGLang's `--mm-enable-dp-encoder`.\n\n\
+         | config | engine | tp, tower split | tp, tower data-parallel |\n|---|---|---|---|\n",
+    );
+    for (name, rel) in
+        [("GLM-4.5V / 4.6V", "vision-configs/glm-4.5v.json"), ("GLM-4.1V-9B", "vision-configs/glm-4.1v-9b.json")]
+    {
+        let c = config(rel);
+        for e in [Engine::Vllm, Engine::Sglang] {
+            let cell = |data: bool| {
+                let l = EngineLayout { mm_encoder_dp: data, ..EngineLayout::new(1, 1) };
+                legal(e, &c, l, Dimension::Tensor).iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+            };
+            doc.push_str(&format!("| {name} | {} | {} | {} |\n", e.name(), cell(false), cell(true)));
+        }
+    }
     // Sparse attention's shared indexers on vLLM's pipeline stages (HC2020).
     let (glm5, glm52) = (config("dsa-configs/glm-5.json"), config("dsa-configs/glm-5.2.json"));
     let stages = |c: &Config| show_for(c, Engine::Vllm, EngineLayout::new(8, 1), Dimension::Pipeline);
@@ -490,6 +513,7 @@ fn axis_title(dim: Dimension) -> &'static str {
         Dimension::MoeData => "MoE data parallelism",
         Dimension::Eplb => "expert-parallel load balancing",
         Dimension::Redundant => "redundant experts",
+        Dimension::EncoderData => "a vision tower run data-parallel",
         _ => "",
     }
 }
@@ -508,6 +532,7 @@ fn axis_flag(dim: Dimension) -> &'static str {
         Dimension::MoeData => "--moe-dp N",
         Dimension::Eplb => "--eplb",
         Dimension::Redundant => "--redundant-experts N",
+        Dimension::EncoderData => "--mm-encoder-dp",
         _ => "",
     }
 }

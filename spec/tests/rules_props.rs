@@ -55,6 +55,7 @@ fn base() -> ArchSpec<'static> {
         kv_replication: false,
         vocab_padding: 1,
         uneven_pipeline: false,
+        vision: None,
     }
 }
 

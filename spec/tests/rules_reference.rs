@@ -11,6 +11,7 @@ fn errors_of(keys: &[(&str, &str)]) -> Vec<LayoutError> {
     let mut json = serde_json::Map::new();
     let (mut tp, mut pp, mut ep) = (Vec::new(), Vec::new(), Vec::new());
     let (mut replication, mut padding, mut uneven) = (false, 1u64, false);
+    let mut vision: Option<(String, serde_json::Map<String, serde_json::Value>)> = None;
     let list = |v: &str| -> Vec<u64> { serde_json::from_str(&plain(v)).expect("a list of sizes") };
     for &(k, v) in keys {
         match k {
@@ -23,6 +24,16 @@ fn errors_of(keys: &[(&str, &str)]) -> Vec<LayoutError> {
             "kv_replication" => replication = v == "true",
             "vocab_padding" => padding = plain(v).parse().unwrap(),
             "uneven_pipeline" => uneven = v == "true",
+            // `vision = glm4v(depth = 2, ..)`: config.json's model_type and vision_config.
+            "vision" => {
+                let (name, args) = v.trim_end_matches(')').split_once('(').expect("type(args)");
+                let tower = args
+                    .split(", ")
+                    .map(|a| a.split_once(" = ").expect("key = value"))
+                    .map(|(k, n)| (k.to_owned(), serde_json::from_str(&plain(n)).unwrap()))
+                    .collect();
+                vision = Some((name.to_owned(), tower));
+            }
             // `None` in a declaration (no low-rank queries) is config.json's null.
             _ if v == "None" => {
                 json.insert(k.into(), serde_json::Value::Null);
@@ -36,6 +47,21 @@ fn errors_of(keys: &[(&str, &str)]) -> Vec<LayoutError> {
         }
     }
     assert!(DECLARATION_ONLY.iter().all(|k| !json.contains_key(*k)));
+    let json = match vision {
+        None => json,
+        Some((name, tower)) => {
+            let text = match json.get("model_type").and_then(|t| t.as_str()) {
+                Some("glm4_moe") => "glm4v_moe_text",
+                _ => "glm4v_text",
+            };
+            json.insert("model_type".into(), text.into());
+            let mut outer = serde_json::Map::new();
+            outer.insert("model_type".into(), name.into());
+            outer.insert("text_config".into(), serde_json::Value::Object(json));
+            outer.insert("vision_config".into(), serde_json::Value::Object(tower));
+            outer
+        }
+    };
     let config = Config::from_value(serde_json::Value::Object(json)).expect("a readable config");
     let spec = headcount_spec::ArchSpec {
         expert_parallel: &ep,
@@ -70,7 +96,7 @@ fn the_rules_reference_is_current_and_each_example_shows_its_rule() {
     codes.sort();
     codes.dedup();
     assert_eq!(codes.len(), RULES.len(), "a code is listed twice");
-    assert_eq!(RULES.len(), 37, "every model rule has one entry (engine and memory rules: docs/ENGINES.md)");
+    assert_eq!(RULES.len(), 40, "every model rule has one entry (engine and memory rules: docs/ENGINES.md)");
     let mut doc = String::from(
         "# The rules\n\nGenerated from `spec/src/reference.rs` by `spec/tests/rules_reference.rs` (run with\n\
          `HEADCOUNT_BLESS=1` to rewrite); every example below is checked to fail with its own code and\n\

@@ -30,6 +30,8 @@ fn declare_output_compiles() {
         "../tests/fixtures/dsa-configs/glm-5.2.json",
         "../tests/fixtures/glmdsa-full-tied/config.json",
         "../examples/addition/model/config.json",
+        "../tests/fixtures/vision-configs/glm-4.5v-published-layout.json",
+        "../tests/fixtures/vision-configs/glm-46v.json",
     ];
     let t = trybuild::TestCases::new();
     for (i, c) in configs.iter().enumerate() {

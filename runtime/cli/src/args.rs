@@ -355,6 +355,10 @@ pub struct AxisArgs {
     /// SGLang's --ep-num-redundant-experts).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub redundant_experts: u64,
+    /// A vision-language model's vision tower run data-parallel, whole on every rank, instead
+    /// of split over tp (vLLM's --mm-encoder-tp-mode data, SGLang's --mm-enable-dp-encoder).
+    #[arg(long)]
+    pub mm_encoder_dp: bool,
 }
 
 impl AxisArgs {
@@ -373,6 +377,7 @@ impl AxisArgs {
             moe_dp: self.moe_dp,
             eplb: self.eplb,
             redundant: self.redundant_experts,
+            mm_encoder_dp: self.mm_encoder_dp,
             seq,
             ..l
         }
@@ -396,7 +401,12 @@ impl AxisArgs {
         if let Some(e) = self.etp {
             out.push(format!("--etp {e}"));
         }
-        for (flag, on) in [("--sp", self.sp), ("--tp-comm-overlap", self.tp_comm_overlap), ("--eplb", self.eplb)] {
+        for (flag, on) in [
+            ("--sp", self.sp),
+            ("--tp-comm-overlap", self.tp_comm_overlap),
+            ("--eplb", self.eplb),
+            ("--mm-encoder-dp", self.mm_encoder_dp),
+        ] {
             if on {
                 out.push(flag.to_owned());
             }

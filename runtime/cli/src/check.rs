@@ -76,6 +76,7 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
                 config.rotary_dim().unwrap_or(0),
             );
             print_experts(&config);
+            print_vision(&config);
             print_legal(&config, &legal);
             Ok(ExitCode::SUCCESS)
         }
@@ -88,6 +89,23 @@ pub fn check(a: &CheckArgs) -> Result<ExitCode> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// The vision tower's line of a vision-language config, and what headcount does with it.
+fn print_vision(config: &Config) {
+    let Some(v) = &config.vision else { return };
+    let t = &v.tower;
+    println!(
+        "  {} ({} text model): vision tower of {} blocks, {} heads of {}, MLP {}, merger {}, out {}; checked here and by --engine, not run by headcount",
+        v.family.model_type(),
+        v.text.model_type(),
+        t.depth,
+        t.num_heads,
+        t.head_dim().unwrap_or(0),
+        t.out_hidden_size,
+        t.intermediate_size,
+        t.out_hidden_size,
+    );
 }
 
 /// The experts' line of a mixture-of-experts family.
@@ -495,6 +513,9 @@ fn launch_lines(
             if let Some(q) = quantization_flag(layout) {
                 push(&["--quantization", &q]);
             }
+            if layout.mm_encoder_dp {
+                push(&["--mm-encoder-tp-mode", "data"]);
+            }
             if let Some(n) = context {
                 push(&["--max-model-len", &n.to_string()]);
             }
@@ -512,6 +533,9 @@ fn launch_lines(
                 push(&["--quantization", &q]);
             }
             push(&["--pp-size", &pp.to_string()]);
+            if layout.mm_encoder_dp {
+                push(&["--mm-enable-dp-encoder"]);
+            }
             if ep > 1 {
                 push(&["--ep-size", &ep.to_string()]);
             }

@@ -908,3 +908,53 @@ fn check_and_launch_args_take_quantized_weights_and_their_kernel() {
     expect(&launch("vllm", &["--quantization", "awq", "--group-size", "0"]), 1, "--group-size 0");
     expect(&launch("vllm", &["--kernel", "exllama"]), 2, "invalid value 'exllama'");
 }
+
+/// Vision-language configs: GLM-4.5V's text model and tower checked, vLLM's split of its 12
+/// vision heads refused at tp 8 (vllm issue 24004) with the data-parallel tower as the way
+/// out, declared with its tower, and refused by the runtime, which runs text-only models.
+#[test]
+fn vision_language_configs_are_checked_declared_and_refused_by_the_runtime() {
+    let v = fixture("vision-configs/glm-4.5v.json");
+    let o = headcount(&["check", &v]);
+    expect(&o, 0, "glm4v_moe (glm4v_moe_text text model): vision tower of 24 blocks, 12 heads of 128");
+    let o = headcount(&["check", &v, "--engine", "vllm", "--engine", "sglang", "--tp", "8"]);
+    expect(&o, 1, "error[HC2046]: tp 8 pp 1 ep 1 dp 1: vLLM 0.33.0 refuses tensor_parallel 8");
+    expect(&o, 1, "(\"12 is not divisible by 8\"); legal on vLLM: 1, 2, 4");
+    let (out, _) = text(&o);
+    assert!(out.split("SGLang 0.5.23:").nth(1).is_some_and(|s| s.contains("ok: tp 8 pp 1 ep 1 dp 1")), "{out}");
+    expect(
+        &headcount(&["check", &v, "--engine", "vllm", "--tp", "8", "--mm-encoder-dp"]),
+        0,
+        "ok: tp 8 pp 1 ep 1 dp 1 --mm-encoder-dp",
+    );
+    expect(
+        &headcount(&["launch-args", &v, "--engine", "vllm", "--tp", "8", "--mm-encoder-dp"]),
+        0,
+        "--mm-encoder-tp-mode data",
+    );
+    expect(
+        &headcount(&["launch-args", &v, "--engine", "sglang", "--tp", "8", "--mm-encoder-dp"]),
+        0,
+        "--mm-enable-dp-encoder",
+    );
+    expect(&headcount(&["launch-args", &v, "--engine", "vllm", "--tp", "8"]), 1, "error[HC2046]");
+    let o = headcount(&["declare", &v]);
+    expect(
+        &o,
+        0,
+        "vision = glm4v_moe(depth = 24, hidden_size = 1536, num_heads = 12, intermediate_size = 10944, out_hidden_size = 4096),",
+    );
+    expect(&o, 0, "family = glm4_moe,");
+    expect(
+        &headcount(&["check", &fixture("vision-configs/vision-head-dim-not-multiple-of-4.json")]),
+        1,
+        "error[HC1403]",
+    );
+    // The runtime names what it cannot run before it reads a tensor.
+    let dir = std::env::temp_dir().join(format!("headcount-vision-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture("vision-configs/tiny-vision.json"), dir.join("config.json")).unwrap();
+    let o = headcount(&["run", "--model", dir.to_str().unwrap(), "--ids", "1,2"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    expect(&o, 1, "model_type = \"glm4v\" is not supported by the runtime: headcount checks vision-language configs");
+}
