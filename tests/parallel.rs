@@ -154,6 +154,7 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
             vocab_padding: 1,
             attn_tp: None,
             moe_tp: None,
+            vision_whole: false,
         };
         let spec = d.config.spec(&[], &[]);
         let stage = m.parallel.stage as u64;

@@ -302,7 +302,7 @@ fn memory_assertion(input: &Input, layout: &Layout, d: &crate::valid::DeferredMe
         quote! {
             let __layout = ::headcount::spec::memory::RankLayout {
                 tp: #tp, pp: #pp, ep: #ep, kv_replication: #replication, vocab_padding: #padding,
-                attn_tp: ::core::option::Option::None, moe_tp: ::core::option::Option::None,
+                attn_tp: ::core::option::Option::None, moe_tp: ::core::option::Option::None, vision_whole: false,
             };
             ::headcount::spec::memory::check_fits(&__spec, &__layout, #limit, #context, #elt, #uneven, &mut __errors);
         },

@@ -738,6 +738,7 @@ fn check_memory(layout: &mut Layout, spec: &ArchSpec, input: &Input, cx: &Ctxt) 
                     vocab_padding: layout.u64(keys::VOCAB_PADDING).unwrap_or(1),
                     attn_tp: None,
                     moe_tp: None,
+                    vision_whole: false,
                 };
                 // Point at the size that makes the rank largest to fix: ep, else tp, else pp.
                 let tokens = if *ep > 1 {

@@ -121,6 +121,7 @@ macro_rules! architecture_trait {
                     vocab_padding: Self::VOCAB_PADDING,
                     attn_tp: None,
                     moe_tp: None,
+                    vision_whole: false,
                 };
                 crate::memory::rank_bytes(&Self::SPEC, &r, context, elt)
             }

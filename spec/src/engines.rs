@@ -1114,7 +1114,7 @@ const fn eplb_rules(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut Ru
 ///   tp; kv heads never replicated.
 pub const fn rank_layout(engine: Engine, l: &EngineLayout) -> RankLayout {
     let (tp, ep, dp) = (l.tp, l.ep, l.dp);
-    let base = RankLayout::new(tp, l.pp);
+    let base = RankLayout { vision_whole: l.mm_encoder_dp, ..RankLayout::new(tp, l.pp) };
     match engine {
         Engine::Vllm if ep > 1 => RankLayout { ep, moe_tp: Some(1), vocab_padding: 64, ..base },
         Engine::Vllm => RankLayout { moe_tp: Some(tp.saturating_mul(dp)), vocab_padding: 64, ..base },

@@ -15,6 +15,8 @@ use crate::rules::{ArchSpec, Family};
 /// over (`None`: tp / ep, the runtime's; vLLM without expert parallelism splits it over
 /// tp x dp, Megatron-LM over its expert tensor-parallel size). `ep` is then the ranks the
 /// routed experts are dealt over (the fullest rank holds the rounded-up share).
+/// `vision_whole`: a vision-language model's tower whole on every rank of the first stage
+/// (run data-parallel), not split over tp.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RankLayout {
     pub tp: u64,
@@ -24,11 +26,21 @@ pub struct RankLayout {
     pub vocab_padding: u64,
     pub attn_tp: Option<u64>,
     pub moe_tp: Option<u64>,
+    pub vision_whole: bool,
 }
 
 impl RankLayout {
     pub const fn new(tp: u64, pp: u64) -> RankLayout {
-        RankLayout { tp, pp, ep: 1, kv_replication: true, vocab_padding: 1, attn_tp: None, moe_tp: None }
+        RankLayout {
+            tp,
+            pp,
+            ep: 1,
+            kv_replication: true,
+            vocab_padding: 1,
+            attn_tp: None,
+            moe_tp: None,
+            vision_whole: false,
+        }
     }
 
     /// The ranks one attention layer is split over.
@@ -186,8 +198,29 @@ const fn vocab_rows(s: &ArchSpec, r: &RankLayout) -> u64 {
     padded / r.tp
 }
 
+/// A vision tower's parameters on one rank of the first stage, as transformers' Glm4v tower
+/// holds them: its blocks' attention (qkv, proj) and MLP (gate, up, down, out_hidden_size
+/// wide) and the patch merger's projection and MLP (intermediate_size wide), split over tp
+/// unless the tower runs whole; its norms, patch embedding, position embedding and
+/// downsampling convolution whole. The patch embedding and position table take transformers'
+/// default patch (14 x 14, 2 frames, 3 channels) and image (336) sizes.
+pub const fn vision_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
+    let Some(v) = s.vision else { return 0 };
+    let (h, out, inter) = (v.hidden_size, v.out_hidden_size, v.intermediate_size);
+    let block = (4 * h).saturating_mul(h).saturating_add((3 * h).saturating_mul(out));
+    let merger = out.saturating_mul(out).saturating_add((3 * out).saturating_mul(inter));
+    let split = block.saturating_mul(v.depth).saturating_add(merger);
+    let tp = if r.vision_whole || r.tp == 0 { 1 } else { r.tp };
+    // Norms: two a block, the post-convolution and final RMSNorms, the merger's LayerNorm.
+    let norms = (2 * h).saturating_mul(v.depth).saturating_add(2 * h).saturating_add(2 * out);
+    let patch = (3 * 2 * 14 * 14 + 1) * h;
+    let positions = (336 / 14) * (336 / 14) * h;
+    let downsample = (4 * h).saturating_mul(out).saturating_add(out);
+    (split / tp).saturating_add(norms).saturating_add(patch).saturating_add(positions).saturating_add(downsample)
+}
+
 /// Parameters one rank of stage `stage` holds: its layers' parts, and on the first stage the
-/// embedding rows, on the last the final norm and lm_head rows (a tied embedding on a
+/// embedding rows (and a vision tower), on the last the final norm and lm_head rows (a tied embedding on a
 /// stage that holds both is held once). Kv heads replicated and vocabulary padding count.
 pub const fn rank_parameters(s: &ArchSpec, r: &RankLayout, stage: u64) -> u64 {
     if r.tp == 0 || r.pp == 0 {
@@ -214,6 +247,9 @@ pub const fn rank_parameters_of(s: &ArchSpec, r: &RankLayout, start: u64, end: u
         n = n.saturating_add(sparse_layer_parameters(s, r).saturating_mul(moe));
     }
     n = n.saturating_add(indexer_parameters(s).saturating_mul(s.full_indexers_in(start, end)));
+    if first {
+        n = n.saturating_add(vision_parameters(s, r));
+    }
     let rows = vocab_rows(s, r).saturating_mul(s.hidden_size);
     if first && !(s.tie_word_embeddings && last) {
         n = n.saturating_add(rows);

@@ -10,7 +10,7 @@
 //! 5. fewest bytes a token sends in all;
 //! 6. fewest devices, then the most memory left a device.
 
-use crate::engines::{self, BlockQuant, Engine, EngineLayout};
+use crate::engines::{self, BlockQuant, Dimension, Engine, EngineLayout};
 use crate::memory::{self, RankLayout};
 use crate::rules::{ArchSpec, Errors};
 
@@ -331,8 +331,15 @@ fn legal_layouts(s: &ArchSpec, r: &Request, max_world: u64) -> Vec<EngineLayout>
                         continue;
                     }
                     let l = EngineLayout { nnodes: w.div_ceil(r.devices.per_node.max(1)), ..l };
+                    // A vision tower whose split the engine refuses runs whole on every rank.
+                    let data = EngineLayout { mm_encoder_dp: true, ..l };
                     if engines::accepts(engine, s, &l) {
                         out.push(l);
+                    } else if s.vision.is_some()
+                        && engines::has_axis(engine, Dimension::EncoderData)
+                        && engines::accepts(engine, s, &data)
+                    {
+                        out.push(data);
                     }
                 }
             }

@@ -282,7 +282,10 @@ fn the_engines_reference_is_current() {
          tensor-parallel ranks, its heads included (HC2046: `12 is not divisible by 8`, vllm issue\n\
          24004); SGLang pads the heads with zero heads to a multiple of tp and splits only the widths\n\
          (HC2047). `--mm-encoder-dp` (`mm_encoder_data_parallel` in a layout) runs the tower whole on\n\
-         every rank instead: vLLM's `--mm-encoder-tp-mode data`, SGLang's `--mm-enable-dp-encoder`.\n\n\
+         every rank instead: vLLM's `--mm-encoder-tp-mode data`, SGLang's `--mm-enable-dp-encoder`.\n\
+         `plan` runs the tower data-parallel where the engine refuses its split, and the memory plan\n\
+         counts the tower on the first stage (transformers' 858,681,856 parameters for GLM-4.5V), split\n\
+         over tp or whole on each rank.\n\n\
          | config | engine | tp, tower split | tp, tower data-parallel |\n|---|---|---|---|\n",
     );
     for (name, rel) in

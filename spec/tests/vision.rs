@@ -162,3 +162,43 @@ fn the_towers_widths_split_over_tp_on_both_engines() {
         assert!(!codes(engine, &t, EngineLayout { mm_encoder_dp: true, ..l }).contains(&"HC2047"));
     }
 }
+
+#[test]
+fn the_memory_plan_counts_the_tower_as_transformers_holds_it() {
+    use headcount_spec::memory::{RankLayout, parameter_count, vision_parameters};
+    // sum(p.numel() for p in Glm4vVisionModel(Glm4vMoeConfig.from_json_file(glm-4.5v.json)
+    // .vision_config).parameters()), transformers 5.24.0.
+    let v = config("glm-4.5v.json");
+    let s = v.spec(&[], &[]);
+    assert_eq!(vision_parameters(&s, &RankLayout::new(1, 1)), 858_681_856);
+    let text = Config { vision: None, ..v.clone() };
+    assert_eq!(parameter_count(&s) - parameter_count(&text.spec(&[], &[])), 858_681_856);
+    // Split over 4 ranks, or whole on each when it runs data-parallel.
+    let split = vision_parameters(&s, &RankLayout::new(4, 1));
+    let whole = vision_parameters(&s, &RankLayout { vision_whole: true, ..RankLayout::new(4, 1) });
+    assert!(split < whole / 3 && whole == 858_681_856, "{split} {whole}");
+}
+
+#[test]
+fn plan_runs_the_tower_data_parallel_where_vllm_cannot_split_it() {
+    use headcount_spec::plan::{self, Devices, Request};
+    let v = config("glm-4.5v.json");
+    let s = v.spec(&[], &[]);
+    let r = Request {
+        engine: Engine::Vllm,
+        devices: Devices { count: 8, gib: 80, per_node: 8 },
+        elt: 2,
+        context: 65_536,
+        quant: None,
+        weights: None,
+    };
+    let p = plan::plan(&s, &r);
+    let tp8: Vec<_> = p.fits.iter().filter(|c| c.layout.tp == 8).collect();
+    assert!(!tp8.is_empty() && tp8.iter().all(|c| c.layout.mm_encoder_dp), "{tp8:?}");
+    assert!(p.fits.iter().filter(|c| c.layout.tp <= 4).all(|c| !c.layout.mm_encoder_dp));
+    // Whole on each rank, the tower weighs more there than split.
+    let c = tp8[0];
+    let split =
+        headcount_spec::memory::RankLayout { vision_whole: false, ..engines::rank_layout(Engine::Vllm, &c.layout) };
+    assert!(c.weights > headcount_spec::memory::rank_bytes(&s, &split, 65_536, 2).0);
+}

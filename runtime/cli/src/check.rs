@@ -714,7 +714,18 @@ fn layout_name(l: &EngineLayout) -> String {
     if l.ep > 1 {
         s += &format!(" ep {}", l.ep);
     }
+    if l.mm_encoder_dp {
+        s += " --mm-encoder-dp";
+    }
     s
+}
+
+/// The config's model_type, a vision-language config's with its text model's family.
+fn model_name(config: &Config) -> String {
+    match &config.vision {
+        Some(v) => format!("{} (text model {})", v.family.model_type(), config.family.model_type()),
+        None => config.family.model_type().to_owned(),
+    }
 }
 
 /// `45.3 GiB a rank (weights 41.2, KV cache 4.1)`.
@@ -751,9 +762,10 @@ fn print_plan(
     let d = &r.devices;
     let what = if r.engine == Engine::Megatron { "a training sequence of" } else { "one sequence of" };
     println!(
-        "{} ({:.1}B parameters) on {} {}: {} device{} of {} GiB, {} a node; {}, {what} {} tokens",
-        config.family.model_type(),
+        "{} ({:.1}B parameters{}) on {} {}: {} device{} of {} GiB, {} a node; {}, {what} {} tokens",
+        model_name(config),
         headcount_spec::memory::parameter_count(&spec) as f64 / 1e9,
+        if config.vision.is_some() { ", the vision tower's among them" } else { "" },
         r.engine.name(),
         r.engine.version(),
         d.count,
@@ -839,7 +851,7 @@ fn print_plan(
 fn candidate_json(c: &headcount_spec::plan::Candidate, per_node: u64) -> serde_json::Value {
     let l = &c.layout;
     serde_json::json!({
-        "tp": l.tp, "pp": l.pp, "dp": l.dp, "ep": l.ep,
+        "tp": l.tp, "pp": l.pp, "dp": l.dp, "ep": l.ep, "mm_encoder_dp": l.mm_encoder_dp,
         "devices": c.world, "nodes": c.nodes(per_node),
         "bytes_a_rank": {
             "weights": c.weights, "kv_cache": c.cache, "gradients_and_optimizer": c.states,
@@ -868,7 +880,8 @@ fn plan_json(
         })
     });
     serde_json::json!({
-        "model_type": config.family.model_type(),
+        "model_type": config.vision.as_ref().map_or(config.family.model_type(), |v| v.family.model_type()),
+        "text_family": config.family.model_type(),
         "engine": r.engine.key(),
         "engine_version": r.engine.version(),
         "devices": { "count": r.devices.count, "gib": r.devices.gib, "per_node": per_node },

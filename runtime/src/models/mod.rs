@@ -933,6 +933,7 @@ pub fn rank_parameter_count(
         vocab_padding: plan.vocab_padding as u64,
         attn_tp: None,
         moe_tp: None,
+        vision_whole: false,
     };
     let spec = d.config.spec(&[], &[]);
     headcount_spec::memory::rank_parameters_of(&spec, &r, layers.start as u64, layers.end as u64, first, last)
