@@ -1,34 +1,11 @@
 //! The layout axes beyond tp, pp, ep and dp: each rule with a layout it refuses and one it
 //! takes, on the published shapes, in the engine's own words.
 
-use std::path::Path;
-
 use headcount_spec::engines::{self, Dimension, Engine, EngineLayout};
-use headcount_spec::{Config, Errors, LayoutError};
+use headcount_spec::{Config, Errors};
 
-fn config(rel: &str) -> Config {
-    Config::from_file(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(rel)).unwrap()
-}
-
-fn errors(engine: Engine, c: &Config, l: EngineLayout) -> Vec<LayoutError> {
-    let mut out = Errors::new();
-    engines::check(engine, &c.spec(&[], &[]), &l, &mut out);
-    out.to_vec()
-}
-
-fn codes(engine: Engine, c: &Config, l: EngineLayout) -> Vec<&'static str> {
-    errors(engine, c, l).iter().map(LayoutError::code).collect()
-}
-
-fn message(engine: Engine, c: &Config, l: EngineLayout) -> String {
-    errors(engine, c, l).iter().map(|e| e.message().to_string()).collect::<Vec<_>>().join("\n")
-}
-
-fn legal(engine: Engine, c: &Config, l: EngineLayout, dim: Dimension) -> Vec<u64> {
-    engines::legal_values(engine, &c.spec(&[], &[]), &l, dim)
-}
-
-const NONE: [&str; 0] = [];
+mod common;
+use common::{NONE, codes, config, legal, message};
 
 fn glm45() -> Config {
     config("moe-configs/glm-4.5.json")

@@ -1,24 +1,13 @@
 //! Engine profiles on the published shapes: each engine's rules refuse exactly the layouts
 //! its source refuses, with its own words quoted, and list the layouts it takes.
 
+use headcount_spec::engines::{self, BlockQuant, Dimension, Engine, EngineLayout};
 use std::path::Path;
 
-use headcount_spec::engines::{self, BlockQuant, Dimension, Engine, EngineLayout};
-use headcount_spec::{Config, Errors, LayoutError};
+use headcount_spec::{Config, LayoutError};
 
-fn config(rel: &str) -> Config {
-    Config::from_file(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(rel)).unwrap()
-}
-
-fn errors(engine: Engine, c: &Config, l: EngineLayout) -> Vec<LayoutError> {
-    let mut out = Errors::new();
-    engines::check(engine, &c.spec(&[], &[]), &l, &mut out);
-    out.to_vec()
-}
-
-fn codes(engine: Engine, c: &Config, l: EngineLayout) -> Vec<&'static str> {
-    errors(engine, c, l).iter().map(LayoutError::code).collect()
-}
+mod common;
+use common::{codes, config, errors};
 
 /// The legal values of `dim` as a list for a sentence: the first 6, then how many more.
 fn show_for(c: &Config, e: Engine, l: EngineLayout, dim: Dimension) -> String {

@@ -2,28 +2,11 @@
 //! (HC2043), Marlin's thread tile for AWQ and GPTQ (HC2044) and SGLang's Marlin repack tile
 //! (HC2045), on the published GLM-4.5 and GLM-4.5-Air shapes, in the engines' own words.
 
-use std::path::Path;
-
+use headcount_spec::Config;
 use headcount_spec::engines::{self, Dimension, Engine, EngineLayout, QuantMethod, WeightQuant};
-use headcount_spec::{Config, Errors, LayoutError};
 
-fn config(rel: &str) -> Config {
-    Config::from_file(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(rel)).unwrap()
-}
-
-fn errors(engine: Engine, c: &Config, l: EngineLayout) -> Vec<LayoutError> {
-    let mut out = Errors::new();
-    engines::check(engine, &c.spec(&[], &[]), &l, &mut out);
-    out.to_vec()
-}
-
-fn codes(engine: Engine, c: &Config, l: EngineLayout) -> Vec<&'static str> {
-    errors(engine, c, l).iter().map(LayoutError::code).collect()
-}
-
-fn message(engine: Engine, c: &Config, l: EngineLayout) -> String {
-    errors(engine, c, l).iter().map(|e| e.message().to_string()).collect::<Vec<_>>().join("\n")
-}
+mod common;
+use common::{NONE, codes, config, message};
 
 fn with(tp: u64, method: QuantMethod, group: u64, marlin: bool) -> EngineLayout {
     EngineLayout { weights: Some(WeightQuant { method, group, marlin }), ..EngineLayout::new(tp, 1) }
@@ -32,8 +15,6 @@ fn with(tp: u64, method: QuantMethod, group: u64, marlin: bool) -> EngineLayout 
 fn legal_tp(engine: Engine, c: &Config, l: EngineLayout) -> Vec<u64> {
     engines::legal_values(engine, &c.spec(&[], &[]), &l, Dimension::Tensor)
 }
-
-const NONE: [&str; 0] = [];
 
 #[test]
 fn awq_and_gptq_groups_must_be_whole_on_each_rank() {

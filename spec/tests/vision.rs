@@ -3,33 +3,19 @@
 //! measured against transformers in tests/fixtures/vision-configs/README.md), and the
 //! engines' split of the tower over tensor-parallel ranks (HC2046, HC2047).
 
-use std::path::Path;
-
 use headcount_spec::engines::{self, Dimension, Engine, EngineLayout};
-use headcount_spec::{Config, ConfigError, Errors, Family, LayoutError, TextModel, VisionFamily};
+use headcount_spec::{Config, ConfigError, Family, LayoutError, TextModel, VisionFamily};
+
+mod common;
+use common::{NONE, codes, message};
 
 fn config(name: &str) -> Config {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/vision-configs").join(name);
-    Config::from_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-fn codes(engine: Engine, c: &Config, l: EngineLayout) -> Vec<&'static str> {
-    let mut out = Errors::new();
-    engines::check(engine, &c.spec(&[], &[]), &l, &mut out);
-    out.to_vec().iter().map(LayoutError::code).collect()
-}
-
-fn message(engine: Engine, c: &Config, l: EngineLayout) -> String {
-    let mut out = Errors::new();
-    engines::check(engine, &c.spec(&[], &[]), &l, &mut out);
-    out.to_vec().iter().map(|e| e.message().to_string()).collect::<Vec<_>>().join("\n")
+    common::config(&format!("vision-configs/{name}"))
 }
 
 fn legal_tp(engine: Engine, c: &Config, l: EngineLayout) -> Vec<u64> {
     engines::legal_values(engine, &c.spec(&[], &[]), &l, Dimension::Tensor)
 }
-
-const NONE: [&str; 0] = [];
 
 #[test]
 fn the_published_configs_read_as_their_text_family_and_tower() {
