@@ -354,6 +354,18 @@ pub enum EngineRule {
     MarlinShape { what: &'static str, rows: u64, columns: u64 },
     /// SGLang's Marlin repack: a rank's weight rows a multiple of 64, its columns of 16.
     MarlinTile { what: &'static str, rows: u64, columns: u64 },
+    /// SGLang: query heads over the attention tensor-parallel ranks, tp / (dp x attn_cp).
+    AttnTpHeads { attn_tp: u64, heads: u64, mla: bool },
+    /// SGLang: kv heads over the attention tensor-parallel ranks.
+    AttnTpKvHeads { attn_tp: u64, kv: u64 },
+    /// SGLang: its sparse attention's KV pool holds indexer keys of 128 channels.
+    DsaIndexHeadDim { dim: u64 },
+    /// Megatron-LM: sparse attention with linear biases (its absorbed MLA has none).
+    DsaBias,
+    /// Megatron-LM: sparse attention over tp > 1 without sequence parallelism.
+    DsaNeedsSp { tp: u64 },
+    /// Megatron-LM: shared indexers in a pattern no period and offset give.
+    DsaIndexPattern,
     /// vLLM: the vision tower's heads split over tp.
     VisionHeads { tp: u64, heads: u64 },
     /// A vision tower's width split over tp.
@@ -416,7 +428,7 @@ impl EngineRule {
             }
             EngineRule::CpSequence { .. } => Dimension::Context,
             EngineRule::SpNeedsTp | EngineRule::SpSequence { .. } => Dimension::Tensor,
-            EngineRule::CommOverlapNeedsSp => Dimension::Sequence,
+            EngineRule::CommOverlapNeedsSp | EngineRule::DsaNeedsSp { .. } => Dimension::Sequence,
             EngineRule::VppNeedsPp { .. } | EngineRule::LayersOverVpp { .. } => Dimension::VirtualPipeline,
             EngineRule::AttnCpOverTp { .. } | EngineRule::AttnDpCpOverTp { .. } => Dimension::AttentionContext,
             EngineRule::MoeDpOverTp { .. }
@@ -480,6 +492,12 @@ impl EngineRule {
             EngineRule::QuantGroup { .. } => "HC2043",
             EngineRule::MarlinShape { .. } => "HC2044",
             EngineRule::MarlinTile { .. } => "HC2045",
+            EngineRule::AttnTpHeads { .. } => "HC2001",
+            EngineRule::AttnTpKvHeads { .. } => "HC2002",
+            EngineRule::DsaIndexHeadDim { .. } => "HC2051",
+            EngineRule::DsaBias => "HC2048",
+            EngineRule::DsaNeedsSp { .. } => "HC2049",
+            EngineRule::DsaIndexPattern => "HC2050",
             EngineRule::VisionHeads { .. } => "HC2046",
             EngineRule::VisionWidth { .. } => "HC2047",
         }
@@ -804,6 +822,77 @@ const fn vllm_shared_stage(s: &ArchSpec, pp: u64) -> Option<(u64, u64)> {
     None
 }
 
+/// The `--dsa-indexer-topk-freq` and `--dsa-indexer-skip-topk-offset` that give a sparse
+/// attention config's indexer_types as Megatron-LM places shared layers
+/// (`is_dsa_skip_topk_layer`: 1-indexed layer L reuses a pick when max(L - max(offset, 1), 0)
+/// % freq != 0), `(1, 0)` when every layer is full; `None` when no pair gives them.
+pub const fn megatron_index_share(s: &ArchSpec) -> Option<(u64, u64)> {
+    let types = s.indexer_types;
+    let n = types.len();
+    // The leading full layers are the offset; the next full layer after them, the period.
+    let mut offset = 0;
+    while offset < n && matches!(types[offset], crate::fields::IndexerLayer::Full) {
+        offset += 1;
+    }
+    if offset == n {
+        return Some((1, 0));
+    }
+    if offset == 0 {
+        return None;
+    }
+    let mut next = offset;
+    while next < n && !matches!(types[next], crate::fields::IndexerLayer::Full) {
+        next += 1;
+    }
+    let freq = (next + 1 - offset) as u64;
+    let off = offset as u64;
+    let mut i = 0;
+    while i < n {
+        let layer = i as u64 + 1;
+        let shared = !layer.saturating_sub(off).is_multiple_of(freq);
+        if shared == matches!(types[i], crate::fields::IndexerLayer::Full) {
+            return None;
+        }
+        i += 1;
+    }
+    Some((freq, off))
+}
+
+/// Megatron-LM's sparse-attention rules: its DSA runs AbsorbedMLASelfAttention (no linear
+/// bias, sequence parallelism whenever tp > 1), its shared layers follow a period and an
+/// offset, and a stage may not begin on a shared layer (each stage holds layers / pp).
+const fn megatron_dsa_rules(s: &ArchSpec, l: &EngineLayout, out: &mut RuleList) {
+    if !s.family.is_dsa() {
+        return;
+    }
+    if s.attention_bias {
+        out.push(EngineRule::DsaBias);
+    }
+    if l.tp > 1 && !l.sp {
+        out.push(EngineRule::DsaNeedsSp { tp: l.tp });
+    }
+    if s.indexer_types.is_empty() {
+        return;
+    }
+    if megatron_index_share(s).is_none() {
+        out.push(EngineRule::DsaIndexPattern);
+        return;
+    }
+    let (layers, pp) = (s.num_hidden_layers, l.pp);
+    if pp <= 1 || !layers.is_multiple_of(pp) {
+        return;
+    }
+    let mut stage = 1;
+    while stage < pp {
+        let layer = stage * (layers / pp);
+        if !s.is_full_indexer(layer) {
+            out.push(EngineRule::SharedIndexerStage { pp, stage, layer });
+            return;
+        }
+        stage += 1;
+    }
+}
+
 /// Every rule of `engine` that layout `l` of `s` breaks.
 const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleList) {
     let (tp, pp, ep, dp) = (l.tp, l.pp, l.ep, l.dp);
@@ -857,11 +946,28 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             }
         }
         Engine::Sglang => {
-            if !heads.is_multiple_of(tp) {
-                out.push(EngineRule::Heads { tp, heads });
+            // Attention splits over the attention tensor-parallel ranks, tp / (dp x attn_cp)
+            // (a tp the split does not divide is HC2034's); latent attention caches one kv
+            // head, which nothing splits.
+            let attn_split = dp.saturating_mul(l.attn_cp);
+            if attn_split <= 1 {
+                if !heads.is_multiple_of(tp) {
+                    out.push(EngineRule::Heads { tp, heads });
+                }
+                if !s.family.is_mla() && !kv_fits_replicating(kv, tp) {
+                    out.push(EngineRule::KvHeads { tp, kv });
+                }
+            } else if tp.is_multiple_of(attn_split) {
+                let attn_tp = tp / attn_split;
+                if !heads.is_multiple_of(attn_tp) {
+                    out.push(EngineRule::AttnTpHeads { attn_tp, heads, mla: s.family.is_mla() });
+                }
+                if !s.family.is_mla() && !kv_fits_replicating(kv, attn_tp) {
+                    out.push(EngineRule::AttnTpKvHeads { attn_tp, kv });
+                }
             }
-            if !kv_fits_replicating(kv, tp) {
-                out.push(EngineRule::KvHeads { tp, kv });
+            if s.family.is_dsa() && s.index_head_dim != 128 {
+                out.push(EngineRule::DsaIndexHeadDim { dim: s.index_head_dim });
             }
             if dense && !s.intermediate_size.is_multiple_of(tp) {
                 out.push(EngineRule::DenseWidth { what: INTERMEDIATE, tp, width: s.intermediate_size });
@@ -933,6 +1039,7 @@ const fn broken(engine: Engine, s: &ArchSpec, l: &EngineLayout, out: &mut RuleLi
             } else if ep > 1 {
                 out.push(EngineRule::ExpertsOverEp { ep, experts: 0 });
             }
+            megatron_dsa_rules(s, l, out);
         }
         Engine::Transformers => {
             if !heads.is_multiple_of(tp) {
@@ -1262,14 +1369,18 @@ const fn switch(v: u64) -> &'static str {
 const fn ours(m: Msg, r: &EngineRule, e: Engine) -> Msg {
     match *r {
         EngineRule::Heads { heads, .. } => m.push("num_attention_heads (").num(heads).push(") must be divisible by it"),
-        EngineRule::SharedIndexerStage { stage, layer, .. } => m
-            .push("stage ")
-            .num(stage)
-            .push(" would begin on layer ")
-            .num(layer)
-            .push(
-                ", whose indexer is shared: the pick of the full layer before it stays on the previous stage, as vLLM passes only the hidden states and the residual on (vllm issue 50853)",
-            ),
+        EngineRule::SharedIndexerStage { stage, layer, .. } => {
+            let m = m
+                .push("stage ")
+                .num(stage)
+                .push(" would begin on layer ")
+                .num(layer)
+                .push(", whose indexer is shared: the pick of the full layer before it stays on the previous stage");
+            match e {
+                Engine::Megatron => m.push(", as Megatron-LM shares picks within a stage only"),
+                _ => m.push(", as vLLM passes only the hidden states and the residual on (vllm issue 50853)"),
+            }
+        }
         EngineRule::KvHeads { tp, kv } => match e {
             Engine::Transformers => m
                 .push("num_key_value_heads (")
@@ -1387,6 +1498,28 @@ const fn ours(m: Msg, r: &EngineRule, e: Engine) -> Msg {
             .push(" x ")
             .num(columns)
             .push(" on a rank, and Marlin's repack needs its rows a multiple of 64 and its columns of 16"),
+        EngineRule::AttnTpHeads { attn_tp, heads, .. } => m
+            .push("num_attention_heads (")
+            .num(heads)
+            .push(") must be divisible by the ranks one attention layer is split over, tp / (dp x attn_cp) = ")
+            .num(attn_tp),
+        EngineRule::AttnTpKvHeads { attn_tp, kv } => m
+            .push("num_key_value_heads (")
+            .num(kv)
+            .push(") must divide or be a multiple of the ranks one attention layer is split over, tp / (dp x attn_cp) = ")
+            .num(attn_tp),
+        EngineRule::DsaIndexHeadDim { dim } => m
+            .push("its sparse attention's KV pool holds indexer keys of 128 channels, and index_head_dim is ")
+            .num(dim),
+        EngineRule::DsaBias => m.push(
+            "its sparse attention runs absorbed latent attention, whose linear layers have no bias, and attention_bias is true",
+        ),
+        EngineRule::DsaNeedsSp { .. } => {
+            m.push("its sparse attention's absorbed latent attention splits the sequence over tp: give --sp")
+        }
+        EngineRule::DsaIndexPattern => m.push(
+            "indexer_types is not a pattern its --dsa-indexer-topk-freq and --dsa-indexer-skip-topk-offset give (full layers first, then one full layer every freq)",
+        ),
         EngineRule::VisionHeads { heads, .. } => m
             .push("the vision tower's num_heads (")
             .num(heads)
@@ -1553,9 +1686,12 @@ const fn theirs(m: Msg, r: &EngineRule, e: Engine) -> Msg {
             }
         },
         EngineRule::Vocab { tp, padded } => m.num(padded).push(" is not divisible by ").num(tp),
-        EngineRule::SharedIndexerStage { .. } => {
-            m.push("return IntermediateTensors({\"hidden_states\": hidden_states, \"residual\": residual})")
-        }
+        EngineRule::SharedIndexerStage { .. } => match e {
+            Engine::Megatron => m.push(
+                "Cross-layer top-k sharing does not cross PP boundaries. Choose a pipeline layout where each stage starts on a computing layer",
+            ),
+            _ => m.push("return IntermediateTensors({\"hidden_states\": hidden_states, \"residual\": residual})"),
+        },
         EngineRule::DenseWidth { tp, width, .. } => m.num(width).push(" is not divisible by ").num(tp),
         EngineRule::ExpertWidth { moe_tp, width } => match e {
             Engine::Vllm => m.push("assert self.intermediate_size % tp_size == 0"),
@@ -1667,6 +1803,30 @@ const fn theirs(m: Msg, r: &EngineRule, e: Engine) -> Msg {
                     .push(" is not divisible by min_thread_k = 128. Consider reducing tensor_parallel_size or running with --quantization gptq.")
             }
         }
+        EngineRule::AttnTpHeads { attn_tp, heads, mla } => {
+            if mla {
+                m.push("assert num_heads % attn_tp_size == 0")
+            } else {
+                m.num(heads).push(" is not divisible by ").num(attn_tp)
+            }
+        }
+        EngineRule::AttnTpKvHeads { attn_tp, kv } => {
+            if kv > attn_tp {
+                m.num(kv).push(" is not divisible by ").num(attn_tp)
+            } else {
+                m.num(attn_tp).push(" is not divisible by ").num(kv)
+            }
+        }
+        EngineRule::DsaIndexHeadDim { .. } => m.push("assert index_head_dim == 128"),
+        EngineRule::DsaBias => m.push(
+            "DSA uses AbsorbedMLASelfAttention, which requires add_bias_linear=False. Disable linear bias for DSA configs.",
+        ),
+        EngineRule::DsaNeedsSp { .. } => {
+            m.push("AbsorbedMLA requires sequence_parallel when tensor_model_parallel_size > 1")
+        }
+        EngineRule::DsaIndexPattern => {
+            m.push("return (max(layer_number - skip_topk_offset, 0) % topk_freq) != 0")
+        }
         EngineRule::VisionHeads { tp, heads } => m.num(heads).push(" is not divisible by ").num(tp),
         EngineRule::VisionWidth { tp, width, .. } => m.num(width).push(" is not divisible by ").num(tp),
         EngineRule::MarlinTile { rows, columns, .. } => {
@@ -1768,7 +1928,11 @@ pub const RULE_DOCS: &[RuleDoc] = &[
         title: "query heads over tensor parallelism",
         by: &[
             (Engine::Vllm, "heads % tp == 0", "vllm/config/model.py ModelConfig.verify_with_parallel_config"),
-            (Engine::Sglang, "heads % tp == 0", "srt/layers/linear.py QKVParallelLinear (divide)"),
+            (
+                Engine::Sglang,
+                "heads % (tp / (dp x attn_cp)) == 0 (the attention tensor-parallel size)",
+                "srt/layers/linear.py QKVParallelLinear (divide); srt/models/deepseek_v2.py DeepseekV2AttentionMLA",
+            ),
             (Engine::Megatron, "heads % tp == 0", "megatron/core/transformer/transformer_config.py __post_init__"),
             (Engine::Transformers, "heads % tp == 0 (else the first forward fails)", "models/glm4_moe attention view"),
         ],
@@ -1784,7 +1948,7 @@ pub const RULE_DOCS: &[RuleDoc] = &[
             ),
             (
                 Engine::Sglang,
-                "kv > tp: kv % tp == 0; else tp % kv == 0 (replicated)",
+                "over attn_tp = tp / (dp x attn_cp), kv > attn_tp: kv % attn_tp == 0; else attn_tp % kv == 0 (replicated); latent attention: none",
                 "srt/layers/linear.py QKVParallelLinear",
             ),
             (
@@ -1984,11 +2148,18 @@ pub const RULE_DOCS: &[RuleDoc] = &[
     RuleDoc {
         code: "HC2020",
         title: "a pipeline stage that begins on a shared sparse-attention indexer",
-        by: &[(
-            Engine::Vllm,
-            "under glm_moe_dsa's indexer_types, every stage after the first begins on a \"full\" layer",
-            "model_executor/models/utils.py get_pp_indices; IntermediateTensors carry hidden_states and residual only (vllm issue 50853)",
-        )],
+        by: &[
+            (
+                Engine::Vllm,
+                "under glm_moe_dsa's indexer_types, every stage after the first begins on a \"full\" layer",
+                "model_executor/models/utils.py get_pp_indices; IntermediateTensors carry hidden_states and residual only (vllm issue 50853)",
+            ),
+            (
+                Engine::Megatron,
+                "under indexer_types, every stage after the first (layers / pp each) begins on a \"full\" layer",
+                "core/models/gpt/experimental_attention_variant_module_specs.py _validate_dsa_index_share_pipeline_split",
+            ),
+        ],
     },
     RuleDoc {
         code: "HC2021",
@@ -2260,5 +2431,41 @@ pub const RULE_DOCS: &[RuleDoc] = &[
                 "srt/models/glm4v.py Glm4vVisionBlock, Glm4vPatchMerger",
             ),
         ],
+    },
+    RuleDoc {
+        code: "HC2048",
+        title: "sparse attention with linear biases",
+        by: &[(
+            Engine::Megatron,
+            "glm_moe_dsa: attention_bias false (DSA runs with add_bias_linear=False)",
+            "core/transformer/transformer_config.py TransformerConfig.__post_init__",
+        )],
+    },
+    RuleDoc {
+        code: "HC2049",
+        title: "sparse attention over tensor parallelism without sequence parallelism",
+        by: &[(
+            Engine::Megatron,
+            "glm_moe_dsa: tp > 1 needs --sp (--sequence-parallel)",
+            "core/transformer/experimental_attention_variant/absorbed_mla.py AbsorbedMLASelfAttention.__init__",
+        )],
+    },
+    RuleDoc {
+        code: "HC2050",
+        title: "shared indexers in a period and offset",
+        by: &[(
+            Engine::Megatron,
+            "glm_moe_dsa: indexer_types is the first offset layers full, then a full layer every freq (is_dsa_skip_topk_layer)",
+            "core/transformer/experimental_attention_variant/dsa.py is_dsa_skip_topk_layer",
+        )],
+    },
+    RuleDoc {
+        code: "HC2051",
+        title: "sparse attention's indexer head size",
+        by: &[(
+            Engine::Sglang,
+            "glm_moe_dsa: index_head_dim == 128",
+            "srt/mem_cache/memory_pool.py DSATokenToKVPool.__init__ (assert index_head_dim == 128)",
+        )],
     },
 ];

@@ -122,7 +122,7 @@ fn the_engines_reference_is_current() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(codes, sorted, "codes listed once, in order");
-    assert_eq!(codes.len(), 47);
+    assert_eq!(codes.len(), 51);
     let mut doc = String::from(
         "# Engine profiles\n\nGenerated from `spec/src/engines.rs` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
          to rewrite). Each rule is a `const fn` read from the engine's source at the version named;\n\
@@ -172,7 +172,11 @@ fn the_engines_reference_is_current() {
             doc.push_str(&format!("| {} | {} | {} | {} | `{}` |\n", d.code, d.title, e.name(), condition, source));
         }
     }
-    doc.push_str("\n## Legal tensor-parallel sizes of the published shapes (pp 1, ep 1, dp 1)\n\n");
+    doc.push_str(
+        "\n## Legal tensor-parallel sizes of the published shapes (pp 1, ep 1, dp 1)\n\n\
+         Megatron-LM's rows of the sparse-attention shapes (GLM-5, GLM-5.2) have `--sp`, which its\n\
+         sparse attention needs over tp > 1 (HC2049); tp 1 runs without it.\n\n",
+    );
     doc.push_str("| config | engine | bf16 | FP8 blocks 128 |\n|---|---|---|---|\n");
     for (name, rel) in [
         ("GLM-4-9B", "configs/glm-default.json"),
@@ -184,7 +188,9 @@ fn the_engines_reference_is_current() {
     ] {
         let c = config(rel);
         for e in Engine::ALL {
-            let l = EngineLayout::new(1, 1);
+            // Megatron-LM's sparse attention needs sequence parallelism over tp (HC2049).
+            let sp = e == Engine::Megatron && c.family.is_dsa();
+            let l = EngineLayout { sp, ..EngineLayout::new(1, 1) };
             let show = |v: Vec<u64>| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
             let plain = show(legal(e, &c, l, Dimension::Tensor));
             let fp8 = if matches!(e, Engine::Vllm | Engine::Sglang) {

@@ -618,6 +618,30 @@ fn launch_lines(
             } else {
                 push(&["--group-query-attention", "--num-query-groups", &c.num_key_value_heads.to_string()]);
                 push(&["--kv-channels", &c.resolved_head_dim().unwrap_or(0).to_string()]);
+                if c.attention_bias {
+                    push(&["--add-qkv-bias"]);
+                }
+            }
+            // GLM's linear layers have no bias but q, k and v's (Megatron-LM adds one to every
+            // linear layer unless told not to).
+            push(&["--disable-bias-linear"]);
+            if c.family.is_dsa() {
+                push(&["--experimental-attention-variant", "dsa"]);
+                push(&["--dsa-indexer-n-heads", &c.index_n_heads.to_string()]);
+                push(&["--dsa-indexer-head-dim", &c.index_head_dim.to_string()]);
+                push(&["--dsa-indexer-topk", &c.index_topk.to_string()]);
+                let spec = c.spec(&[], &[]);
+                if let Some((freq, offset)) = headcount_spec::engines::megatron_index_share(&spec)
+                    && freq > 1
+                {
+                    push(&["--dsa-indexer-topk-freq", &freq.to_string()]);
+                    push(&["--dsa-indexer-skip-topk-offset", &offset.to_string()]);
+                }
+                // DSAttention refuses fused RoPE, and any context-parallel exchange but all-gather.
+                push(&["--no-rope-fusion"]);
+                if layout.cp > 1 {
+                    push(&["--cp-comm-type", "allgather"]);
+                }
             }
             push(&["--seq-length", &context.unwrap_or(c.max_position_embeddings).to_string()]);
             push(&["--max-position-embeddings", &c.max_position_embeddings.to_string()]);
