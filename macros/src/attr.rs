@@ -791,11 +791,10 @@ fn dtype(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
         Expr::Path(p) if p.qself.is_none() => p.path.get_ident().map(|i| i.unraw().to_string()),
         _ => None,
     };
-    let bytes = match name.as_deref() {
-        Some("bf16" | "f16") => 2,
-        Some("f32") => 4,
-        Some("fp8") => 1,
-        _ => return Err(format!("{key} expects bf16, f16, f32 or fp8, found {}", found(expr))),
+    // The short names only, as a declaration writes them.
+    let bytes = match name.as_deref().filter(|n| matches!(*n, "bf16" | "f16" | "f32" | "fp8")) {
+        Some(n) => headcount_spec::memory::dtype_bytes(n).unwrap_or(2),
+        None => return Err(format!("{key} expects bf16, f16, f32 or fp8, found {}", found(expr))),
     };
     Ok(Some(Value::Int(Num::Lit(bytes))))
 }

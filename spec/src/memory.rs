@@ -434,12 +434,24 @@ const fn gib(m: crate::msg::Msg, bytes: u64) -> crate::msg::Msg {
     m.num(tenths / 10).push(".").num(tenths % 10).push(" GiB")
 }
 
-const fn dtype_name(elt: u64) -> &'static str {
+/// The name of a dtype of `elt` bytes a value, as the memory plan prints it.
+pub const fn dtype_name(elt: u64) -> &'static str {
     match elt {
         1 => "fp8",
         2 => "bf16",
         4 => "f32",
         _ => "the dtype",
+    }
+}
+
+/// The bytes a value of a dtype the memory plan takes: bf16, f16, f32 or fp8 (and
+/// transformers' long names); `None` for another.
+pub fn dtype_bytes(name: &str) -> Option<u64> {
+    match name {
+        "bf16" | "bfloat16" | "f16" | "float16" | "half" => Some(2),
+        "f32" | "float32" => Some(4),
+        "fp8" => Some(1),
+        _ => None,
     }
 }
 

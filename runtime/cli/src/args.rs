@@ -443,12 +443,7 @@ fn bytes(s: &str) -> Result<u64, String> {
 
 /// Bytes one value of the dtype takes.
 fn dtype_bytes(s: &str) -> Result<u64, String> {
-    match s {
-        "bf16" | "bfloat16" | "f16" | "float16" | "half" => Ok(2),
-        "f32" | "float32" => Ok(4),
-        "fp8" => Ok(1),
-        _ => Err(format!("{s:?}: use bf16, f16, f32 or fp8")),
-    }
+    headcount_spec::memory::dtype_bytes(s).ok_or_else(|| format!("{s:?}: use bf16, f16, f32 or fp8"))
 }
 
 /// `headcount launch-args`.

@@ -164,9 +164,18 @@ fn print_sparse_attention(config: &Config) {
 fn print_errors(what: &str, errors: &[headcount_spec::LayoutError]) {
     let n = errors.len();
     println!("{what}: {n} layout error{}", if n == 1 { "" } else { "s" });
+    print_each("  ", errors.iter().copied());
+}
+
+/// One line an error, `error[HC0102]: ...`, after `indent`.
+fn print_each(indent: &str, errors: impl IntoIterator<Item = headcount_spec::LayoutError>) {
     for e in errors {
-        println!("  error[{}]: {}", e.code(), e.message());
+        println!("{indent}{}", error_line(&e));
     }
+}
+
+fn error_line(e: &headcount_spec::LayoutError) -> String {
+    format!("error[{}]: {}", e.code(), e.message())
 }
 
 fn print_legal(config: &Config, legal: &[u64]) {
@@ -196,7 +205,7 @@ pub fn declare(path: &Path, name: &str) -> Result<ExitCode> {
     if let Err(v) = config.validate() {
         eprintln!("note: this declaration will not compile until its {} layout error(s) are fixed:", v.errors.len());
         for e in &v.errors {
-            eprintln!("  error[{}]: {}", e.code(), e.message());
+            eprintln!("  {}", error_line(e));
         }
         return Ok(ExitCode::from(1));
     }
@@ -330,21 +339,13 @@ fn ranges(v: &[u64]) -> String {
 }
 
 /// The dtype of `elt` bytes a value, as --dtype names it.
-fn dtype_name(elt: u64) -> &'static str {
-    match elt {
-        1 => "fp8",
-        4 => "f32",
-        _ => "bf16",
-    }
-}
-
 /// `check --memory`: the fullest rank's weights and one sequence's KV cache for each legal
 /// tensor-parallel size and a few pipeline sizes, against the device memory.
 fn memory_table(config: &Config, limit_gib: u64, elt: u64, context: u64) {
     use headcount_spec::memory::{self, RankLayout};
     let spec = config.spec(&[], &[]);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let dtype = dtype_name(elt);
+    let dtype = headcount_spec::memory::dtype_name(elt);
     println!(
         "memory a rank in {dtype}: {:.1}B parameters ({:.1}B active a token), KV cache {} KiB a token; {limit_gib} GiB a device, one sequence of {context} tokens",
         memory::parameter_count(&spec) as f64 / 1e9,
@@ -393,10 +394,8 @@ fn memory_verdict(config: &Config, limit_gib: u64, elt: u64, context: u64, tp: &
                     gib(w),
                     gib(c),
                 );
-                for err in errors.iter() {
-                    println!("  error[{}]: {}", err.code(), err.message());
-                    all_fit = false;
-                }
+                all_fit &= errors.is_empty();
+                print_each("  ", errors.iter());
             }
         }
     }
@@ -408,9 +407,7 @@ fn memory_verdict(config: &Config, limit_gib: u64, elt: u64, context: u64, tp: &
 pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
     let config = Config::from_file(&a.config)?;
     if let Err(v) = config.validate() {
-        for e in &v.errors {
-            println!("error[{}]: {}", e.code(), e.message());
-        }
+        print_each("", v.errors);
         return Ok(ExitCode::from(1));
     }
     let engine: Engine = a.engine.into();
@@ -428,9 +425,7 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
     engines::check(engine, &spec, &layout, &mut errors);
     let speculative = a.speculative_tokens.and_then(|n| engines::check_speculative(engine, &spec, n));
     if !errors.is_empty() || speculative.is_some() {
-        for e in errors.iter() {
-            println!("error[{}]: {}", e.code(), e.message());
-        }
+        print_each("", errors.iter());
         if let Some((code, message)) = speculative {
             println!("error[{code}]: {message}");
         }
@@ -796,7 +791,7 @@ fn print_plan(
         if d.count == 1 { "" } else { "s" },
         d.gib,
         d.per_node,
-        dtype_name(r.elt),
+        headcount_spec::memory::dtype_name(r.elt),
         r.context,
     );
     let per_node = d.per_node;
@@ -830,9 +825,7 @@ fn print_plan(
     println!("no layout of up to {} devices of {} GiB fits on {}:", d.count, d.gib, r.engine.name());
     if let Some(errors) = &m.rule {
         println!("  rules: {} refuses every layout; on one device:", r.engine.name());
-        for e in errors.iter() {
-            println!("    error[{}]: {}", e.code(), e.message());
-        }
+        print_each("    ", errors.iter());
         return;
     }
     if let Some(c) = &m.memory {
