@@ -251,6 +251,32 @@ pub fn candidate(s: &ArchSpec, r: &Request, l: EngineLayout) -> Candidate {
     }
 }
 
+/// A serving rank's weight bytes with AWQ or GPTQ weights: 4 bits a weight, a 16-bit scale a
+/// group (and AWQ's 4-bit zero point), for every weight but the embedding and lm_head, which
+/// the checkpoints keep in `elt` bytes (both tables are counted whole, an upper bound for a
+/// rank that holds one). FP8 weights are `--dtype fp8`; other weights `w` as they are.
+pub fn quantized_weight_bytes(
+    s: &ArchSpec,
+    quant: Option<crate::engines::WeightQuant>,
+    elt: u64,
+    rank: &RankLayout,
+    w: u64,
+) -> u64 {
+    let Some(q) = quant.filter(|q| q.method.grouped()) else { return w };
+    let elt = elt.max(1);
+    let padded = s.vocab_size.div_ceil(rank.vocab_padding.max(1)).saturating_mul(rank.vocab_padding.max(1));
+    let tables = (2 * padded / rank.tp.max(1)).saturating_mul(s.hidden_size).saturating_mul(elt).min(w);
+    let weights = (w - tables) / elt;
+    // Bits a weight, in 1/64ths: 4 bits, plus 16 (and AWQ's 4) over the group.
+    let extra = match (q.group, q.method) {
+        (0, _) => 0,
+        (g, crate::engines::QuantMethod::Awq) => 64 * 20 / g,
+        (g, _) => 64 * 16 / g,
+    };
+    let bits64 = 4 * 64 + extra;
+    tables.saturating_add(weights.saturating_mul(bits64) / (8 * 64))
+}
+
 /// The fullest rank's bytes: `(weights, cache, states, activations)`.
 ///
 /// A serving engine holds its weights and the KV cache of one sequence of `context` tokens.
@@ -264,7 +290,7 @@ pub fn candidate(s: &ArchSpec, r: &Request, l: EngineLayout) -> Candidate {
 fn rank_memory(s: &ArchSpec, r: &Request, l: &EngineLayout, rank: &RankLayout) -> (u64, u64, u64, u64) {
     if !trains(r.engine) {
         let (w, c) = memory::rank_bytes(s, rank, r.context, r.elt);
-        return (w, c, 0, 0);
+        return (quantized_weight_bytes(s, r.weights, r.elt, rank, w), c, 0, 0);
     }
     let mut most = (0u64, 0u64, 0u64, 0u64);
     let dp = l.dp.max(1);

@@ -234,6 +234,9 @@ fn the_engines_reference_is_current() {
            from an older vLLM. SGLang's\n\
            repack does not pad (HC2045): rows a multiple of 64 and columns of 16, for FP8 weights and\n\
            for every method's routed experts.\n\n\
+         `plan` counts AWQ and GPTQ weights at 4 bits, plus a 16-bit scale a group (and AWQ's 4-bit\n\
+         zero point), all but the embedding and lm_head, which stay in `--dtype`; FP8 weights are\n\
+         `--dtype fp8`.\n\n\
          | config | engine | awq 128 | gptq 32 | awq 128 marlin | fp8 marlin |\n|---|---|---|---|---|---|\n",
     );
     for (name, rel) in [

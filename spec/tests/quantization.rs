@@ -93,3 +93,31 @@ fn sglang_repacks_routed_experts_for_marlin() {
     assert!(m.contains("experts.w13 is 96 x 5120 on a rank"), "{m}");
     assert!(m.contains("\"size_n = 96 is not divisible by tile_n_size = 64\""), "{m}");
 }
+
+#[test]
+fn plan_counts_awq_and_gptq_weights_at_four_bits_and_their_scales() {
+    use headcount_spec::plan::{self, Devices, Request};
+    let c = config("moe-configs/glm-4.5.json");
+    let s = c.spec(&[], &[]);
+    let request = |weights| Request {
+        engine: Engine::Vllm,
+        devices: Devices { count: 8, gib: 80, per_node: 8 },
+        elt: 2,
+        context: 131_072,
+        quant: None,
+        weights,
+    };
+    let l = EngineLayout::new(8, 1);
+    let bf16 = plan::candidate(&s, &request(None), l).weights;
+    let awq = Some(WeightQuant { method: QuantMethod::Awq, group: 128, marlin: false });
+    let q = plan::candidate(&s, &request(awq), l).weights;
+    // 4 + 20 / 128 bits a weight against 16, the embedding and lm_head kept in bf16.
+    let ratio = q as f64 / bf16 as f64;
+    assert!((0.26..0.28).contains(&ratio), "{ratio}");
+    // GLM-4.5 in bf16 fits no layout of 8 devices of 80 GiB at 128k; in AWQ it does.
+    assert!(plan::plan(&s, &request(None)).fits.is_empty());
+    assert!(!plan::plan(&s, &request(awq)).fits.is_empty());
+    // FP8 and unquantized weights are counted by --dtype alone.
+    let fp8 = Some(WeightQuant { method: QuantMethod::Fp8, group: 0, marlin: true });
+    assert_eq!(plan::candidate(&s, &request(fp8), l).weights, bf16);
+}
