@@ -289,9 +289,9 @@ impl SlotCache {
         let _guard = tch::no_grad_guard();
         // cannot wrap: positions and rows are small counts.
         let (m, row_i, len_i) = (slots.len() as i64, row as i64, len as i64);
+        let mut index = OnDevice::new(slots);
         for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
-            let index = Tensor::f_from_slice(slots)?.f_to_device(pool.device())?;
-            let picked = pool.f_index_select(0, &index)?; // [m, n, block, D]
+            let picked = pool.f_index_select(0, index.on(pool.device())?)?; // [m, n, block, D]
             let s = picked.size();
             let rows = picked.f_permute([1, 0, 2, 3])?.f_reshape([s[1], m * s[2], s[3]])?;
             kv.f_select(0, row_i)?.f_narrow(1, 0, len_i)?.f_copy_(&rows)?;
@@ -315,15 +315,37 @@ impl SlotCache {
         let _guard = tch::no_grad_guard();
         // cannot wrap: as in `load_blocks`.
         let (nb, row_i) = (last + 1, row as i64);
+        let (mut from, mut to) = (OnDevice::new(blocks), OnDevice::new(slots));
         for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
             let dev = pool.device();
             let r = kv.f_select(0, row_i)?.f_narrow(1, 0, nb * PREFIX_BLOCK as i64)?; // [n, nb·block, D]
             let s = r.size();
             let by_block = r.f_view([s[0], nb, PREFIX_BLOCK as i64, s[2]])?.f_permute([1, 0, 2, 3])?;
-            let picked = by_block.f_index_select(0, &Tensor::f_from_slice(blocks)?.f_to_device(dev)?)?;
-            let _ = pool.shallow_clone().f_index_copy_(0, &Tensor::f_from_slice(slots)?.f_to_device(dev)?, &picked)?;
+            let picked = by_block.f_index_select(0, from.on(dev)?)?;
+            let _ = pool.shallow_clone().f_index_copy_(0, to.on(dev)?, &picked)?;
         }
         Ok(())
+    }
+}
+
+/// An index tensor made once for every layer whose cache is on the same device (a layer on
+/// another device, under pipeline stages of one process, gets its own copy).
+struct OnDevice<'a> {
+    values: &'a [i64],
+    made: Option<(tch::Device, Tensor)>,
+}
+
+impl<'a> OnDevice<'a> {
+    fn new(values: &'a [i64]) -> Self {
+        OnDevice { values, made: None }
+    }
+
+    fn on(&mut self, device: tch::Device) -> Result<&Tensor> {
+        if self.made.as_ref().is_none_or(|(d, _)| *d != device) {
+            self.made = Some((device, Tensor::f_from_slice(self.values)?.f_to_device(device)?));
+        }
+        // cannot fail: set just above.
+        self.made.as_ref().map(|(_, t)| t).ok_or_else(|| Error::Internal("index tensor not made".to_owned()))
     }
 }
 
