@@ -490,16 +490,16 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-fn shown(v: &Value) -> String {
+pub(crate) fn shown(v: &Value) -> String {
     let s = v.to_string();
     if s.chars().count() > 60 { format!("{}...", s.chars().take(60).collect::<String>()) } else { s }
 }
 
-fn field_err(field: &str, expected: &'static str, got: &Value) -> ConfigError {
+pub(crate) fn field_err(field: &str, expected: &'static str, got: &Value) -> ConfigError {
     ConfigError::Field { field: field.to_owned(), expected, got: shown(got) }
 }
 
-fn get_u64(field: &str, v: &Value) -> Result<u64, ConfigError> {
+pub(crate) fn get_u64(field: &str, v: &Value) -> Result<u64, ConfigError> {
     v.as_u64().ok_or_else(|| field_err(field, "a non-negative integer", v))
 }
 

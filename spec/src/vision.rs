@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use crate::config::{field_err, get_u64, shown};
 use crate::rules::Family;
 
 /// A vision-language config's `model_type`.
@@ -220,7 +221,7 @@ pub(crate) fn read_tower(value: Option<Value>) -> Result<(VisionSpec, BTreeMap<S
     let map = match value {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m,
-        Some(other) => return Err(field_error("vision_config", "an object", &other)),
+        Some(other) => return Err(field_err("vision_config", "an object", &other)),
     };
     let mut map = map;
     for (alias, key) in VISION_ALIASES {
@@ -230,7 +231,7 @@ pub(crate) fn read_tower(value: Option<Value>) -> Result<(VisionSpec, BTreeMap<S
                     return Err(crate::ConfigError::Field {
                         field: format!("vision_config.{alias}"),
                         expected: "the same value as the key it names, or to be left out",
-                        got: format!("{v} where {key} is {w}"),
+                        got: format!("{} where {key} is {}", shown(&v), shown(w)),
                     });
                 }
                 Some(_) => {}
@@ -243,23 +244,12 @@ pub(crate) fn read_tower(value: Option<Value>) -> Result<(VisionSpec, BTreeMap<S
     for (k, v) in map {
         let is_size = tower.entries().iter().any(|(key, _)| *key == k);
         if is_size {
-            let n =
-                v.as_u64().ok_or_else(|| field_error(&format!("vision_config.{k}"), "a non-negative integer", &v))?;
-            tower.set(&k, n);
+            tower.set(&k, get_u64(&format!("vision_config.{k}"), &v)?);
         } else {
             extra.insert(k, v);
         }
     }
     Ok((tower, extra))
-}
-
-fn field_error(field: &str, expected: &'static str, got: &Value) -> crate::ConfigError {
-    let mut shown = got.to_string();
-    if shown.len() > 80 {
-        shown.truncate(77);
-        shown.push_str("...");
-    }
-    crate::ConfigError::Field { field: field.to_owned(), expected, got: shown }
 }
 
 impl Vision {

@@ -87,6 +87,9 @@ fn a_text_model_of_the_wrong_kind_or_a_bad_tower_is_an_error_naming_it() {
     assert!(e.contains("\"glm4v_text\" or \"glm4v_moe_text\""), "{e}");
     assert!(err(r#"{"model_type": "glm4v", "text_config": 3}"#).contains("text_config: expected an object"));
     assert!(err(r#"{"model_type": "glm4v", "vision_config": {"num_heads": -1}}"#).contains("vision_config.num_heads"));
+    // A long non-ASCII value is shortened on a character boundary, not cut inside one.
+    let long = format!(r#"{{"model_type": "glm4v", "vision_config": {{"depth": "{}"}}}}"#, "é".repeat(100));
+    assert!(err(&long).contains("vision_config.depth: expected a non-negative integer"));
     let e = err(r#"{"model_type": "glm4v", "text_config": {"rope_scaling": {"rope_type": "yarn", "factor": 4}}}"#);
     assert!(e.contains("text_config.rope_scaling"), "{e}");
     assert!(matches!(

@@ -328,24 +328,26 @@ impl SlotCache {
     }
 }
 
-/// An index tensor made once for every layer whose cache is on the same device (a layer on
-/// another device, under pipeline stages of one process, gets its own copy).
+/// An index tensor made once a device, for every layer whose cache is on it.
 struct OnDevice<'a> {
     values: &'a [i64],
-    made: Option<(tch::Device, Tensor)>,
+    made: Vec<(tch::Device, Tensor)>,
 }
 
 impl<'a> OnDevice<'a> {
     fn new(values: &'a [i64]) -> Self {
-        OnDevice { values, made: None }
+        OnDevice { values, made: Vec::new() }
     }
 
     fn on(&mut self, device: tch::Device) -> Result<&Tensor> {
-        if self.made.as_ref().is_none_or(|(d, _)| *d != device) {
-            self.made = Some((device, Tensor::f_from_slice(self.values)?.f_to_device(device)?));
-        }
-        // cannot fail: set just above.
-        self.made.as_ref().map(|(_, t)| t).ok_or_else(|| Error::Internal("index tensor not made".to_owned()))
+        let i = match self.made.iter().position(|(d, _)| *d == device) {
+            Some(i) => i,
+            None => {
+                self.made.push((device, Tensor::f_from_slice(self.values)?.f_to_device(device)?));
+                self.made.len() - 1
+            }
+        };
+        Ok(&self.made[i].1)
     }
 }
 
