@@ -15,7 +15,7 @@ use headcount_runtime::{DType, DecodeMode, Dims, LoadOptions, Rounding};
 const GLM_CALLS: [i64; 4] = [26, 24, 33, 31];
 
 /// The same where the project's kernel runs the few-row products (f32 and bf16 on a CPU
-/// with AVX-512, `qkernel::vectorized`, in the stored layout `auto` then picks): each
+/// with AVX-512, `cpu::few_rows::vectorized`, in the stored layout `auto` then picks): each
 /// projection takes its rows as a matrix, one output and a view back (and in bf16 converts
 /// rows, bias and result), instead of one `addmm`/`matmul`; f32 eager and static, bf16 eager
 /// and static.
@@ -23,7 +23,7 @@ const GLM_KERNEL_CALLS: [i64; 4] = [33, 31, 48, 46];
 
 /// Whether the projections of `dtype` run in the project's kernel on this CPU.
 fn kernel_products(dtype: DType) -> bool {
-    dtype != DType::F16 && headcount_runtime::qkernel::vectorized()
+    dtype != DType::F16 && headcount_runtime::cpu::few_rows::vectorized()
 }
 
 /// The calls a layer of `config` makes: [`GLM_CALLS`] adjusted for its features. GLM-4's two

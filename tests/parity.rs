@@ -219,7 +219,7 @@ fn half_precision_matches_transformers_half_precision() {
     assert!(failed.is_empty(), "beyond the tolerance: {failed:#?}");
 }
 
-/// Large CPU weights stored in column blocks for worker threads (runtime/src/columns.rs)
+/// Large CPU weights stored in column blocks for worker threads (runtime/src/cpu/columns.rs)
 /// give the logits and tokens of whole weights.
 #[test]
 fn split_weights_equal_whole_weights() {

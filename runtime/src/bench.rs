@@ -103,9 +103,10 @@ pub fn prompts(batch: usize, prompt_len: usize, vocab: usize) -> Result<Vec<Vec<
 
 /// Measures the generator's model: one untimed warm-up (on a GPU a whole generation, which
 /// also captures the CUDA graph the timed runs replay, kept in `generator`), then `repeat`
-/// timed generations, medians reported. CPU decode holds libtorch at one thread while the
-/// split products' own threads run (`GenerateOptions::decode_threads`). Every rank of a parallel run calls it; rank 0 gets the report, the others
-/// `None`. `device_name` is the device as the user named it, for the report.
+/// timed generations, medians reported. CPU decode holds this thread's libtorch calls at one
+/// thread while the model's own threads run the split products
+/// (`GenerateOptions::decode_threads`). Every rank of a parallel run calls it; rank 0 gets
+/// the report, the others `None`. `device_name` is the device as the user named it, for the report.
 pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &str) -> Result<Option<BenchReport>> {
     let model = generator.model();
     if opts.batch == 0 || opts.prompt_len == 0 || opts.repeat == 0 {

@@ -2,8 +2,8 @@
 
 pub mod bench;
 pub mod checkpoint;
-pub mod columns;
 pub mod config;
+pub mod cpu;
 pub mod cuda_graph;
 pub mod device;
 pub mod error;
@@ -21,7 +21,6 @@ pub mod op_count;
 pub mod parallel;
 pub mod process;
 pub mod profile;
-pub mod qkernel;
 pub mod text;
 pub mod typed;
 

@@ -10,6 +10,7 @@ use super::batch::{Batch, StepKind, check_prompts};
 use super::options::{DecodeMode, GenerateOptions, Generation};
 use super::sampling::{SampleRng, select};
 use super::static_decoder::StaticDecoder;
+use crate::cpu::threads::ThreadTorchThreads;
 use crate::error::{Error, Result};
 use crate::memory::check_ranks_memory;
 use crate::model::{CausalLm, KvCache, Rope};
@@ -118,7 +119,10 @@ impl<'m> Generator<'m> {
             if self.decoder.is_none() {
                 self.decoder = Some(StaticDecoder::new(model, b, capacity, greedy)?);
             }
-            let d = self.decoder.as_mut().ok_or_else(|| Error::InvalidArgument("no decoder".to_owned()))?;
+            let d = self
+                .decoder
+                .as_mut()
+                .ok_or_else(|| Error::Internal("a static decode without its decoder".to_owned()))?;
             d.take_batch(&batch)?;
             State::Static(d)
         };
@@ -138,7 +142,7 @@ impl<'m> Generator<'m> {
         out.prefill_seconds = t0.elapsed().as_secs_f64();
         let comm1 = model.parallel().comm_time();
         out.prefill_comm_seconds = (comm1 - comm0).as_secs_f64();
-        let _threads = opts.decode_threads.filter(|_| model.splits_weights()).map(IntraOpThreads::set);
+        let _threads = opts.decode_threads.filter(|_| model.splits_weights()).map(ThreadTorchThreads::set);
         let t1 = Instant::now();
         for step_i in 0..opts.max_new_tokens {
             for r in 0..b {
@@ -300,21 +304,4 @@ fn choose_path(model: &dyn CausalLm, mode: DecodeMode) -> Result<(DecodePath, Op
             Err(e) => (DecodePath::Eager, Some(format!("decoded eagerly: {e}"))),
         },
     })
-}
-
-/// Sets libtorch's intra-op thread count until dropped, then restores it.
-pub(super) struct IntraOpThreads(i32);
-
-impl IntraOpThreads {
-    pub(super) fn set(n: i32) -> IntraOpThreads {
-        let previous = tch::get_num_threads();
-        tch::set_num_threads(n);
-        IntraOpThreads(previous)
-    }
-}
-
-impl Drop for IntraOpThreads {
-    fn drop(&mut self) {
-        tch::set_num_threads(self.0);
-    }
 }

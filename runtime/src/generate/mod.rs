@@ -20,6 +20,7 @@ pub use prefix::{PREFIX_BLOCK, PrefixHit};
 pub use sampling::{SampleRng, accept_or_resample, draw, probabilities, select};
 pub use slots::SlotCache;
 pub use speculative::{check_speculative, draft_logits};
+#[cfg(feature = "test-hooks")]
 pub use static_decoder::break_next_capture;
 
 use tch::Tensor;

@@ -93,9 +93,11 @@ pub struct GenerateOptions {
     /// generations that ask for the capacity of longer ones reuse their decoder and CUDA
     /// graph instead of capturing another (with the same [`super::Generator`]).
     pub min_capacity: usize,
-    /// libtorch's intra-op threads while a model with column-split CPU weights decodes
-    /// (restored afterwards): its pool must not spin on the cores the split products' own
-    /// threads use (docs/PERFORMANCE.md). `None` leaves the process's setting alone.
+    /// libtorch's intra-op threads for the generating thread's own calls while a model with
+    /// column-split CPU weights decodes (restored afterwards; other threads and the
+    /// process's count are untouched, [`crate::cpu::threads`]): libtorch's threads must not
+    /// spin on the cores the model's own workers use (docs/PERFORMANCE.md). `None` leaves
+    /// the count alone.
     pub decode_threads: Option<i32>,
     /// Tokens the model's multi-token-prediction layers draft ahead of each verifying
     /// forward (speculative decoding; 0 = off). Needs a model loaded with its MTP layers;

@@ -316,11 +316,12 @@ impl SlotCache {
         Ok(n)
     }
 
-    /// libtorch's pool at one thread while few-row products run on the project's own.
-    fn few_rows(&self, model: &dyn CausalLm, rows: usize) -> Option<super::generator::IntraOpThreads> {
-        let few = rows as i64 <= crate::columns::PARALLEL_MAX_ROWS;
+    /// This thread's libtorch calls at one thread while few-row products run on the model's
+    /// own ([`crate::cpu::threads`]).
+    fn few_rows(&self, model: &dyn CausalLm, rows: usize) -> Option<crate::cpu::threads::ThreadTorchThreads> {
+        let few = rows as i64 <= crate::cpu::columns::PARALLEL_MAX_ROWS;
         (model.device() == tch::Device::Cpu && model.splits_weights() && few)
-            .then(|| super::generator::IntraOpThreads::set(1))
+            .then(|| crate::cpu::threads::ThreadTorchThreads::set(1))
     }
 
     /// A step of `t` tokens a row, row i's from slot `starts[i]`, attending causally to its

@@ -250,12 +250,12 @@ impl SlotCache {
         tell(model, Op::Decode, 0, 0, tokens)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
-        // Few-row products run on the project's own threads: libtorch's pool holds one
-        // thread meanwhile, or its spinning threads take the cores they need (as
-        // `GenerateOptions::decode_threads` does for `generate`).
+        // Few-row products run on the model's own threads: this thread's libtorch calls
+        // hold one thread meanwhile, or libtorch's spinning threads take the cores they
+        // need (as `GenerateOptions::decode_threads` does for `generate`).
         let _threads =
-            (dev == tch::Device::Cpu && model.splits_weights() && n as i64 <= crate::columns::PARALLEL_MAX_ROWS)
-                .then(|| super::generator::IntraOpThreads::set(1));
+            (dev == tch::Device::Cpu && model.splits_weights() && n as i64 <= crate::cpu::columns::PARALLEL_MAX_ROWS)
+                .then(|| crate::cpu::threads::ThreadTorchThreads::set(1));
         // cannot wrap: lengths are below the capacity.
         let at: Vec<i64> = self.lens[..n].iter().map(|&l| l as i64).collect();
         let last = at.iter().copied().max().unwrap_or(0);

@@ -19,9 +19,10 @@ use std::time::Instant;
 use tch::{Kind, Tensor};
 
 use super::batch::{Batch, StepKind, check_prompts};
-use super::generator::{IntraOpThreads, check_generation_memory, keep};
+use super::generator::{check_generation_memory, keep};
 use super::options::{DecodeMode, GenerateOptions, Generation};
 use super::sampling::{SampleRng, accept_or_resample, draw, probabilities, select};
+use crate::cpu::threads::ThreadTorchThreads;
 use crate::error::{Error, Result};
 use crate::model::{CausalLm, Rope};
 
@@ -99,7 +100,7 @@ pub(super) fn generate(
     let comm1 = model.parallel().comm_time();
     out.prefill_comm_seconds = (comm1 - comm0).as_secs_f64();
 
-    let _threads = opts.decode_threads.filter(|_| model.splits_weights()).map(IntraOpThreads::set);
+    let _threads = opts.decode_threads.filter(|_| model.splits_weights()).map(ThreadTorchThreads::set);
     let t1 = Instant::now();
     let mut done = vec![false; b];
     let mut emitted = 0usize; // tokens each running row has produced

@@ -11,8 +11,9 @@ use crate::model::{CausalLm, KvCache, Rope};
 static BREAK_NEXT_CAPTURE: AtomicBool = AtomicBool::new(false);
 
 /// Makes the next CUDA graph capture fail (a host read inside it), to test that a failed
-/// capture falls back to eager steps and leaves the process working. For tests only.
-#[doc(hidden)]
+/// capture falls back to eager steps and leaves the process working. Only with the
+/// `test-hooks` feature, which the project's tests enable.
+#[cfg(feature = "test-hooks")]
 pub fn break_next_capture() {
     BREAK_NEXT_CAPTURE.store(true, std::sync::atomic::Ordering::SeqCst);
 }

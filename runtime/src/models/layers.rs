@@ -554,7 +554,8 @@ pub(crate) struct Loader<'a> {
     pub kind: Kind,
     pub dev: Device,
     pub layout: WeightLayout,
-    pub cpu_threads: Option<usize>,
+    /// The model's CPU threads, shared by every projection.
+    pub pool: std::sync::Arc<crate::cpu::CpuPool>,
     pub quantize: Quantize,
     shapes: HashMap<String, Vec<i64>>,
 }
@@ -568,12 +569,12 @@ impl<'a> Loader<'a> {
         kind: Kind,
         dev: Device,
         layout: WeightLayout,
-        cpu_threads: Option<usize>,
+        pool: std::sync::Arc<crate::cpu::CpuPool>,
         quantize: Quantize,
     ) -> Loader<'a> {
         let mtp = (0..dims.mtp_layers()).flat_map(|k| dims.mtp_shapes(k));
         let shapes = dims.weight_shapes().into_iter().chain(mtp).collect();
-        Loader { dims, plan, shard, kind, dev, layout, cpu_threads, quantize, shapes }
+        Loader { dims, plan, shard, kind, dev, layout, pool, quantize, shapes }
     }
 
     /// The checkpoint shape of `name` (empty if the model has no such tensor).
@@ -598,7 +599,7 @@ impl<'a> Loader<'a> {
 
     /// A projection of weight `w` (`[out, in]`) and bias `b`, laid out and stored as the model's.
     pub fn linear(&self, w: &Tensor, b: Option<Tensor>) -> Result<Linear> {
-        Linear::new(w, b, self.cpu_threads, self.layout, self.quantize)
+        Linear::new(w, b, &self.pool, self.layout, self.quantize)
     }
 
     /// The attention of layer prefix `p` (`model.layers.N`): this rank's heads of q_proj,

@@ -138,6 +138,8 @@ pub struct Glm {
     pub mtp_embed: Option<VocabParallelEmbedding>,
     /// This rank's place in the run and its groups.
     pub parallel: Parallel,
+    /// The CPU threads this model's projections split few-row products over.
+    pub cpu_pool: std::sync::Arc<crate::cpu::CpuPool>,
 }
 
 /// What generation, serving, benchmarks and parallel ranks need of a causal LM, whatever
@@ -304,8 +306,9 @@ pub struct LoadOptions {
     pub uneven_pipeline: bool,
     /// Print loading progress to stderr for checkpoints above this many bytes.
     pub progress_above_bytes: Option<usize>,
-    /// Column blocks for large CPU weights (one per thread that multiplies them); `None`:
-    /// libtorch's thread count at load time. See [`crate::columns`].
+    /// The model's own CPU threads ([`crate::cpu::CpuPool`]), which few-row products are
+    /// split over and large CPU weights are stored in column blocks for; `None`: libtorch's
+    /// thread count at load time.
     pub cpu_threads: Option<usize>,
     /// How projection weights are laid out in memory (see [`WeightLayout`]).
     pub weight_layout: WeightLayout,
@@ -510,7 +513,11 @@ impl Glm {
             )));
         }
         let s = parallel.tp_rank;
-        let cx = Loader::new(&dims, &plan, s, kind, dev, layout, opts.cpu_threads, opts.quantize);
+        let pool = std::sync::Arc::new(match opts.cpu_threads {
+            Some(t) => crate::cpu::CpuPool::new(t),
+            None => crate::cpu::CpuPool::torch_threads(),
+        });
+        let cx = Loader::new(&dims, &plan, s, kind, dev, layout, pool.clone(), opts.quantize);
         // Grown as tensors are made, not reserved for the layer count up front: on a CUDA
         // device (no memory check) an absurd layer count then ends in the device's
         // out-of-memory error, not in an aborting reservation.
@@ -583,6 +590,7 @@ impl Glm {
             mtp_loaded,
             mtp_embed,
             parallel,
+            cpu_pool: pool,
         })
     }
 
@@ -592,7 +600,7 @@ impl Glm {
     }
 
     /// Whether some projection's few-row products run on the project's own CPU threads:
-    /// weights in column blocks, or through the kernel of [`crate::qkernel`] (quantized,
+    /// weights in column blocks, or through the kernel of [`crate::cpu::few_rows`] (quantized,
     /// or f32/bf16 in the stored layout).
     pub fn splits_weights(&self) -> bool {
         self.quantize != Quantize::None

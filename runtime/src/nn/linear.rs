@@ -1,26 +1,29 @@
 //! Projections: `y = x @ W^T + b` with the weight laid out for the fast BLAS variant.
 
+use std::sync::Arc;
+
 use tch::{Device, Kind, Tensor};
 
+use crate::cpu::CpuPool;
+use crate::cpu::few_rows as kernel;
 use crate::device::DType;
 use crate::error::{Result, named_choices};
 
 /// A projection with its weight stored transposed, `[in, out]`, as column blocks
-/// (several only for large CPU weights, see [`crate::columns`]): `y = x @ wt + b`; or,
+/// (several only for large CPU weights, see [`crate::cpu::columns`]): `y = x @ wt + b`; or,
 /// quantized, as codes with scales ([`Packed`]), `parts` then empty.
 pub struct Linear {
     pub parts: Vec<Tensor>,
     pub b: Option<Tensor>,
     pub packed: Option<Packed>,
-    /// CPU threads the project's kernel splits a few-row product over: libtorch's count at
-    /// load (or `LoadOptions::cpu_threads`), not at the call, where decode may hold
-    /// libtorch at one thread (`GenerateOptions::decode_threads`).
-    pub threads: usize,
+    /// The model's CPU threads, which few-row products are split over (sized by
+    /// `LoadOptions::cpu_threads`, else libtorch's count at load).
+    pub pool: Arc<CpuPool>,
 }
 
 /// Weight-only quantization of the projections (attention, MLP, experts, lm_head; the
 /// embedding and the norms stay in the model's dtype). Few-row products run in the
-/// project's kernel in f32 arithmetic ([`crate::qkernel`]), prefill through BLAS on the
+/// project's kernel in f32 arithmetic ([`crate::cpu::few_rows`]), prefill through BLAS on the
 /// dequantized weight.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Quantize {
@@ -45,14 +48,14 @@ impl Quantize {
             Quantize::None => None,
             Quantize::Int8 => Some(1.0),
             // Half a byte, and two bytes of scale a group.
-            Quantize::Int4 => Some(0.5 + 2.0 / crate::qkernel::INT4_GROUP as f64),
+            Quantize::Int4 => Some(0.5 + 2.0 / kernel::INT4_GROUP as f64),
         }
     }
 }
 
 /// A quantized weight of `[out, in]`: int8 codes `[out, in]` with f32 scales `[out]`, or
 /// int4 codes two a byte `[out, in / 2]` with f16 scales `[out, in / 32]` (the layout of
-/// [`crate::qkernel::Weights::Int4`]).
+/// [`kernel::Weights::Int4`]).
 pub struct Packed {
     pub format: Quantize,
     pub codes: Tensor,
@@ -64,7 +67,7 @@ pub struct Packed {
 /// Products with at most this many rows run in the project's kernel (quantized weights,
 /// and dense CPU weights in the stored layout where it is vectorized); more rows (prefill)
 /// go through BLAS. The same bound as column blocks' own threads.
-const KERNEL_MAX_ROWS: i64 = crate::columns::PARALLEL_MAX_ROWS;
+const KERNEL_MAX_ROWS: i64 = crate::cpu::columns::PARALLEL_MAX_ROWS;
 
 impl Packed {
     /// `w` (`[out, in]`) in `format` (int8 or int4). int4 needs the inputs in whole groups
@@ -73,11 +76,9 @@ impl Packed {
     pub fn new(w: &Tensor, format: Quantize) -> Result<Packed> {
         match format {
             Quantize::Int8 => Packed::int8(w),
-            Quantize::Int4 if w.size2()?.1 % crate::qkernel::INT4_GROUP as i64 == 0 => Packed::int4(w),
+            Quantize::Int4 if w.size2()?.1 % kernel::INT4_GROUP as i64 == 0 => Packed::int4(w),
             Quantize::Int4 => Packed::int8(w),
-            Quantize::None => {
-                Err(crate::error::Error::InvalidArgument("no quantization to pack a weight in".to_owned()))
-            }
+            Quantize::None => Err(crate::error::Error::Internal("no quantization to pack a weight in".to_owned())),
         }
     }
 
@@ -104,7 +105,7 @@ impl Packed {
     /// (rounded to f16), and the codes are `round(w / d)` clamped to -8..7. A group of
     /// zeros gets scale 1.
     pub fn int4(w: &Tensor) -> Result<Packed> {
-        let group = crate::qkernel::INT4_GROUP as i64;
+        let group = kernel::INT4_GROUP as i64;
         let (outputs, inputs) = w.size2()?;
         if inputs % group != 0 {
             return Err(crate::error::Error::InvalidArgument(format!(
@@ -131,20 +132,20 @@ impl Packed {
     /// # Safety
     /// The slices borrow `self`'s tensors' memory; they are contiguous CPU tensors of the
     /// kinds and sizes `int8`/`int4` made.
-    unsafe fn weights(&self) -> crate::qkernel::Weights<'_> {
+    unsafe fn weights(&self) -> kernel::Weights<'_> {
         // cannot wrap: sizes of allocated tensors.
         let (n, k) = (self.outputs as usize, self.inputs as usize);
         // SAFETY: as this function's contract.
         unsafe {
             match self.format {
-                Quantize::Int4 => crate::qkernel::Weights::Int4 {
+                Quantize::Int4 => kernel::Weights::Int4 {
                     codes: std::slice::from_raw_parts(self.codes.data_ptr() as *const u8, n * k / 2),
                     scales: std::slice::from_raw_parts(
                         self.scales.data_ptr() as *const u16,
-                        n * k / crate::qkernel::INT4_GROUP,
+                        n * k / kernel::INT4_GROUP,
                     ),
                 },
-                _ => crate::qkernel::Weights::Int8 {
+                _ => kernel::Weights::Int8 {
                     q: std::slice::from_raw_parts(self.codes.data_ptr() as *const i8, n * k),
                     scales: std::slice::from_raw_parts(self.scales.data_ptr() as *const f32, n),
                 },
@@ -153,23 +154,14 @@ impl Packed {
     }
 
     /// `x @ w^T + b` for `x` `[rows, in]` on the CPU, in `x`'s dtype: few rows through the
-    /// project's kernel (f32 arithmetic, [`crate::qkernel`]), more through BLAS on the
-    /// dequantized weight.
-    pub fn product(&self, x: &Tensor, b: Option<&Tensor>, threads: usize) -> Result<Tensor> {
+    /// project's kernel (f32 arithmetic, [`crate::cpu::few_rows`]) on `pool`'s threads, more
+    /// through BLAS on the weight dequantized into `pool`'s scratch buffer.
+    pub fn product(&self, x: &Tensor, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
         let rows = x.size2()?.0;
         if rows > KERNEL_MAX_ROWS || x.device() != Device::Cpu {
             let y = if x.kind() == Kind::Float && x.device() == Device::Cpu {
-                // Into this thread's reused buffer: a fresh allocation a product costs a
-                // page fault every 4 KB of the weight.
-                SCRATCH.with(|cell| -> Result<Tensor> {
-                    let mut cell = cell.borrow_mut();
-                    let need = self.outputs * self.inputs;
-                    let buf = match cell.take() {
-                        Some(t) if t.numel() as i64 >= need => t,
-                        _ => Tensor::f_empty([need], (Kind::Float, Device::Cpu))?,
-                    };
-                    let w = buf.f_narrow(0, 0, need)?.f_view([self.outputs, self.inputs])?;
-                    *cell = Some(buf);
+                pool.with_scratch(self.outputs * self.inputs, |buf| {
+                    let w = buf.f_narrow(0, 0, self.outputs * self.inputs)?.f_view([self.outputs, self.inputs])?;
                     self.dequantize_into(&w)?;
                     Ok(x.f_matmul(&w.f_transpose(0, 1)?)?)
                 })?
@@ -182,7 +174,7 @@ impl Packed {
             });
         }
         // SAFETY: the codes and scales are what `weights` requires, alive for the call.
-        kernel_product(x, unsafe { self.weights() }, self.outputs, b, threads)
+        kernel_product(x, unsafe { self.weights() }, self.outputs, b, pool)
     }
 
     /// The weight the codes stand for, `[out, in]`, in `kind`.
@@ -198,7 +190,7 @@ impl Packed {
     fn dequantize_into(&self, w: &Tensor) -> Result<()> {
         let (n, k) = (self.outputs, self.inputs);
         if w.size() != [n, k] || w.kind() != Kind::Float || !w.is_contiguous() || w.device() != Device::Cpu {
-            return Err(crate::error::Error::InvalidArgument(format!("dequantizing {n} x {k} into {:?}", w.size())));
+            return Err(crate::error::Error::Internal(format!("dequantizing {n} x {k} into {:?}", w.size())));
         }
         if self.format == Quantize::Int4 {
             // cannot wrap: sizes of allocated tensors.
@@ -206,9 +198,9 @@ impl Packed {
             // SAFETY: the codes and scales are what `weights` requires; `w` is a contiguous
             // CPU f32 [n, k] (checked above) that nothing else reads or writes meanwhile.
             unsafe {
-                if let crate::qkernel::Weights::Int4 { codes, scales } = self.weights() {
+                if let kernel::Weights::Int4 { codes, scales } = self.weights() {
                     let out = std::slice::from_raw_parts_mut(w.data_ptr() as *mut f32, nu * ku);
-                    crate::qkernel::dequantize_int4(codes, scales, nu, ku, out)?;
+                    kernel::dequantize_int4(codes, scales, nu, ku, out)?;
                 }
             }
             return Ok(());
@@ -219,20 +211,9 @@ impl Packed {
     }
 }
 
-thread_local! {
-    /// A buffer for dequantized weights, reused by every prefill product of this thread.
-    static SCRATCH: std::cell::RefCell<Option<Tensor>> = const { std::cell::RefCell::new(None) };
-}
-
 /// `x @ w^T + b` through the project's kernel: `x` `[rows, in]` on the CPU, `w` `[outputs,
 /// in]` in one of the kernel's formats; the result in `x`'s dtype, rounded once from f32.
-fn kernel_product(
-    x: &Tensor,
-    w: crate::qkernel::Weights,
-    outputs: i64,
-    b: Option<&Tensor>,
-    threads: usize,
-) -> Result<Tensor> {
+fn kernel_product(x: &Tensor, w: kernel::Weights, outputs: i64, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
     let (rows, inputs) = x.size2()?;
     // f32 operands as they are where they already are (no libtorch call).
     let f32_contiguous = |t: &Tensor| -> Result<Tensor> {
@@ -254,7 +235,7 @@ fn kernel_product(
         let xs = std::slice::from_raw_parts(xf.data_ptr() as *const f32, r * k);
         let bs = bf.as_ref().map(|b| std::slice::from_raw_parts(b.data_ptr() as *const f32, n));
         let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, r * n);
-        crate::qkernel::product(xs, r, k, n, w, bs, ys, threads)?;
+        kernel::product(xs, r, k, n, w, bs, ys, pool)?;
     }
     Ok(if x.kind() == Kind::Float { y } else { y.f_to_kind(x.kind())? })
 }
@@ -272,15 +253,15 @@ fn stored_layout(w: &Tensor) -> bool {
 /// # Safety
 /// `w` is on the CPU and its data pointer starts `outputs * inputs` contiguous elements of
 /// its kind; the slices borrow that memory for `w`'s lifetime.
-unsafe fn dense_weights(w: &Tensor, outputs: i64, inputs: i64) -> Option<crate::qkernel::Weights<'_>> {
+unsafe fn dense_weights(w: &Tensor, outputs: i64, inputs: i64) -> Option<kernel::Weights<'_>> {
     // cannot wrap: sizes of an allocated tensor.
     let len = (outputs * inputs) as usize;
     let ptr = w.data_ptr();
     // SAFETY: as this function's contract.
     unsafe {
         match w.kind() {
-            Kind::Float => Some(crate::qkernel::Weights::F32(std::slice::from_raw_parts(ptr as *const f32, len))),
-            Kind::BFloat16 => Some(crate::qkernel::Weights::Bf16(std::slice::from_raw_parts(ptr as *const u16, len))),
+            Kind::Float => Some(kernel::Weights::F32(std::slice::from_raw_parts(ptr as *const f32, len))),
+            Kind::BFloat16 => Some(kernel::Weights::Bf16(std::slice::from_raw_parts(ptr as *const u16, len))),
             _ => None,
         }
     }
@@ -289,7 +270,7 @@ unsafe fn dense_weights(w: &Tensor, outputs: i64, inputs: i64) -> Option<crate::
 /// `x @ w^T` (`x` `[rows, in]`, `w` `[out, in]` contiguous, both f32 or both bf16, on the
 /// CPU) through the project's kernel, its plain path where the vector one is missing: the
 /// few-row product of a stored-layout weight (`headcount-dev products` times it).
-pub fn kernel_product_dense(x: &Tensor, w: &Tensor, threads: usize) -> Result<Tensor> {
+pub fn kernel_product_dense(x: &Tensor, w: &Tensor, pool: &CpuPool) -> Result<Tensor> {
     let (outputs, inputs) = w.size2()?;
     let w = w.f_contiguous()?;
     if x.kind() != w.kind() || x.device() != Device::Cpu || w.device() != Device::Cpu {
@@ -301,7 +282,7 @@ pub fn kernel_product_dense(x: &Tensor, w: &Tensor, threads: usize) -> Result<Te
     let Some(weights) = (unsafe { dense_weights(&w, outputs, inputs) }) else {
         return Err(crate::error::Error::InvalidArgument(format!("the kernel has no {:?} weights", w.kind())));
     };
-    kernel_product(x, weights, outputs, None, threads)
+    kernel_product(x, weights, outputs, None, pool)
 }
 
 /// Whether libtorch's half-precision matrix products on this CPU are emulated (no AVX-512
@@ -326,27 +307,28 @@ impl Linear {
     pub(crate) fn new(
         w: &Tensor,
         b: Option<Tensor>,
-        threads: Option<usize>,
+        pool: &Arc<CpuPool>,
         layout: WeightLayout,
         quantize: Quantize,
     ) -> Result<Linear> {
         debug_assert_ne!(layout, WeightLayout::Auto, "resolved by `build` for the shard's device");
-        let threads = threads.unwrap_or_else(|| usize::try_from(tch::get_num_threads()).unwrap_or(1)).max(1);
+        let pool = pool.clone();
         if quantize != Quantize::None {
-            return Ok(Linear { parts: Vec::new(), b, packed: Some(Packed::new(w, quantize)?), threads });
+            return Ok(Linear { parts: Vec::new(), b, packed: Some(Packed::new(w, quantize)?), pool });
         }
         if layout == WeightLayout::OutIn {
-            return Ok(Linear { parts: vec![w.f_contiguous()?.f_transpose(0, 1)?], b, packed: None, threads });
+            return Ok(Linear { parts: vec![w.f_contiguous()?.f_transpose(0, 1)?], b, packed: None, pool });
         }
         let wt = w.f_transpose(0, 1)?.f_contiguous()?;
         let bytes = wt.numel() * wt.kind().elt_size_in_bytes();
-        let parts = crate::columns::split_columns(&wt, crate::columns::blocks_for(bytes, wt.device(), Some(threads)))?;
-        Ok(Linear { parts, b, packed: None, threads })
+        let blocks = crate::cpu::columns::blocks_for(bytes, wt.device(), pool.threads());
+        let parts = crate::cpu::columns::split_columns(&wt, blocks)?;
+        Ok(Linear { parts, b, packed: None, pool })
     }
 
     /// Whether few-row products of this projection run on the project's own CPU threads
-    /// (column blocks, or the kernel of [`crate::qkernel`]), during which libtorch's pool
-    /// should hold one thread.
+    /// (column blocks, or the kernel of [`crate::cpu::few_rows`]), during which the calling
+    /// thread's libtorch should hold one thread ([`crate::cpu::threads`]).
     pub fn own_threads(&self) -> bool {
         if self.packed.is_some() || self.parts.len() > 1 {
             return true;
@@ -361,7 +343,7 @@ impl Linear {
         (w.device() == Device::Cpu
             && matches!(w.kind(), Kind::Float | Kind::BFloat16)
             && stored_layout(w)
-            && crate::qkernel::vectorized())
+            && kernel::vectorized())
         .then_some(w)
     }
 
@@ -387,7 +369,7 @@ impl Linear {
                 *last = p.outputs;
             }
             let rows = x.f_reshape([-1, p.inputs])?;
-            return Ok(p.product(&rows, self.b.as_ref(), self.threads)?.f_view(shape.as_slice())?);
+            return Ok(p.product(&rows, self.b.as_ref(), &self.pool)?.f_view(shape.as_slice())?);
         }
         if let Some(y) = self.stored_layout_product(x)? {
             return Ok(y);
@@ -397,7 +379,7 @@ impl Linear {
         {
             return addmm_rows(x, w, b);
         }
-        let mut y = crate::columns::matmul(x, &self.parts)?;
+        let mut y = crate::cpu::columns::matmul(x, &self.parts, &self.pool)?;
         if let Some(b) = &self.b {
             let _ = y.f_add_(b)?;
         }
@@ -437,7 +419,7 @@ impl Linear {
         // SAFETY: `w` is the transposed view of a contiguous `[out, in]` CPU tensor (checked
         // above), alive for the call.
         let Some(weights) = (unsafe { dense_weights(w, outputs, inputs) }) else { return Ok(None) };
-        Ok(Some(kernel_product(&rows, weights, outputs, self.b.as_ref(), self.threads)?.f_view(shape.as_slice())?))
+        Ok(Some(kernel_product(&rows, weights, outputs, self.b.as_ref(), &self.pool)?.f_view(shape.as_slice())?))
     }
 
     /// `acc += x @ wt + b`, in place: one `addmm_` (the product accumulates into `acc` and
@@ -485,7 +467,7 @@ pub(crate) fn addmm_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub enum WeightLayout {
     /// The faster of the two as measured for the dtype and device (docs/PERFORMANCE.md,
     /// "Weight layout" and the 2026-12-01 kernel entry): `OutIn` on CPU where the project's
-    /// kernel runs few-row products ([`crate::qkernel::vectorized`]; f32 glm4_moe keeps
+    /// kernel runs few-row products ([`kernel::vectorized`]; f32 glm4_moe keeps
     /// `InOut` for its grouped expert product), else `InOut` for f32 and `OutIn` for bf16
     /// and f16; `InOut` on CUDA until the GPU run measures both.
     #[default]
@@ -507,7 +489,7 @@ impl WeightLayout {
     /// `Auto` made concrete for weights of `dtype` on `device`; the others as they are.
     pub fn resolve(self, dtype: DType, device: Device) -> WeightLayout {
         match self {
-            WeightLayout::Auto if device == Device::Cpu && (dtype != DType::F32 || crate::qkernel::vectorized()) => {
+            WeightLayout::Auto if device == Device::Cpu && (dtype != DType::F32 || kernel::vectorized()) => {
                 WeightLayout::OutIn
             }
             WeightLayout::Auto => WeightLayout::InOut,
@@ -548,7 +530,7 @@ mod tests {
             for rows in [1, 5, 20] {
                 let x = Tensor::randn([rows, 96], (Kind::Float, Device::Cpu));
                 let want = x.matmul(&dq.transpose(0, 1));
-                let got = p.product(&x, None, 2).unwrap();
+                let got = p.product(&x, None, &CpuPool::new(2)).unwrap();
                 let d = (&got - &want).abs().max().double_value(&[]);
                 assert!(d <= 1e-4, "{format:?} {rows} rows: {d}");
             }

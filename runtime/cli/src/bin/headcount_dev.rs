@@ -200,7 +200,7 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
     let dtype: DType = a.dtype.into();
     let kind = dtype.kind();
     let _guard = tch::no_grad_guard();
-    let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
+    let pool = headcount_runtime::cpu::CpuPool::torch_threads();
     for (name, out, inp) in weights {
         let bytes = out.saturating_mul(inp).saturating_mul(kind.elt_size_in_bytes() as i64);
         // Enough copies of the weight (and its transposed copy) to exceed the CPU's caches,
@@ -241,11 +241,10 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
         // The stored layout through the project's kernel (what few-row products of f32 and
         // bf16 weights in the out-in layout run).
         if matches!(kind, Kind::Float | Kind::BFloat16) {
-            variants
-                .push(("kernel", Box::new(|| headcount_runtime::nn::kernel_product_dense(&x, &ws[pick()], threads))));
+            variants.push(("kernel", Box::new(|| headcount_runtime::nn::kernel_product_dense(&x, &ws[pick()], &pool))));
         }
-        variants.push(("int8", Box::new(|| int8[pick()].product(&x, None, threads))));
-        variants.push(("int4", Box::new(|| int4[pick()].product(&x, None, threads))));
+        variants.push(("int8", Box::new(|| int8[pick()].product(&x, None, &pool))));
+        variants.push(("int4", Box::new(|| int4[pick()].product(&x, None, &pool))));
         let wt = &wts[0];
         let reference = x.f_matmul(wt)?.f_to_kind(Kind::Float)?.f_reshape([-1])?;
         for (variant, f) in &variants {

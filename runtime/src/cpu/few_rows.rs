@@ -9,8 +9,9 @@
 //! `_weight_int8pack_mm` int8 ones at 1-10 GB/s; this kernel reads each format at the
 //! memory's pace. AVX-512 (F and BW) where the CPU has it (checked at run time), plain Rust
 //! otherwise; the output channels are split over threads, the first block on the calling
-//! thread and the others on the persistent workers of [`crate::columns::parallel`].
+//! thread and the others on the model's workers ([`CpuPool`]).
 
+use super::CpuPool;
 use crate::error::{Error, Result};
 
 /// Output channels below which a product stays on one thread (a hand-off costs more).
@@ -98,7 +99,7 @@ pub fn f16_to_f32(h: u16) -> f32 {
 /// the slices do not hold an `[n, k]` weight.
 pub fn dequantize_int4(codes: &[u8], scales: &[u16], n: usize, k: usize, out: &mut [f32]) -> Result<()> {
     if !(Weights::Int4 { codes, scales }).holds(n, k) || out.len() < n * k {
-        return Err(Error::InvalidArgument(format!("int4 codes, scales or output too short for {n} x {k}")));
+        return Err(Error::Internal(format!("int4 codes, scales or output too short for {n} x {k}")));
     }
     let groups = 0..n * k / INT4_GROUP;
     #[cfg(target_arch = "x86_64")]
@@ -120,7 +121,8 @@ pub fn dequantize_int4(codes: &[u8], scales: &[u16], n: usize, k: usize, out: &m
 }
 
 /// `y = x @ w^T * scale + bias`: `x` `[rows, k]`, `w` `[n, k]`, `bias` `[n]` when given,
-/// `y` `[rows, n]`, all row-major; `threads` blocks of output channels at most. An error if
+/// `y` `[rows, n]`, all row-major; as many blocks of output channels as `pool` has threads
+/// (eight at most). An error if
 /// the slices are too short for the sizes or a worker thread failed.
 #[allow(clippy::too_many_arguments)]
 pub fn product(
@@ -131,21 +133,21 @@ pub fn product(
     w: Weights,
     bias: Option<&[f32]>,
     y: &mut [f32],
-    threads: usize,
+    pool: &CpuPool,
 ) -> Result<()> {
     if !(x.len() >= rows * k && w.holds(n, k) && y.len() >= rows * n && bias.is_none_or(|b| b.len() >= n)) {
-        return Err(Error::InvalidArgument(format!("kernel operands too short for {rows} x {k} x {n}")));
+        return Err(Error::Internal(format!("kernel operands too short for {rows} x {k} x {n}")));
     }
-    let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { threads.clamp(1, 8) };
+    let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { pool.threads().clamp(1, 8) };
     let xsum = match w {
         Weights::Int4 { .. } => group_sums(x, rows, k),
         _ => Vec::new(),
     };
     let o = Operands { x, rows, k, w, bias, y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum };
-    crate::columns::parallel(blocks, &move |b: usize| {
+    pool.run(blocks, &move |b: usize| {
         let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
         // SAFETY: the blocks' channel ranges are disjoint, so no two write the same y
-        // element, and `y` outlives every block (`parallel` waits for them all).
+        // element, and `y` outlives every block (`run` waits for them all).
         unsafe { channels(&o, lo, hi) };
     })
 }
@@ -567,7 +569,7 @@ mod tests {
                 };
                 for threads in [1, 2, 3] {
                     let mut y = vec![0f32; rows * n];
-                    product(&x, rows, k, n, w, Some(&bias), &mut y, threads).unwrap();
+                    product(&x, rows, k, n, w, Some(&bias), &mut y, &CpuPool::new(threads)).unwrap();
                     check(&y, &format!("{threads} threads"));
                 }
                 let mut y = vec![0f32; rows * n];
