@@ -3,12 +3,18 @@ count and machine, runs alternating. Run through `scripts/bench --peer llama.cpp
 
 llama.cpp comes from the llama-cpp-python source package on PyPI (pinned version and
 sha256 below, its vendored llama.cpp tree): `llama-bench` and `llama-quantize` are built
-with the system's cmake into target/peer/. For each shape a random Glm4ForCausalLM
-checkpoint is written with transformers (fixed seed), converted with llama.cpp's own
-converter (`convert_hf_to_gguf.py` from the same tree, its `gguf-py`) to f32 and bf16
-GGUF, and quantized with `llama-quantize` to q8_0 and q4_0. The random checkpoint has no
-tokenizer, so the GGUF gets llama.cpp's "none" vocabulary of the config's vocab_size
-(llama-bench feeds random token ids either way).
+with the system's cmake into target/peer/, natively for this CPU. Where that build crashes
+on a quantized model (llama.cpp's AMX path does on some CPUs), it is rebuilt without AMX
+(the CPU's other vector features named one by one) and the table's header says so;
+`--without-amx` asks for that build from the start.
+
+For each shape a random checkpoint is written with transformers (fixed seed): the dense
+shapes as Glm4ForCausalLM, the mixture-of-experts ones in their own family (glm4_moe,
+glm4_moe_lite, glm_moe_dsa). Each is converted with llama.cpp's own converter
+(`convert_hf_to_gguf.py` from the same tree, its `gguf-py`) to f32 and bf16 GGUF, and
+quantized with `llama-quantize` to q8_0 and q4_0. The random checkpoint has no tokenizer,
+so the GGUF gets llama.cpp's "none" vocabulary of the config's vocab_size (llama-bench feeds
+random token ids either way).
 
 Both engines run a --prompt-len prefill, then --new-tokens decode steps after a context of
 --prompt-len tokens (llama-bench: `-p N -n 0` and `-p 0 -n M -d N`; headcount: `bench
@@ -35,10 +41,22 @@ PEER = ROOT / "target" / "peer"
 LLAMA_CPP_PYTHON = "0.3.36"
 LLAMA_CPP_PYTHON_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
+# The config of each shape, and the family it is written as (None: the config's own).
 SHAPES = {
-    "4-layer": "python/bench/glm-4layer.json",
-    "12-layer": "python/bench/glm-12layer.json",
+    # llama.cpp converts Glm4ForCausalLM (its GLM4 architecture); glm4 is the dense bench
+    # shape with the two extra norms a layer.
+    "4-layer": ("python/bench/glm-4layer.json", "glm4"),
+    "12-layer": ("python/bench/glm-12layer.json", "glm4"),
+    # glm4_moe: 4 layers (1 dense), hidden 512, 64 experts of width 256, 8 a token.
+    "moe-4-layer": ("python/bench/glm4moe-4layer.json", None),
+    # glm4_moe_lite: latent attention, hidden 1024, 32 experts of width 256, 4 a token.
+    "mla-4-layer": ("python/bench/glm4moelite-4layer.json", None),
+    # glm_moe_dsa: mla-4-layer's shape under sparse attention (an indexer picks 256 tokens).
+    "dsa-4-layer": ("python/bench/glmdsa-4layer.json", None),
 }
+
+# The converter's model classes whose vocabulary is replaced by the "none" one.
+CONVERTER_CLASSES = ["Glm4Model", "Glm4MoeModel", "Glm4MoeLiteModel", "GlmMoeDsaModel"]
 
 # headcount's flags, llama.cpp's GGUF type, for each precision compared.
 PRECISIONS = {
@@ -56,13 +74,33 @@ def sh(cmd, **kw):
     return out.stdout
 
 
-def llama_cpp_tree():
-    """The vendored llama.cpp of the pinned llama-cpp-python sdist, built once."""
+def cpu_name():
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def cpu_flags():
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# ggml's options for the x86 features named in /proc/cpuinfo, for the build without AMX.
+GGML_FEATURES = {
+    "avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C", "bmi2": "GGML_BMI2",
+    "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512", "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI", "avx512_bf16": "GGML_AVX512_BF16",
+}
+
+
+def llama_cpp_source():
+    """The vendored llama.cpp tree of the pinned llama-cpp-python sdist."""
     src = PEER / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
     tree = src / "vendor" / "llama.cpp"
-    bench = tree / "build" / "bin" / "llama-bench"
-    quantize = tree / "build" / "bin" / "llama-quantize"
-    if bench.exists() and quantize.exists():
+    if tree.exists():
         return tree
     PEER.mkdir(parents=True, exist_ok=True)
     archive = PEER / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
@@ -79,30 +117,75 @@ def llama_cpp_tree():
         if digest != LLAMA_CPP_PYTHON_SHA256:
             sys.exit(f"{name}: sha256 {digest}, expected {LLAMA_CPP_PYTHON_SHA256}")
         archive.write_bytes(data)
-    if not tree.exists():
-        with tarfile.open(archive) as t:
-            t.extractall(PEER, filter="data")
-    print("building llama-bench and llama-quantize (a few minutes)", file=sys.stderr)
-    build = tree / "build"
-    sh(["cmake", "-S", tree, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-        "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-        "-DLLAMA_BUILD_SERVER=OFF"])
-    sh(["cmake", "--build", build, "-j", str(os.cpu_count() or 2), "--target", "llama-bench", "llama-quantize"])
+    with tarfile.open(archive) as t:
+        t.extractall(PEER, filter="data")
     return tree
 
 
+class LlamaCpp:
+    """A build of llama-bench and llama-quantize: `native` (-march=native) or without AMX."""
+
+    def __init__(self, tree, native):
+        self.tree, self.native = tree, native
+        self.build = tree / ("build" if native else "build-no-amx")
+        self.note = "built natively for this CPU" if native else "built without AMX"
+
+    def bin(self, name):
+        return self.build / "bin" / name
+
+    def ensure(self):
+        if self.bin("llama-bench").exists() and self.bin("llama-quantize").exists():
+            return self
+        print(f"building llama-bench and llama-quantize, {self.note} (a few minutes)", file=sys.stderr)
+        if self.native:
+            arch = ["-DGGML_NATIVE=ON"]
+        else:
+            flags = cpu_flags()
+            arch = ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+            arch += [f"-D{opt}={'ON' if feat in flags else 'OFF'}" for feat, opt in GGML_FEATURES.items()]
+        sh(["cmake", "-S", self.tree, "-B", self.build, "-DCMAKE_BUILD_TYPE=Release", *arch, "-DLLAMA_CURL=OFF",
+            "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF"])
+        sh(["cmake", "--build", self.build, "-j", str(os.cpu_count() or 2), "--target", "llama-bench",
+            "llama-quantize"])
+        return self
+
+    def probe(self, model, threads):
+        """None when a short prompt and two decode steps of `model` run, else why not."""
+        out = subprocess.run([str(c) for c in [self.bin("llama-bench"), "-m", model, "-t", threads, "-r", 1,
+                                               "-p", 32, "-n", 2, "-ngl", 0, "-o", "json"]],
+                             capture_output=True, text=True)
+        if out.returncode == 0:
+            return None
+        how = f"signal {-out.returncode}" if out.returncode < 0 else f"exit status {out.returncode}"
+        return f"{how}: {out.stderr.strip()[-300:]}"
+
+
+def working_llama_cpp(build, model, threads):
+    """`build`, or the build without AMX where `build` crashes on `model`."""
+    failure = build.probe(model, threads)
+    if failure is None:
+        return build
+    if not build.native:
+        sys.exit(f"llama.cpp built without AMX fails on {model.name}: {failure}")
+    print(f"llama.cpp's native build fails on {model.name} ({failure}); rebuilding it without AMX", file=sys.stderr)
+    fallback = LlamaCpp(build.tree, native=False).ensure()
+    fallback.note += f" (the native build failed on {model.name}: {failure.split(':')[0]})"
+    return working_llama_cpp(fallback, model, threads)
+
+
 def checkpoint(shape):
-    """A random Glm4ForCausalLM of the shape's config, saved once (f32 safetensors)."""
+    """A random checkpoint of the shape's config and family, saved once (f32 safetensors)."""
     out = PEER / "checkpoints" / shape
     if (out / "model.safetensors").exists():
         return out
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    fields = json.loads((ROOT / SHAPES[shape]).read_text())
-    # llama.cpp converts Glm4ForCausalLM (its GLM4 architecture); glm4 is the bench shape
-    # with the two extra norms a layer.
-    fields["model_type"] = "glm4"
+    path, family = SHAPES[shape]
+    fields = json.loads((ROOT / path).read_text())
+    if family:
+        fields["model_type"] = family
     config = AutoConfig.for_model(**fields)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -110,7 +193,7 @@ def checkpoint(shape):
     return out
 
 
-def gguf(tree, hf, kind):
+def gguf(llama, hf, kind):
     """The checkpoint as a GGUF of `kind` (f32, bf16 by the converter; q8_0, q4_0 by llama-quantize)."""
     path = hf / f"model-{kind}.gguf"
     if path.exists():
@@ -118,24 +201,25 @@ def gguf(tree, hf, kind):
     if kind in ("f32", "bf16"):
         script = (
             "import sys, runpy\n"
-            f"sys.path.insert(0, {str(tree)!r})\n"
-            f"sys.path.insert(0, {str(tree / 'gguf-py')!r})\n"
+            f"sys.path.insert(0, {str(llama.tree)!r})\n"
+            f"sys.path.insert(0, {str(llama.tree / 'gguf-py')!r})\n"
             "import conversion.glm as glm\n"
             "def set_vocab(self):\n"
             "    self.gguf_writer.add_tokenizer_model('none')\n"
             "    self.gguf_writer.add_vocab_size(self.hparams['vocab_size'])\n"
-            "glm.Glm4Model.set_vocab = set_vocab\n"
+            f"for name in {CONVERTER_CLASSES!r}:\n"
+            "    getattr(glm, name).set_vocab = set_vocab\n"
             f"sys.argv = ['convert_hf_to_gguf.py', {str(hf)!r}, '--outtype', {kind!r}, '--outfile', {str(path)!r}]\n"
-            f"runpy.run_path({str(tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n"
+            f"runpy.run_path({str(llama.tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n"
         )
         sh([sys.executable, "-c", script])
     else:
-        sh([tree / "build" / "bin" / "llama-quantize", gguf(tree, hf, "f32"), path, kind.upper()])
+        sh([llama.bin("llama-quantize"), gguf(llama, hf, "f32"), path, kind.upper()])
     return path
 
 
-def llama_bench(tree, model, threads, prompt_len, new_tokens, repeat):
-    bench = tree / "build" / "bin" / "llama-bench"
+def llama_bench(llama, model, threads, prompt_len, new_tokens, repeat):
+    bench = llama.bin("llama-bench")
     common = ["-m", model, "-t", threads, "-r", repeat, "-o", "json", "-ngl", "0"]
     pp = json.loads(sh([bench, *common, "-p", prompt_len, "-n", 0]))
     tg = json.loads(sh([bench, *common, "-p", 0, "-n", new_tokens, "-d", prompt_len]))
@@ -159,20 +243,27 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--without-amx", action="store_true",
+                   help="build llama.cpp without AMX from the start (the CPU's other vector features still on)")
     a = p.parse_args()
+    shapes, precisions = a.shapes.split(","), a.precisions.split(",")
+    for name, known in (*((s, SHAPES) for s in shapes), *((q, PRECISIONS) for q in precisions)):
+        if name not in known:
+            sys.exit(f"unknown {'shape' if known is SHAPES else 'precision'} '{name}': one of {', '.join(known)}")
 
-    tree = llama_cpp_tree()
+    llama = LlamaCpp(llama_cpp_source(), native=not a.without_amx).ensure()
     rows = []
-    for shape in a.shapes.split(","):
+    for shape in shapes:
         hf = checkpoint(shape)
-        for precision in a.precisions.split(","):
+        for precision in precisions:
             flags, kind = PRECISIONS[precision]
-            model = gguf(tree, hf, kind)
+            model = gguf(llama, hf, kind)
+            llama = working_llama_cpp(llama, model, a.threads)
             runs = {"headcount": [], "llama.cpp": []}
             for r in range(a.rounds):
                 order = [
                     ("headcount", lambda: headcount_bench(hf, flags, a.threads, a.prompt_len, a.new_tokens, a.repeat)),
-                    ("llama.cpp", lambda: llama_bench(tree, model, a.threads, a.prompt_len, a.new_tokens, a.repeat)),
+                    ("llama.cpp", lambda: llama_bench(llama, model, a.threads, a.prompt_len, a.new_tokens, a.repeat)),
                 ]
                 if r % 2:
                     order.reverse()
@@ -184,8 +275,12 @@ def main():
             rows.append((shape, precision, kind, med, bound))
             print(f"done {shape} {precision}", file=sys.stderr)
 
-    print(f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}; threads {a.threads}; prompt {a.prompt_len}, "
-          f"then {a.new_tokens} new tokens; medians of {a.rounds} rounds x {a.repeat} runs\n")
+    flags = cpu_flags()
+    features = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16") if f in flags]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    print(f"CPU: {cpu_name()} ({', '.join(features) or 'no AVX-512'}); headcount {commit.stdout.strip() or '?'}; "
+          f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}, {llama.note}; threads {a.threads}; "
+          f"prompt {a.prompt_len}, then {a.new_tokens} new tokens; medians of {a.rounds} rounds x {a.repeat} runs\n")
     print("| shape | headcount | llama.cpp | prefill tok/s headcount | llama.cpp | ratio "
           "| decode tok/s headcount | llama.cpp | ratio | headcount of its bound |")
     print("|---|---|---|---|---|---|---|---|---|---|")

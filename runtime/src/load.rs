@@ -35,11 +35,12 @@ impl WeightSource for (&Checkpoint, Progress) {
     }
 }
 
-/// Random weights of the right shapes: normal(0, 0.02) for matrices, ones for norms. Each
-/// tensor is drawn whole from a generator seeded by its name, then sliced, so a sharded
-/// random model holds exactly the slices of the unsharded one. Tensors for a GPU are drawn
-/// there (CPU draws of GLM-4-9B's 9.4B values take about a minute; the GPU's generator
-/// gives other values than the CPU's for the same seed).
+/// Random weights of the right shapes: uniform values of standard deviation 0.02 for
+/// matrices, ones for norms. Value `i` of a tensor is a hash of the tensor's name, the seed
+/// and `i` ([`random_value`]), so a sharded random model holds exactly the slices of the
+/// unsharded one (a shard draws only its own rows), the values are the same on every device,
+/// and nothing depends on libtorch's global generator, which other threads may be drawing
+/// from (two models of one seed built while another thread draws are still equal).
 pub(crate) struct RandomSource {
     pub seed: i64,
 }
@@ -53,25 +54,65 @@ impl WeightSource for RandomSource {
         kind: Kind,
         device: Device,
     ) -> Result<Tensor> {
+        let mut s = shape.to_vec();
+        if let (Some((_, n)), Some(first)) = (rows, s.first_mut()) {
+            *first = n as i64;
+        }
         if name.ends_with("norm.weight") {
-            let mut s = shape.to_vec();
-            if let (Some((_, n)), Some(first)) = (rows, s.first_mut()) {
-                *first = n as i64;
-            }
             return Ok(Tensor::f_ones(&s, (kind, device))?);
         }
-        // FNV-1a of the name, mixed with the seed.
+        // FNV-1a of the name, mixed with the seed (a bit reinterpretation: no value matters).
         let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-        // Bit reinterpretations of a hash, masked to a non-negative seed: no value matters.
-        tch::manual_seed((h ^ self.seed as u64) as i64 & i64::MAX);
-        let draw_on = if matches!(device, Device::Cuda(_)) { device } else { Device::Cpu };
-        let full = Tensor::f_randn(shape, (Kind::Float, draw_on))?.f_mul_scalar(0.02)?;
-        let part = match rows {
-            Some((start, n)) => full.f_narrow(0, start as i64, n as i64)?,
-            None => full,
-        };
-        Ok(part.f_to_kind(kind)?.f_to_device(device)?)
+        let key = h ^ self.seed as u64;
+        // cannot wrap: the sizes of a tensor about to be allocated.
+        let row: u64 = shape.iter().skip(1).map(|&d| d.max(0) as u64).product();
+        let first = rows.map_or(0, |(start, _)| start as u64) * row;
+        let len = s.iter().map(|&d| d.max(0) as usize).product::<usize>();
+        let values = random_values(key, first, len);
+        let t = Tensor::f_from_slice(&values)?.f_view(s.as_slice())?;
+        Ok(t.f_to_kind(kind)?.f_to_device(device)?)
     }
+}
+
+/// Half the width of [`random_value`]'s interval: `0.02 * sqrt(3)`, a standard deviation
+/// of 0.02.
+const RANDOM_HALF_WIDTH: f32 = 0.034_641_016;
+
+/// Value `i` of the random tensor keyed `key`: uniform on `[-w, w)` for
+/// [`RANDOM_HALF_WIDTH`] `w`, from SplitMix64's mixing function of `key` and `i`.
+fn random_value(key: u64, i: u64) -> f32 {
+    let mut z = key.wrapping_add(i.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    // The top 24 bits as a fraction in [0, 1), exact in f32.
+    let u = (z >> 40) as f32 / (1u32 << 24) as f32;
+    (2.0 * u - 1.0) * RANDOM_HALF_WIDTH
+}
+
+/// Values `first..first + len` of the random tensor keyed `key`, drawn on every core for
+/// large tensors.
+fn random_values(key: u64, first: u64, len: usize) -> Vec<f32> {
+    let mut out = vec![0f32; len];
+    if len <= 1 << 20 {
+        for (j, v) in out.iter_mut().enumerate() {
+            *v = random_value(key, first + j as u64); // cannot wrap: offsets into a tensor
+        }
+        return out;
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+    let chunk = len.div_ceil(threads).max(1 << 20);
+    std::thread::scope(|scope| {
+        for (c, part) in out.chunks_mut(chunk).enumerate() {
+            let from = first + (c * chunk) as u64; // cannot wrap: offsets into a tensor
+            scope.spawn(move || {
+                for (j, v) in part.iter_mut().enumerate() {
+                    *v = random_value(key, from + j as u64);
+                }
+            });
+        }
+    });
+    out
 }
 
 /// Loading progress on stderr for large checkpoints.
@@ -97,5 +138,41 @@ impl Progress {
                 eprintln!();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard's rows are the whole tensor's rows; a seed gives the same values while
+    /// another thread reseeds and draws from libtorch's generator; the values spread as a
+    /// standard deviation of 0.02 says.
+    #[test]
+    fn random_weights_are_sliceable_and_independent_of_libtorch_generator() {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    tch::manual_seed(1);
+                    let _ = Tensor::randn([64], (Kind::Float, Device::Cpu));
+                }
+            });
+            let draw = |rows| RandomSource { seed: 7 }.rows("w", &[300, 50], rows, Kind::Float, Device::Cpu).unwrap();
+            let whole = draw(None);
+            for _ in 0..20 {
+                assert!(draw(None).equal(&whole));
+            }
+            assert!(draw(Some((120, 60))).equal(&whole.narrow(0, 120, 60)));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let other = RandomSource { seed: 8 }.rows("w", &[300, 50], None, Kind::Float, Device::Cpu).unwrap();
+            assert!(!other.equal(&whole));
+            let std = whole.std(true).double_value(&[]);
+            let mean = whole.mean(Kind::Float).double_value(&[]);
+            assert!((std - 0.02).abs() < 0.001 && mean.abs() < 0.001, "std {std}, mean {mean}");
+        });
+        let big = random_values(3, 5, (1 << 20) + 77);
+        assert_eq!(big[1 << 20], random_value(3, 5 + (1 << 20)));
+        assert_eq!(big[(1 << 20) + 76], random_value(3, 5 + (1 << 20) + 76));
     }
 }

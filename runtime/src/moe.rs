@@ -8,9 +8,10 @@
 //! over the `tp / ep` ranks that share them). Either way a rank's routed and shared outputs
 //! are partial sums, added up by one all-reduce; the routing is computed on every rank.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::config::{Activation, MoeDims};
+use crate::cpu::few_rows as kernel;
 use crate::error::{Error, Result};
 use crate::nn::Linear;
 use crate::parallel::group::ProcessGroup;
@@ -153,6 +154,23 @@ impl Moe {
         let h = *shape.last().ok_or_else(|| Error::Internal("an MoE input without dimensions".into()))?;
         let flat = x.f_reshape([-1, h])?;
         let (chosen, weights) = self.route(&flat, m)?;
+        let out = match self.few_rows(&flat, &chosen, &weights, act)? {
+            Some(out) => out,
+            None => self.routed(&flat, &chosen, &weights, m, act)?,
+        };
+        let out = match &self.shared {
+            Some(s) => out.f_add(&s.forward(&flat, act)?)?,
+            None => out,
+        };
+        group.all_reduce_sum(&out)?;
+        Ok(out.f_reshape(&shape)?)
+    }
+
+    /// The routed experts' weighted sum for the tokens `flat` (`[N, H]`) routed as `chosen`
+    /// with `weights` (both `[N, k]`): each expert on its own rows, or one grouped product
+    /// over all of them (f32, CPU).
+    fn routed(&self, flat: &Tensor, chosen: &Tensor, weights: &Tensor, m: &MoeDims, act: Activation) -> Result<Tensor> {
+        let h = flat.size()[1];
         let k = m.per_token as i64;
         // The (token, slot) pairs sorted by expert: each expert's tokens are one slice.
         let by_expert = chosen.f_reshape([-1])?;
@@ -162,7 +180,7 @@ impl Moe {
         let tokens = order.f_floor_divide_scalar(k)?;
         let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?;
         let n = flat.size()[0];
-        let combine = Combine::new(&flat, n * k)?;
+        let combine = Combine::new(flat, n * k)?;
         let local = self.first_expert..self.first_expert + self.experts.len();
         let local_start: i64 = counts[..local.start].iter().sum();
         let local_counts = &counts[local.clone()];
@@ -204,12 +222,139 @@ impl Moe {
                 }
             }
         }
-        let out = combine.finish(&order, n, k, h)?;
-        let out = match &self.shared {
-            Some(s) => out.f_add(&s.forward(&flat, act)?)?,
-            None => out,
-        };
-        group.all_reduce_sum(&out)?;
-        Ok(out.f_reshape(&shape)?)
+        combine.finish(&order, n, k, h)
     }
+
+    /// [`Moe::routed`] for decode's few tokens (at most the kernel's row bound, on the CPU,
+    /// f32 or bf16) through the project's kernel: the chosen experts' gate/up products in
+    /// one hand-off to the model's threads, the activation over all their rows at once,
+    /// their down products in a second hand-off, and the weighted rows combined as
+    /// [`Combine`] combines them. Each expert's rows, products and roundings are those of
+    /// the loop over experts, so the result is the same to the bit; only the libtorch calls
+    /// and hand-offs an expert are gone. `None` where this does not apply (then the loop).
+    fn few_rows(&self, flat: &Tensor, chosen: &Tensor, weights: &Tensor, act: Activation) -> Result<Option<Tensor>> {
+        let kind = flat.kind();
+        let (n, h) = flat.size2()?;
+        let Some(first) = self.experts.first() else { return Ok(None) };
+        if flat.device() != Device::Cpu
+            || !matches!(kind, Kind::Float | Kind::BFloat16)
+            || n > crate::cpu::columns::PARALLEL_MAX_ROWS
+        {
+            return Ok(None);
+        }
+        let width = first.width;
+        let chosen = Vec::<i64>::try_from(&chosen.f_reshape([-1])?.f_to_kind(Kind::Int64)?)?;
+        // cannot wrap: sizes of allocated tensors.
+        let k = chosen.len() / (n as usize).max(1);
+        let slot_weights = Vec::<f32>::try_from(&weights.f_reshape([-1])?.f_to_kind(Kind::Float)?)?;
+        // This rank's (token, slot) pairs by expert, then token.
+        let local = self.first_expert as i64..(self.first_expert + self.experts.len()) as i64;
+        let mut slots: Vec<usize> = (0..chosen.len()).filter(|&s| local.contains(&chosen[s])).collect();
+        slots.sort_by_key(|&s| (chosen[s], s));
+        // Each chosen expert and its run of `slots`.
+        let mut runs: Vec<(&ExpertMlp, std::ops::Range<usize>)> = Vec::new();
+        for (i, &s) in slots.iter().enumerate() {
+            // cannot wrap: `local` holds the expert.
+            let e = &self.experts[(chosen[s] - local.start) as usize];
+            match runs.last_mut() {
+                Some((last, r)) if std::ptr::eq(*last, e) => r.end = i + 1,
+                _ => runs.push((e, i..i + 1)),
+            }
+        }
+        let (mut gate_ups, mut downs) = (Vec::with_capacity(runs.len()), Vec::with_capacity(runs.len()));
+        for (e, _) in &runs {
+            let (Some(gu), Some(dn)) = (e.gate_up.few_rows_weights(kind), e.down.few_rows_weights(kind)) else {
+                return Ok(None);
+            };
+            if e.width != width || e.gate_up.shape() != [h, 2 * width] || e.down.shape() != [width, h] {
+                return Ok(None);
+            }
+            gate_ups.push(gu);
+            downs.push(dn);
+        }
+        let pool = &first.gate_up.pool;
+        // cannot wrap: sizes of allocated tensors.
+        let (hu, wu, rows) = (h as usize, width as usize, slots.len());
+        let xf = flat.f_to_kind(Kind::Float)?.f_contiguous()?;
+        // SAFETY: `xf` is a contiguous CPU f32 [n, h] tensor, alive while `x` is read.
+        let x = unsafe { std::slice::from_raw_parts(xf.data_ptr() as *const f32, n as usize * hu) };
+        let mut gathered = Vec::with_capacity(rows * hu);
+        for &s in &slots {
+            let t = s / k;
+            gathered.extend_from_slice(&x[t * hu..(t + 1) * hu]);
+        }
+        let products = |input: &[f32], k: usize, out_n: usize, ws: &[kernel::Weights]| {
+            let y = Tensor::f_empty([rows as i64, out_n as i64], (Kind::Float, Device::Cpu))?;
+            if rows > 0 {
+                // SAFETY: `y` is a fresh contiguous CPU f32 [rows, out_n] tensor that
+                // nothing else reads or writes until the products are done.
+                let mut rest = unsafe { std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, rows * out_n) };
+                let mut jobs = Vec::with_capacity(runs.len());
+                for (i, (_, r)) in runs.iter().enumerate() {
+                    let (mine, tail) = rest.split_at_mut(r.len() * out_n);
+                    rest = tail;
+                    let x = &input[r.start * k..r.end * k];
+                    jobs.push(kernel::Job { x, rows: r.len(), k, n: out_n, w: ws[i], y: mine });
+                }
+                kernel::products(&mut jobs, pool)?;
+            }
+            Ok::<_, Error>(y)
+        };
+        // The loop's rounding: each product's f32 result rounded once to the model dtype.
+        let in_kind = |t: Tensor| if kind == Kind::Float { Ok(t) } else { t.f_to_kind(kind) };
+        let gu = in_kind(products(&gathered, hu, 2 * wu, &gate_ups)?)?;
+        let mid = act.apply(&gu.f_narrow(-1, 0, width)?)?.f_mul(&gu.f_narrow(-1, width, width)?)?;
+        let midf = mid.f_to_kind(Kind::Float)?.f_contiguous()?;
+        // SAFETY: `midf` is a contiguous CPU f32 [rows, width] tensor, alive while read.
+        let mids = unsafe { std::slice::from_raw_parts(midf.data_ptr() as *const f32, rows * wu) };
+        let down = in_kind(products(mids, wu, hu, &downs)?)?;
+        let w = Tensor::f_from_slice(&slots.iter().map(|&s| slot_weights[s]).collect::<Vec<f32>>())?.f_unsqueeze(-1)?;
+        Ok(Some(if kind == Kind::Float {
+            // As `Combine::Slots`: the weighted rows in (token, slot) order, zeros for other
+            // ranks' experts, summed over each token's k slots.
+            let yw = Tensor::f_cat(&[down.f_mul(&w)?, Tensor::f_zeros([1, h], (Kind::Float, Device::Cpu))?], 0)?;
+            let mut at = vec![rows as i64; chosen.len()];
+            for (i, &s) in slots.iter().enumerate() {
+                at[s] = i as i64; // cannot wrap: a slot count
+            }
+            yw.f_index_select(0, &Tensor::f_from_slice(&at)?)?.f_view([n, k as i64, h])?.f_sum_dim_intlist(
+                1,
+                false,
+                Kind::Float,
+            )?
+        } else {
+            // As `Combine::Add`: each weighted row rounded to the model dtype, then added
+            // into its token's row in expert order, rounding after each addition.
+            let z = down.f_to_kind(Kind::Float)?.f_mul(&w)?.f_to_kind(kind)?.f_contiguous()?;
+            let out = Tensor::f_zeros([n, h], (kind, Device::Cpu))?;
+            // SAFETY: `z` and `out` are contiguous CPU bf16 tensors of [rows, h] and [n, h]
+            // made here; nothing else reads or writes `out` meanwhile.
+            unsafe {
+                let zs = std::slice::from_raw_parts(z.data_ptr() as *const u16, rows * hu);
+                let os = std::slice::from_raw_parts_mut(out.data_ptr() as *mut u16, n as usize * hu);
+                for (i, &s) in slots.iter().enumerate() {
+                    let t = s / k;
+                    for (o, &v) in os[t * hu..(t + 1) * hu].iter_mut().zip(&zs[i * hu..(i + 1) * hu]) {
+                        *o = bf16_round(bf16_value(*o) + bf16_value(v));
+                    }
+                }
+            }
+            out
+        }))
+    }
+}
+
+/// A bf16 bit pattern as f32.
+fn bf16_value(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// `x` rounded to the nearest bf16, ties to even, as libtorch rounds (NaN to its quiet NaN).
+fn bf16_round(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0x7fc0;
+    }
+    let b = x.to_bits();
+    // cannot wrap past u32: the largest finite f32 plus 0x8000 stays below 2^32.
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }

@@ -152,6 +152,65 @@ pub fn product(
     })
 }
 
+/// One product of a batch that [`products`] runs in one hand-off: `y = x @ w^T` with `x`
+/// `[rows, k]`, `w` `[n, k]` and `y` `[rows, n]`, row-major.
+pub struct Job<'a> {
+    pub x: &'a [f32],
+    pub rows: usize,
+    pub k: usize,
+    pub n: usize,
+    pub w: Weights<'a>,
+    pub y: &'a mut [f32],
+}
+
+/// Every job's product, their output channels together split over as many blocks as `pool`
+/// has threads (eight at most) by the weight bytes each reads, so that one hand-off serves
+/// many small products (the experts a decode step's tokens chose). Each job's channels are
+/// computed exactly as [`product`] computes them. An error if a job's slices are too short
+/// for its sizes or a worker thread failed.
+pub fn products(jobs: &mut [Job], pool: &CpuPool) -> Result<()> {
+    let mut ops = Vec::with_capacity(jobs.len());
+    let mut sums = Vec::with_capacity(jobs.len());
+    for j in jobs.iter_mut() {
+        let (rows, k, n) = (j.rows, j.k, j.n);
+        if !(j.x.len() >= rows * k && j.w.holds(n, k) && j.y.len() >= rows * n) {
+            return Err(Error::Internal(format!("kernel operands too short for {rows} x {k} x {n}")));
+        }
+        sums.push(match j.w {
+            Weights::Int4 { .. } => group_sums(j.x, rows, k),
+            _ => Vec::new(),
+        });
+    }
+    for (j, xsum) in jobs.iter_mut().zip(&sums) {
+        let y = SendPtr(j.y.as_mut_ptr());
+        ops.push(Operands { x: j.x, rows: j.rows, k: j.k, w: j.w, bias: None, y, n: j.n, xsum });
+    }
+    // Each job's channels in one line, a channel weighing its k inputs.
+    let mut starts = Vec::with_capacity(ops.len());
+    let mut total = 0usize;
+    for o in &ops {
+        starts.push(total);
+        total += o.n * o.k;
+    }
+    let channels_total: usize = ops.iter().map(|o| o.n).sum();
+    let blocks = if channels_total < SPLIT_MIN_CHANNELS { 1 } else { pool.threads().clamp(1, 8) };
+    let (ops, starts) = (&ops, &starts);
+    pool.run(blocks, &move |b: usize| {
+        let (from, to) = (total * b / blocks, total * (b + 1) / blocks);
+        for (o, &start) in ops.iter().zip(starts) {
+            // The job's channels whose first input falls in from..to.
+            let channel = |at: usize| (at.saturating_sub(start)).div_ceil(o.k.max(1)).min(o.n);
+            let (lo, hi) = (channel(from), channel(to));
+            if lo < hi {
+                // SAFETY: the blocks' ranges of the line are disjoint, so are their channel
+                // ranges of a job, and no two write the same y element; each `y` outlives
+                // every block (`run` waits for them all).
+                unsafe { channels(o, lo, hi) };
+            }
+        }
+    })
+}
+
 /// Each row's sums of `x` over groups of [`INT4_GROUP`] inputs, `[rows, k / 32]`, and 16
 /// zeros after (the vector path reads sixteen groups at a time).
 fn group_sums(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
@@ -580,6 +639,55 @@ mod tests {
                 check(&y, "plain");
             }
         }
+    }
+
+    /// A batch of products of every format, row count and width, run in one hand-off,
+    /// equals each product run alone, to the bit, on 1 to 3 threads (the blocks' edges fall
+    /// inside jobs and between them).
+    #[test]
+    fn batched_products_equal_each_product_alone() {
+        let mut g = Lcg(5);
+        let k = 96;
+        let shapes = [(1, 40), (3, 300), (8, 7), (2, 513), (1, 256)];
+        let xs: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|&(rows, _)| (0..rows * k).map(|_| (g.next() % 2001 - 1000) as f32 / 500.0).collect())
+            .collect();
+        let f: Vec<f32> = (0..513 * k).map(|_| (g.next() % 2001 - 1000) as f32 / 1e4).collect();
+        let h: Vec<u16> = f.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        let q: Vec<i8> = (0..513 * k).map(|_| (g.next() % 255 - 127) as i8).collect();
+        let s: Vec<f32> = (0..513).map(|_| (g.next() % 1000 + 1) as f32 / 1e5).collect();
+        let codes: Vec<u8> = (0..513 * k / 2).map(|_| (g.next() % 256) as u8).collect();
+        let s4: Vec<u16> = (0..513 * k / 32).map(|_| (((g.next() % 8 + 5) << 10) | (g.next() % 1024)) as u16).collect();
+        let formats = [
+            Weights::F32(&f),
+            Weights::Bf16(&h),
+            Weights::Int8 { q: &q, scales: &s },
+            Weights::Int4 { codes: &codes, scales: &s4 },
+            Weights::F32(&f[k..]),
+        ];
+        for threads in [1, 2, 3] {
+            let pool = CpuPool::new(threads);
+            let mut alone = Vec::new();
+            for (i, &(rows, n)) in shapes.iter().enumerate() {
+                let mut y = vec![0f32; rows * n];
+                product(&xs[i], rows, k, n, formats[i], None, &mut y, &pool).unwrap();
+                alone.push(y);
+            }
+            let mut together: Vec<Vec<f32>> = shapes.iter().map(|&(rows, n)| vec![f32::NAN; rows * n]).collect();
+            let mut jobs: Vec<Job> = together
+                .iter_mut()
+                .enumerate()
+                .map(|(i, y)| Job { x: &xs[i], rows: shapes[i].0, k, n: shapes[i].1, w: formats[i], y })
+                .collect();
+            products(&mut jobs, &pool).unwrap();
+            for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "job {i}, {threads} threads");
+            }
+        }
+        let mut short = vec![0f32; 3];
+        let mut jobs = [Job { x: &xs[0], rows: 1, k, n: 40, w: formats[0], y: &mut short }];
+        assert!(products(&mut jobs, &CpuPool::new(2)).is_err());
     }
 
     /// The one-pass dequantization equals the kernel's own decoding of every weight, and

@@ -131,10 +131,11 @@ fn experts(cx: &Loader, src: &mut dyn WeightSource, m: &MoeDims, p: &str) -> Res
     Ok(Ffn::Moe(Moe { router, correction_bias, first_expert: local.start, experts, shared, stacked }))
 }
 
-/// In f32 on CPU with each expert's weights in one `[in, out]` block: the experts' gate/up
-/// and down weights stacked (`[E, hidden, 2 x width]`, `[E, width, hidden]`), each expert's
+/// In f32 on CPU with each expert's weights in one `[out, in]` block: the experts' gate/up
+/// and down weights stacked (`[E, 2 x width, hidden]`, `[E, hidden, width]`), each expert's
 /// projection then a view of its slice (no second copy), for one grouped product over all
-/// experts in prefill ([`Moe::forward`]).
+/// experts in prefill ([`Moe::forward`]), which reads the stacks as transposed views
+/// (`[E, hidden, 2 x width]`, `[E, width, hidden]`).
 fn stack_experts(
     experts: &mut [ExpertMlp],
     kind: Kind,
@@ -147,17 +148,18 @@ fn stack_experts(
         let (h, w2) = (e.gate_up.shape()[0], e.gate_up.shape()[1]);
         h % 4 == 0 && w2 % 8 == 0
     });
-    if kind != Kind::Float || layout != WeightLayout::InOut || dev != Device::Cpu || !single || !aligned {
+    if kind != Kind::Float || layout != WeightLayout::OutIn || dev != Device::Cpu || !single || !aligned {
         return Ok(None);
     }
-    let gu: Vec<&Tensor> = experts.iter().map(|e| &e.gate_up.parts[0]).collect();
-    let dn: Vec<&Tensor> = experts.iter().map(|e| &e.down.parts[0]).collect();
+    // Each part is the `[in, out]` view of a contiguous `[out, in]` weight.
+    let gu: Vec<Tensor> = experts.iter().map(|e| e.gate_up.parts[0].f_transpose(0, 1)).collect::<Result<_, _>>()?;
+    let dn: Vec<Tensor> = experts.iter().map(|e| e.down.parts[0].f_transpose(0, 1)).collect::<Result<_, _>>()?;
     let (gu, dn) = (Tensor::f_stack(&gu, 0)?, Tensor::f_stack(&dn, 0)?);
     for (i, e) in experts.iter_mut().enumerate() {
-        e.gate_up.parts = vec![gu.f_select(0, i as i64)?];
-        e.down.parts = vec![dn.f_select(0, i as i64)?];
+        e.gate_up.parts = vec![gu.f_select(0, i as i64)?.f_transpose(0, 1)?];
+        e.down.parts = vec![dn.f_select(0, i as i64)?.f_transpose(0, 1)?];
     }
-    Ok(Some((gu, dn)))
+    Ok(Some((gu.f_transpose(1, 2)?, dn.f_transpose(1, 2)?)))
 }
 
 /// Expert `e`'s gate/up and down weights (this rank's columns `cols` of its `width`)

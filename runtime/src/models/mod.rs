@@ -495,17 +495,7 @@ impl Glm {
             check_ranks_memory(|| "the weights".to_owned(), need, parallel.local_size, opts.dtype, advice)?;
         }
         let (kind, dev) = (opts.dtype.kind(), opts.device);
-        let layout = match opts.weight_layout.resolve(opts.dtype, dev) {
-            // f32 experts stack in-out blocks for one grouped product in prefill.
-            WeightLayout::OutIn
-                if opts.weight_layout == WeightLayout::Auto
-                    && opts.dtype == DType::F32
-                    && dims.config.family.is_moe() =>
-            {
-                WeightLayout::InOut
-            }
-            layout => layout,
-        };
+        let layout = opts.weight_layout.resolve(opts.dtype, dev);
         if opts.quantize != Quantize::None && dev != Device::Cpu {
             return Err(Error::InvalidArgument(format!(
                 "--quantize {} runs on the CPU (libtorch's int8 product); this model is placed on {dev:?}",

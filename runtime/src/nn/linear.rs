@@ -347,6 +347,25 @@ impl Linear {
         .then_some(w)
     }
 
+    /// The kernel's view of the weight (`[out, in]`) for few CPU rows of `kind`, which
+    /// [`crate::cpu::few_rows::products`] reads as this projection's few-row product does:
+    /// `None` for a projection with a bias, or whose few rows do not run in the kernel.
+    pub(crate) fn few_rows_weights(&self, kind: Kind) -> Option<kernel::Weights<'_>> {
+        if self.b.is_some() {
+            return None;
+        }
+        if let Some(p) = &self.packed {
+            // SAFETY: `Packed::new` made the codes and scales contiguous CPU tensors of the
+            // kinds and sizes `weights` reads; they live as long as `self`.
+            return Some(unsafe { p.weights() });
+        }
+        let w = self.kernel_weight().filter(|w| w.kind() == kind)?;
+        let (inputs, outputs) = w.size2().ok()?;
+        // SAFETY: `w` is the transposed view of a contiguous `[out, in]` CPU tensor
+        // (`kernel_weight`), alive as long as `self`.
+        unsafe { dense_weights(w, outputs, inputs) }
+    }
+
     /// `[in, out]`.
     pub fn shape(&self) -> Vec<i64> {
         if let Some(p) = &self.packed {
@@ -467,9 +486,8 @@ pub(crate) fn addmm_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub enum WeightLayout {
     /// The faster of the two as measured for the dtype and device (docs/PERFORMANCE.md,
     /// "Weight layout" and the 2026-12-01 kernel entry): `OutIn` on CPU where the project's
-    /// kernel runs few-row products ([`kernel::vectorized`]; f32 glm4_moe keeps
-    /// `InOut` for its grouped expert product), else `InOut` for f32 and `OutIn` for bf16
-    /// and f16; `InOut` on CUDA until the GPU run measures both.
+    /// kernel runs few-row products ([`kernel::vectorized`]), else `InOut` for f32 and
+    /// `OutIn` for bf16 and f16; `InOut` on CUDA until the GPU run measures both.
     #[default]
     Auto,
     /// `[in, out]`, contiguous (a transposed copy made at load): on CPU in f32 the form BLAS
