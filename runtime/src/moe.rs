@@ -272,6 +272,10 @@ impl Moe {
             gate_ups.push(gu);
             downs.push(dn);
         }
+        if slots.is_empty() {
+            // No token chose this rank's experts: as the loop, zeros (f32 for f32 slots).
+            return Ok(Some(Tensor::f_zeros([n, h], (kind, Device::Cpu))?));
+        }
         let pool = &first.gate_up.pool;
         // cannot wrap: sizes of allocated tensors.
         let (hu, wu, rows) = (h as usize, width as usize, slots.len());
@@ -285,7 +289,7 @@ impl Moe {
         }
         let products = |input: &[f32], k: usize, out_n: usize, ws: &[kernel::Weights]| {
             let y = Tensor::f_empty([rows as i64, out_n as i64], (Kind::Float, Device::Cpu))?;
-            if rows > 0 {
+            {
                 // SAFETY: `y` is a fresh contiguous CPU f32 [rows, out_n] tensor that
                 // nothing else reads or writes until the products are done.
                 let mut rest = unsafe { std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, rows * out_n) };
