@@ -4,7 +4,7 @@ inter-token latency (p50, p99) at several concurrencies, for `headcount serve` a
 
   python/serve_load.py [--shape demo|demo-mtp|bytes|4-layer] [--engines headcount,transformers]
                        [--concurrency 1,8,32,128] [--requests 128] [--max-tokens 32]
-                       [--speculative-tokens 2] [--json-schema] [--shared-prefix N]
+                       [--speculative-tokens 2] [--json-schema] [--shared-prefix N] [--dtype f32|bf16]
 
 Each level sends --requests streaming completions (greedy), --concurrency at a time, after
 a warm-up; a token is a streamed chunk that carries text. The 4-layer shape is a random
@@ -86,11 +86,12 @@ def prompts(shape: str, n: int, prompt_len: int, shared: int = 0, salt: int = 0)
     return out
 
 
-def start(engine: str, model: Path, port: int, threads: int, max_batch: int, speculative: int) -> subprocess.Popen:
+def start(engine: str, model: Path, port: int, threads: int, max_batch: int, speculative: int,
+          dtype: str = "f32") -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     if engine.startswith("headcount"):
         cmd = [str(HEADCOUNT), "serve", "--model", str(model), "--port", str(port), "--max-batch", str(max_batch),
-               "--max-queue", "4096", "-q"]
+               "--max-queue", "4096", "--dtype", dtype, "-q"]
         if engine == "headcount-speculative":
             cmd += ["--speculative-tokens", str(speculative)]
         if engine == "headcount-no-prefix-cache":
@@ -193,6 +194,8 @@ def main() -> None:
     ap.add_argument("--speculative-tokens", type=int, default=2)
     ap.add_argument("--json-schema", action="store_true")
     ap.add_argument("--shared-prefix", type=int, default=0)
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
+                    help="headcount's weights and activations (transformers serve keeps its own default)")
     a = ap.parse_args()
     if a.shared_prefix and a.shape != "4-layer":
         sys.exit("--shared-prefix needs --shape 4-layer (the demo's context is 64 positions)")
@@ -213,7 +216,7 @@ def main() -> None:
     rows = []
     for engine in a.engines.split(","):
         port = free_port()
-        p = start(engine, model, port, a.threads, max(levels), a.speculative_tokens)
+        p = start(engine, model, port, a.threads, max(levels), a.speculative_tokens, a.dtype)
         try:
             warm = prompts(a.shape, 8, a.prompt_len, a.shared_prefix, salt=1)
             level(port, name, warm, 4, a.max_tokens)
@@ -231,7 +234,8 @@ def main() -> None:
                 p.kill()
     how = ", answers constrained to a JSON schema" if a.json_schema else ""
     how += f", every prompt after the same {a.shared_prefix} tokens" if a.shared_prefix else ""
-    print(f"\nshape {a.shape}, {a.threads} threads, max_tokens {a.max_tokens}, greedy, streaming{how}\n")
+    print(f"\nshape {a.shape}, headcount in {a.dtype}, {a.threads} threads, max_tokens {a.max_tokens}, greedy, "
+          f"streaming{how}\n")
     print("| engine | concurrency | requests | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
           "ITL p99 ms | drafts accepted (so far, by position) |")
     print("|---|---|---|---|---|---|---|---|---|---|")

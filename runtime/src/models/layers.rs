@@ -14,7 +14,7 @@ use crate::config::{Activation, Dims, MlaDims};
 use crate::error::{Error, Result};
 use crate::load::WeightSource;
 use crate::moe::Moe;
-use crate::nn::{Linear, Quantize, Rounding, WeightLayout, rms_norm, rope_in_place};
+use crate::nn::{Linear, Quantize, Rounding, WeightLayout, qk_norm_in_place, rms_norm, rope_in_place};
 use crate::parallel::group::ProcessGroup;
 use crate::parallel::layers::{ColumnParallel, RowParallel};
 use crate::parallel::plan::ShardPlan;
@@ -497,7 +497,9 @@ impl Attention {
         let (hl, kvl) = (self.heads, self.kv_heads);
         let g = hl / kvl; // cannot fire: a rank holds at least one kv head (ShardPlan)
         let qkv = self.qkv.forward(x)?.f_view([b, t, hl + 2 * kvl, d])?;
-        if let Some((qn, kn)) = &self.qk_norm {
+        if let Some((qn, kn)) = &self.qk_norm
+            && !qk_norm_in_place(&qkv, hl, kvl, qn, kn, dims.eps)
+        {
             let (q, k) = (qkv.f_narrow(2, 0, hl)?, qkv.f_narrow(2, hl, kvl)?);
             q.shallow_clone().f_copy_(&rms_norm(&q, qn, dims.eps, rounding)?)?;
             k.shallow_clone().f_copy_(&rms_norm(&k, kn, dims.eps, rounding)?)?;

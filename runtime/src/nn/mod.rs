@@ -6,6 +6,6 @@ pub mod rotary;
 
 pub use linear::{Linear, Packed, Quantize, WeightLayout, kernel_product_dense};
 pub use norm::Rounding;
-pub(crate) use norm::rms_norm;
+pub(crate) use norm::{qk_norm_in_place, rms_norm};
 pub use rotary::Rope;
 pub(crate) use rotary::rope_in_place;

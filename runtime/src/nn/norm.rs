@@ -1,6 +1,6 @@
 //! RMSNorm, and where half-precision results are rounded.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::error::{Result, named_choices};
 
@@ -34,12 +34,105 @@ named_choices!(Rounding, "rounding", [("transformers", Transformers), ("fused", 
 /// where transformers' composite form launches 8. With f32 activations the weight goes into
 /// the same call too (within 1e-6 of the composite form on the fixtures), and with
 /// [`Rounding::Fused`] in half precision as well (the weight multiplies in f32, one rounding).
+///
+/// A decode step's few f32 rows on the CPU are normalized here in Rust instead
+/// ([`rms_norm_rows`]): libtorch's CPU `rms_norm` is about ten operator calls, 13 µs for one
+/// row of 512 on the machine of docs/PERFORMANCE.md, most of it dispatch. The sum of squares
+/// is accumulated in another order than libtorch's, within 1e-6 of it.
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, rounding: Rounding) -> Result<Tensor> {
-    let last = x.size().last().copied().unwrap_or(0);
+    let size = x.size();
+    let last = size.last().copied().unwrap_or(0);
+    if x.kind() == Kind::Float
+        && weight.kind() == Kind::Float
+        && x.device() == Device::Cpu
+        && weight.device() == Device::Cpu
+        && weight.size() == [last]
+        && last > 0
+        && x.numel() as i64 <= FEW_ROWS * last
+        && x.is_contiguous()
+        && weight.is_contiguous()
+    {
+        let y = x.f_empty_like()?;
+        // cannot wrap: sizes of allocated tensors.
+        let (n, d) = (x.numel(), last as usize);
+        // SAFETY: `x`, `weight` and the fresh `y` are contiguous CPU f32 tensors of n, d
+        // and n elements (checked above); `y` is written by nothing else.
+        unsafe {
+            let xs = std::slice::from_raw_parts(x.data_ptr() as *const f32, n);
+            let ws = std::slice::from_raw_parts(weight.data_ptr() as *const f32, d);
+            let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, n);
+            ys.copy_from_slice(xs);
+            rms_norm_rows(ys, d, ws, eps as f32);
+        }
+        return Ok(y);
+    }
     if x.kind() == Kind::Float || rounding == Rounding::Fused {
         return Ok(x.f_rms_norm([last], Some(weight), eps)?);
     }
     Ok(weight.f_mul(&x.f_rms_norm([last], None::<&Tensor>, eps)?)?)
+}
+
+/// The RMSNorms of each query head (weight `qn`) and key head (`kn`) of `qkv` (`[.., q + 2 x
+/// kv heads, head_dim]`, queries then keys then values), in place, in Rust where [`rms_norm`]
+/// would normalize them there (f32 on the CPU, contiguous, few rows): `false` (nothing
+/// done) otherwise.
+pub(crate) fn qk_norm_in_place(qkv: &Tensor, q_heads: i64, kv_heads: i64, qn: &Tensor, kn: &Tensor, eps: f64) -> bool {
+    let size = qkv.size();
+    let d = size.last().copied().unwrap_or(0);
+    let per_row = (q_heads + 2 * kv_heads) * d;
+    let fits =
+        |w: &Tensor| w.kind() == Kind::Float && w.device() == Device::Cpu && w.size() == [d] && w.is_contiguous();
+    if qkv.kind() != Kind::Float
+        || qkv.device() != Device::Cpu
+        || d <= 0
+        || size.len() < 2
+        || size[size.len() - 2] != q_heads + 2 * kv_heads
+        || !qkv.is_contiguous()
+        || qkv.numel() as i64 > FEW_ROWS * per_row
+        || !fits(qn)
+        || !fits(kn)
+    {
+        return false;
+    }
+    // cannot wrap: sizes of allocated tensors.
+    let (n, du, qh, kh) = (qkv.numel(), d as usize, q_heads as usize, kv_heads as usize);
+    // SAFETY: `qkv`, `qn` and `kn` are contiguous CPU f32 tensors of n, d and d elements
+    // (checked above); nothing else reads or writes `qkv` meanwhile (the caller's own).
+    unsafe {
+        let all = std::slice::from_raw_parts_mut(qkv.data_ptr() as *mut f32, n);
+        let qw = std::slice::from_raw_parts(qn.data_ptr() as *const f32, du);
+        let kw = std::slice::from_raw_parts(kn.data_ptr() as *const f32, du);
+        for row in all.chunks_exact_mut(per_row as usize) {
+            let (q, rest) = row.split_at_mut(qh * du);
+            rms_norm_rows(q, du, qw, eps as f32);
+            rms_norm_rows(&mut rest[..kh * du], du, kw, eps as f32);
+        }
+    }
+    true
+}
+
+/// Rows (of all a tensor's dimensions but the last) up to which f32 CPU norms run in Rust:
+/// a decode step's batch.
+const FEW_ROWS: i64 = 16;
+
+/// Each row of `d` values of `rows` normalized in place, `x * w / sqrt(mean(x²) + eps)`,
+/// in f32 (the sum of squares in sixteen lanes, which the compiler vectorizes).
+pub(crate) fn rms_norm_rows(rows: &mut [f32], d: usize, w: &[f32], eps: f32) {
+    for row in rows.chunks_exact_mut(d) {
+        let mut lanes = [0f32; 16];
+        let mut chunks = row.chunks_exact(16);
+        for c in &mut chunks {
+            for (l, &v) in lanes.iter_mut().zip(c) {
+                *l += v * v;
+            }
+        }
+        let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+        let sum = lanes.iter().sum::<f32>() + tail;
+        let r = 1.0 / (sum / d as f32 + eps).sqrt();
+        for (v, &g) in row.iter_mut().zip(w) {
+            *v = g * (*v * r);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -65,6 +158,39 @@ mod tests {
         assert_eq!(got.size(), vec![2, 3, 5]);
         let want = x.matmul(&w) + &b;
         assert!((got - want).abs().max().double_value(&[]) < 1e-5);
+    }
+
+    /// f32 rows normalized in Rust (few rows, widths with and without a tail past the
+    /// sixteen lanes) and by libtorch (many rows) agree with transformers' composite form.
+    #[test]
+    fn f32_norms_of_few_and_many_rows_equal_the_composite() {
+        tch::manual_seed(5);
+        for (shape, d) in [(vec![1, 1, 512], 512), (vec![3, 97], 97), (vec![2, 8, 64], 64), (vec![40, 96], 96)] {
+            let x = Tensor::randn(shape.as_slice(), (Kind::Float, Device::Cpu)) * 3.0;
+            let w = Tensor::randn([d], (Kind::Float, Device::Cpu)) * 0.1 + 1.0;
+            let ours = rms_norm(&x, &w, 1e-5, Rounding::Transformers).unwrap();
+            let d = (ours - composite(&x, &w, 1e-5)).abs().max().double_value(&[]);
+            assert!(d < 1e-5, "{shape:?}: {d}");
+        }
+    }
+
+    /// Query and key heads normalized in place, each with its own weight; values untouched.
+    #[test]
+    fn qk_norms_in_place_equal_the_composite_of_each_head() {
+        tch::manual_seed(6);
+        let (hl, kvl, d) = (4, 2, 32);
+        let qkv = Tensor::randn([2, 1, hl + 2 * kvl, d], (Kind::Float, Device::Cpu)) * 2.0;
+        let (qn, kn) = (Tensor::randn([d], (Kind::Float, Device::Cpu)), Tensor::randn([d], (Kind::Float, Device::Cpu)));
+        let before = qkv.copy();
+        assert!(qk_norm_in_place(&qkv, hl, kvl, &qn, &kn, 1e-6));
+        let want_q = composite(&before.narrow(2, 0, hl), &qn, 1e-6);
+        let want_k = composite(&before.narrow(2, hl, kvl), &kn, 1e-6);
+        let dq = (qkv.narrow(2, 0, hl) - want_q).abs().max().double_value(&[]);
+        let dk = (qkv.narrow(2, hl, kvl) - want_k).abs().max().double_value(&[]);
+        assert!(dq < 1e-5 && dk < 1e-5, "{dq} {dk}");
+        assert!(qkv.narrow(2, hl + kvl, kvl).equal(&before.narrow(2, hl + kvl, kvl)));
+        let half = before.to_kind(Kind::BFloat16);
+        assert!(!qk_norm_in_place(&half, hl, kvl, &qn, &kn, 1e-6), "bf16 stays with libtorch");
     }
 
     #[test]
