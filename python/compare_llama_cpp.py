@@ -151,7 +151,8 @@ class LlamaCpp:
         return self
 
     def probe(self, model, threads):
-        """None when a short prompt and two decode steps of `model` run, else why not."""
+        """None when a short prompt and two decode steps of `model` run, else why not (a
+        crash: "signal N: ...")."""
         out = subprocess.run([str(c) for c in [self.bin("llama-bench"), "-m", model, "-t", threads, "-r", 1,
                                                "-p", 32, "-n", 2, "-ngl", 0, "-o", "json"]],
                              capture_output=True, text=True)
@@ -166,6 +167,8 @@ def working_llama_cpp(build, model, threads):
     failure = build.probe(model, threads)
     if failure is None:
         return build
+    if not failure.startswith("signal"):
+        sys.exit(f"llama.cpp ({build.note}) fails on {model}: {failure}")
     if not build.native:
         sys.exit(f"llama.cpp built without AMX fails on {model.name}: {failure}")
     print(f"llama.cpp's native build fails on {model.name} ({failure}); rebuilding it without AMX", file=sys.stderr)
@@ -190,6 +193,17 @@ def checkpoint(shape):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
+    # transformers 5 names each layer's MLP (`mlp_layer_types`); llama.cpp's converter reads
+    # the count of leading dense layers (`first_k_dense_replace`), which the saved config may
+    # lack or state otherwise.
+    types = getattr(config, "mlp_layer_types", None)
+    if types:
+        dense = next((i for i, t in enumerate(types) if t != "dense"), len(types))
+        if any(t == "dense" for t in types[dense:]):
+            sys.exit(f"{shape}: llama.cpp takes dense layers only before the sparse ones, not {types}")
+        saved = json.loads((out / "config.json").read_text())
+        saved["first_k_dense_replace"] = dense
+        (out / "config.json").write_text(json.dumps(saved, indent=2))
     return out
 
 
