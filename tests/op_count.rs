@@ -103,7 +103,11 @@ fn a_decode_layer_makes_the_calls_the_documentation_lists() {
             assert_eq!(products, 4, "{what}: projections");
             assert_eq!(calls(layer, "aten::scaled_dot_product_attention"), 1, "{what}");
             let norms = if config.family == Family::Glm4 { 4 } else { 2 };
-            assert_eq!(calls(layer, "aten::rms_norm"), norms, "{what}: norms");
+            // f32 norms of a step's few CPU rows run in Rust (`nn::norm::rms_norm_rows`): one
+            // output allocated each, no libtorch norm.
+            let (libtorch_norms, rust_norms) = if dtype == DType::F32 { (0, norms) } else { (norms, 0) };
+            assert_eq!(calls(layer, "aten::rms_norm"), libtorch_norms, "{what}: norms");
+            assert_eq!(calls(layer, "aten::empty_like"), rust_norms, "{what}: norms in Rust");
             // Keys and values are written to the cache in place, both in one call; in f32 the
             // rotary `bmm` writes q and k back first (one more copy).
             let write_back = i64::from(dtype == DType::F32);

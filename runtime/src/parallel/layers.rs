@@ -120,10 +120,12 @@ impl ParallelLmHead {
 }
 
 /// Rows `idx` of the matrix whose transpose is stored as the column blocks `parts` (a tied
-/// embedding read from lm_head): `[len(idx), in]`.
+/// embedding read from lm_head): `[len(idx), in]`, contiguous. (The transposed gather would
+/// otherwise hand its column-major layout to every residual add after it, and the layers'
+/// few-row paths, which read rows in place, would fall back to libtorch.)
 fn lookup_columns(parts: &[Tensor], idx: &Tensor) -> Result<Tensor> {
     if let [one] = parts {
-        return Ok(one.f_index_select(1, idx)?.f_transpose(0, 1)?);
+        return Ok(one.f_index_select(1, idx)?.f_transpose(0, 1)?.f_contiguous()?);
     }
     let mut acc: Option<Tensor> = None;
     let mut start = 0;
@@ -136,7 +138,8 @@ fn lookup_columns(parts: &[Tensor], idx: &Tensor) -> Result<Tensor> {
         });
         start += width;
     }
-    acc.ok_or_else(|| crate::error::Error::Internal("a projection with no weights".to_owned()))
+    let acc = acc.ok_or_else(|| crate::error::Error::Internal("a projection with no weights".to_owned()))?;
+    Ok(acc.f_contiguous()?)
 }
 
 /// Rows for the ids in `[start, start + width)` of a table that holds only that range
