@@ -339,26 +339,11 @@ impl Moe {
                 for (i, &s) in slots.iter().enumerate() {
                     let t = s / k;
                     for (o, &v) in os[t * hu..(t + 1) * hu].iter_mut().zip(&zs[i * hu..(i + 1) * hu]) {
-                        *o = bf16_round(bf16_value(*o) + bf16_value(v));
+                        *o = kernel::bf16_round(kernel::bf16_value(*o) + kernel::bf16_value(v));
                     }
                 }
             }
             out
         }))
     }
-}
-
-/// A bf16 bit pattern as f32.
-fn bf16_value(b: u16) -> f32 {
-    f32::from_bits(u32::from(b) << 16)
-}
-
-/// `x` rounded to the nearest bf16, ties to even, as libtorch rounds (NaN to its quiet NaN).
-fn bf16_round(x: f32) -> u16 {
-    if x.is_nan() {
-        return 0x7fc0;
-    }
-    let b = x.to_bits();
-    // cannot wrap past u32: the largest finite f32 plus 0x8000 stays below 2^32.
-    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }

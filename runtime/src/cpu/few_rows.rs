@@ -10,6 +10,12 @@
 //! memory's pace. AVX-512 (F and BW) where the CPU has it (checked at run time), plain Rust
 //! otherwise; the output channels are split over threads, the first block on the calling
 //! thread and the others on the model's workers ([`CpuPool`]).
+//!
+//! bf16 weights against rows that are bf16 values (a bf16 model's activations, widened)
+//! take AVX-512 BF16's `vdpbf16ps` where the CPU has it: 32 weights an instruction, read as
+//! they are stored, instead of widening 16 at a time. Each product of two bf16 values is
+//! exact in f32, so only the order of the f32 additions differs from the widening path
+//! (and subnormal inputs count as zero).
 
 use super::CpuPool;
 use crate::error::{Error, Result};
@@ -78,6 +84,21 @@ impl Weights<'_> {
     }
 }
 
+/// A bf16 bit pattern as f32.
+pub(crate) fn bf16_value(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// `x` rounded to the nearest bf16, ties to even, as libtorch rounds (NaN to its quiet NaN).
+pub(crate) fn bf16_round(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0x7fc0;
+    }
+    let b = x.to_bits();
+    // cannot wrap past u32: the largest finite f32 plus 0x8000 stays below 2^32.
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
 /// An f16 bit pattern as f32 (every f16, subnormals included, is exactly an f32).
 pub fn f16_to_f32(h: u16) -> f32 {
     let (sign, exp, man) = (u32::from(h & 0x8000) << 16, u32::from((h >> 10) & 0x1f), u32::from(h & 0x3ff));
@@ -139,11 +160,8 @@ pub fn product(
         return Err(Error::Internal(format!("kernel operands too short for {rows} x {k} x {n}")));
     }
     let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { pool.threads().clamp(1, 8) };
-    let xsum = match w {
-        Weights::Int4 { .. } => group_sums(x, rows, k),
-        _ => Vec::new(),
-    };
-    let o = Operands { x, rows, k, w, bias, y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum };
+    let (xsum, xb) = prepare(x, rows, k, w);
+    let o = Operands { x, rows, k, w, bias, y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum, xb: &xb };
     pool.run(blocks, &move |b: usize| {
         let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
         // SAFETY: the blocks' channel ranges are disjoint, so no two write the same y
@@ -170,20 +188,17 @@ pub struct Job<'a> {
 /// for its sizes or a worker thread failed.
 pub fn products(jobs: &mut [Job], pool: &CpuPool) -> Result<()> {
     let mut ops = Vec::with_capacity(jobs.len());
-    let mut sums = Vec::with_capacity(jobs.len());
+    let mut prepared = Vec::with_capacity(jobs.len());
     for j in jobs.iter_mut() {
         let (rows, k, n) = (j.rows, j.k, j.n);
         if !(j.x.len() >= rows * k && j.w.holds(n, k) && j.y.len() >= rows * n) {
             return Err(Error::Internal(format!("kernel operands too short for {rows} x {k} x {n}")));
         }
-        sums.push(match j.w {
-            Weights::Int4 { .. } => group_sums(j.x, rows, k),
-            _ => Vec::new(),
-        });
+        prepared.push(prepare(j.x, rows, k, j.w));
     }
-    for (j, xsum) in jobs.iter_mut().zip(&sums) {
+    for (j, (xsum, xb)) in jobs.iter_mut().zip(&prepared) {
         let y = SendPtr(j.y.as_mut_ptr());
-        ops.push(Operands { x: j.x, rows: j.rows, k: j.k, w: j.w, bias: None, y, n: j.n, xsum });
+        ops.push(Operands { x: j.x, rows: j.rows, k: j.k, w: j.w, bias: None, y, n: j.n, xsum, xb });
     }
     // Each job's channels in one line, a channel weighing its k inputs.
     let mut starts = Vec::with_capacity(ops.len());
@@ -209,6 +224,36 @@ pub fn products(jobs: &mut [Job], pool: &CpuPool) -> Result<()> {
             }
         }
     })
+}
+
+/// What a product's blocks read besides `x`: the int4 group sums ([`group_sums`]) for int4
+/// weights, and for bf16 ones on a CPU with AVX-512 BF16 the rows as bf16 ([`bf16_rows`]);
+/// each empty where it does not apply.
+fn prepare(x: &[f32], rows: usize, k: usize, w: Weights) -> (Vec<f32>, Vec<u16>) {
+    match w {
+        Weights::Int4 { .. } => (group_sums(x, rows, k), Vec::new()),
+        Weights::Bf16(_) if dot_bf16() => (Vec::new(), bf16_rows(&x[..rows * k]).unwrap_or_default()),
+        _ => (Vec::new(), Vec::new()),
+    }
+}
+
+/// Whether this CPU has AVX-512 BF16's dot product (besides [`vectorized`]'s features).
+fn dot_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        vectorized() && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `x`'s values as bf16 bit patterns where every one of them is a bf16 value (its low 16
+/// bits zero), so that nothing is rounded; `None` otherwise.
+fn bf16_rows(x: &[f32]) -> Option<Vec<u16>> {
+    // cannot wrap: the high half of a u32.
+    x.iter().all(|v| v.to_bits() & 0xffff == 0).then(|| x.iter().map(|v| (v.to_bits() >> 16) as u16).collect())
 }
 
 /// Each row's sums of `x` over groups of [`INT4_GROUP`] inputs, `[rows, k / 32]`, and 16
@@ -250,6 +295,9 @@ struct Operands<'a> {
     /// 16 zeros), so that the unsigned codes' offset of 8 comes off once a channel:
     /// `Σ (c - 8) s x = Σ c s x - 8 Σ_g s_g xsum_g`. Empty otherwise.
     xsum: &'a [f32],
+    /// For bf16 weights on a CPU with AVX-512 BF16: `x` as bf16 (every value of it is one),
+    /// `[rows, k]`. Empty otherwise.
+    xb: &'a [u16],
 }
 
 impl Operands<'_> {
@@ -331,6 +379,8 @@ mod x86 {
         unsafe {
             match o.w {
                 Weights::F32(_) => rows::<F32>(o, lo, hi),
+                // `xb` is filled only where the CPU has AVX-512 BF16 (`super::prepare`).
+                Weights::Bf16(_) if !o.xb.is_empty() => dot_rows(o, lo, hi),
                 Weights::Bf16(_) => rows::<BF16>(o, lo, hi),
                 Weights::Int8 { .. } => rows::<INT8>(o, lo, hi),
                 Weights::Int4 { .. } => rows::<INT4>(o, lo, hi),
@@ -381,6 +431,80 @@ mod x86 {
                 }
                 r += g;
             }
+        }
+    }
+
+    /// [`rows`] for bf16 weights and bf16 rows (`o.xb`), with `vdpbf16ps`.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and BF16 are available; `o.w` is bf16 and `o.xb` holds `rows * k`
+    /// values; as [`super::channels`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn dot_rows(o: &Operands, lo: usize, hi: usize) {
+        for c in lo..hi {
+            let mut r = 0;
+            while r < o.rows {
+                let g = (o.rows - r).min(8);
+                // SAFETY: as this function's contract, for rows r..r + g.
+                unsafe {
+                    match g {
+                        1 => dot_group::<1, 4>(o, c, r),
+                        2 => dot_group::<2, 4>(o, c, r),
+                        3 => dot_group::<3, 4>(o, c, r),
+                        4 => dot_group::<4, 4>(o, c, r),
+                        5 => dot_group::<5, 2>(o, c, r),
+                        6 => dot_group::<6, 2>(o, c, r),
+                        7 => dot_group::<7, 2>(o, c, r),
+                        _ => dot_group::<8, 2>(o, c, r),
+                    }
+                }
+                r += g;
+            }
+        }
+    }
+
+    /// Channel `c` of rows `r..r + G` of bf16 weights and bf16 rows, `U` vectors of 32
+    /// inputs a step: each lane accumulates the products of two neighbouring inputs.
+    ///
+    /// # Safety
+    /// As [`dot_rows`]; `r + G <= rows`, `c < n`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn dot_group<const G: usize, const U: usize>(o: &Operands, c: usize, r: usize) {
+        let Weights::Bf16(w) = o.w else { return };
+        let k = o.k;
+        let step = 32 * U;
+        let full = k / step * step;
+        let wp = w.as_ptr().wrapping_add(c * k);
+        let xp = o.xb.as_ptr().wrapping_add(r * k);
+        let mut acc = [[_mm512_setzero_ps(); U]; G];
+        let mut t = 0;
+        while t < full {
+            let ahead = wp.wrapping_add(t).cast::<i8>().wrapping_add(PREFETCH_AHEAD);
+            let mut line = 0;
+            while line < 64 * U {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
+                line += 64;
+            }
+            for u in 0..U {
+                // SAFETY: inputs t + 32u .. t + 32u + 32 <= full <= k of row c.
+                let wv: __m512bh = unsafe { std::mem::transmute(_mm512_loadu_si512(wp.add(t + 32 * u).cast())) };
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row r + j < rows of `xb`, same column bounds.
+                    let xv: __m512bh =
+                        unsafe { std::mem::transmute(_mm512_loadu_si512(xp.add(j * k + t + 32 * u).cast())) };
+                    a[u] = _mm512_dpbf16_ps(a[u], wv, xv);
+                }
+            }
+            t += step;
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let mut sum = a[0];
+            for v in &a[1..] {
+                sum = _mm512_add_ps(sum, *v);
+            }
+            let dot = _mm512_reduce_add_ps(sum) + o.tail(r + j, c, full);
+            // SAFETY: r + j < rows and c < n.
+            unsafe { o.put(r + j, c, dot) };
         }
     }
 
@@ -610,7 +734,12 @@ mod tests {
                 Weights::Int8 { q: &q, scales: &s },
                 Weights::Int4 { codes: &codes, scales: &s4 },
             ];
-            for w in formats {
+            // The rows as they are, and rounded to bf16 values (a bf16 model's activations:
+            // bf16 weights then take the dot-product path where the CPU has it).
+            let xb: Vec<f32> = x.iter().map(|v| f32::from_bits(v.to_bits() & 0xffff_0000)).collect();
+            assert_eq!(prepare(&xb, rows, k, formats[1]).1.is_empty(), !dot_bf16());
+            assert!(prepare(&x, rows, k, formats[1]).1.is_empty(), "rows that are not bf16 values widen the weights");
+            for (x, w) in [&x, &xb].into_iter().flat_map(|x| formats.map(|w| (x, w))) {
                 let mut want = vec![0f64; rows * n];
                 for r in 0..rows {
                     for c in 0..n {
@@ -633,7 +762,17 @@ mod tests {
                 }
                 let mut y = vec![0f32; rows * n];
                 let xsum = if matches!(w, Weights::Int4 { .. }) { group_sums(&x, rows, k) } else { Vec::new() };
-                let o = Operands { x: &x, rows, k, w, bias: Some(&bias), y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum };
+                let o = Operands {
+                    x: &x,
+                    rows,
+                    k,
+                    w,
+                    bias: Some(&bias),
+                    y: SendPtr(y.as_mut_ptr()),
+                    n,
+                    xsum: &xsum,
+                    xb: &[],
+                };
                 // SAFETY: y has rows * n floats; the slices hold what `product` checks.
                 unsafe { plain(&o, 0, n) };
                 check(&y, "plain");

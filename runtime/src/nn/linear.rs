@@ -215,6 +215,32 @@ impl Packed {
 /// in]` in one of the kernel's formats; the result in `x`'s dtype, rounded once from f32.
 fn kernel_product(x: &Tensor, w: kernel::Weights, outputs: i64, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
     let (rows, inputs) = x.size2()?;
+    // cannot wrap: sizes of allocated tensors.
+    let (r, k, n) = (rows as usize, inputs as usize, outputs as usize);
+    let bf16 = |t: &Tensor| t.kind() == Kind::BFloat16 && t.is_contiguous() && t.device() == Device::Cpu;
+    if bf16(x) && b.is_none_or(|b| bf16(b) && b.numel() == n) {
+        // bf16 rows, bias and result read and written here, not through three libtorch
+        // conversions: widened exactly, and the f32 result rounded once as libtorch rounds.
+        // SAFETY: `x` and `b` are contiguous CPU bf16 tensors of r * k and n elements
+        // (checked above), alive for the call.
+        let (xs, bs) = unsafe {
+            (
+                std::slice::from_raw_parts(x.data_ptr() as *const u16, r * k),
+                b.map(|b| std::slice::from_raw_parts(b.data_ptr() as *const u16, n)),
+            )
+        };
+        let xf: Vec<f32> = xs.iter().map(|&h| kernel::bf16_value(h)).collect();
+        let bf: Option<Vec<f32>> = bs.map(|bs| bs.iter().map(|&h| kernel::bf16_value(h)).collect());
+        let mut yf = vec![0f32; r * n];
+        kernel::product(&xf, r, k, n, w, bf.as_deref(), &mut yf, pool)?;
+        let y = Tensor::f_empty([rows, outputs], (Kind::BFloat16, Device::Cpu))?;
+        // SAFETY: `y` is a fresh contiguous CPU bf16 [r, n] tensor nothing else holds.
+        let ys = unsafe { std::slice::from_raw_parts_mut(y.data_ptr() as *mut u16, r * n) };
+        for (o, &v) in ys.iter_mut().zip(&yf) {
+            *o = kernel::bf16_round(v);
+        }
+        return Ok(y);
+    }
     // f32 operands as they are where they already are (no libtorch call).
     let f32_contiguous = |t: &Tensor| -> Result<Tensor> {
         if t.kind() == Kind::Float && t.is_contiguous() {
@@ -226,8 +252,6 @@ fn kernel_product(x: &Tensor, w: kernel::Weights, outputs: i64, b: Option<&Tenso
     let xf = f32_contiguous(x)?;
     let bf = b.map(f32_contiguous).transpose()?;
     let y = Tensor::f_empty([rows, outputs], (Kind::Float, Device::Cpu))?;
-    // cannot wrap: sizes of allocated tensors.
-    let (r, k, n) = (rows as usize, inputs as usize, outputs as usize);
     // SAFETY: each tensor is contiguous on the CPU with the dtype and element count given
     // (xf f32 [r, k], bf f32 [n], y f32 [r, n], made above), alive for the call, and y is
     // written by nothing else meanwhile; `product` checks the lengths.
