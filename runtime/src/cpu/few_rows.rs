@@ -434,6 +434,30 @@ mod x86 {
         }
     }
 
+    /// Channel `c` of rows `r..r + G` written: each row's `U` accumulators summed, plus
+    /// the inputs from `full` on, plainly.
+    ///
+    /// # Safety
+    /// AVX-512 F; `r + G <= rows`, `c < n`, `y` as [`super::channels`].
+    #[target_feature(enable = "avx512f")]
+    unsafe fn finish<const G: usize, const U: usize>(
+        o: &Operands,
+        acc: &[[__m512; U]; G],
+        c: usize,
+        r: usize,
+        full: usize,
+    ) {
+        for (j, a) in acc.iter().enumerate() {
+            let mut sum = a[0];
+            for v in &a[1..] {
+                sum = _mm512_add_ps(sum, *v);
+            }
+            let dot = _mm512_reduce_add_ps(sum) + o.tail(r + j, c, full);
+            // SAFETY: r + j < rows and c < n.
+            unsafe { o.put(r + j, c, dot) };
+        }
+    }
+
     /// [`rows`] for bf16 weights and bf16 rows (`o.xb`), with `vdpbf16ps`.
     ///
     /// # Safety
@@ -497,15 +521,8 @@ mod x86 {
             }
             t += step;
         }
-        for (j, a) in acc.iter().enumerate() {
-            let mut sum = a[0];
-            for v in &a[1..] {
-                sum = _mm512_add_ps(sum, *v);
-            }
-            let dot = _mm512_reduce_add_ps(sum) + o.tail(r + j, c, full);
-            // SAFETY: r + j < rows and c < n.
-            unsafe { o.put(r + j, c, dot) };
-        }
+        // SAFETY: as this function's contract.
+        unsafe { finish(o, &acc, c, r, full) };
     }
 
     /// Sixteen weights of channel `c` from input `t` on, as f32.
@@ -687,15 +704,8 @@ mod x86 {
             }
             t += step;
         }
-        for (j, a) in acc.iter().enumerate() {
-            let mut sum = a[0];
-            for v in &a[1..] {
-                sum = _mm512_add_ps(sum, *v);
-            }
-            let dot = _mm512_reduce_add_ps(sum) + o.tail(r + j, c, full);
-            // SAFETY: r + j < rows and c < n.
-            unsafe { o.put(r + j, c, dot) };
-        }
+        // SAFETY: as this function's contract.
+        unsafe { finish(o, &acc, c, r, full) };
     }
 }
 
@@ -757,22 +767,13 @@ mod tests {
                 };
                 for threads in [1, 2, 3] {
                     let mut y = vec![0f32; rows * n];
-                    product(&x, rows, k, n, w, Some(&bias), &mut y, &CpuPool::new(threads)).unwrap();
+                    product(x, rows, k, n, w, Some(&bias), &mut y, &CpuPool::new(threads)).unwrap();
                     check(&y, &format!("{threads} threads"));
                 }
                 let mut y = vec![0f32; rows * n];
-                let xsum = if matches!(w, Weights::Int4 { .. }) { group_sums(&x, rows, k) } else { Vec::new() };
-                let o = Operands {
-                    x: &x,
-                    rows,
-                    k,
-                    w,
-                    bias: Some(&bias),
-                    y: SendPtr(y.as_mut_ptr()),
-                    n,
-                    xsum: &xsum,
-                    xb: &[],
-                };
+                let xsum = if matches!(w, Weights::Int4 { .. }) { group_sums(x, rows, k) } else { Vec::new() };
+                let o =
+                    Operands { x, rows, k, w, bias: Some(&bias), y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum, xb: &[] };
                 // SAFETY: y has rows * n floats; the slices hold what `product` checks.
                 unsafe { plain(&o, 0, n) };
                 check(&y, "plain");
