@@ -9,7 +9,7 @@ use headcount_integration::{as_ranks, join, load, max_abs_diff, model_fixtures, 
 use headcount_runtime::model::{Ffn, SelfAttention};
 use headcount_runtime::{
     Error, GenerateOptions, Glm, LoadOptions, Parallel, RankEnv, Sampling, ShardPlan, generate, logits,
-    rank_parameter_count,
+    rank_mtp_parameter_count, rank_parameter_count,
 };
 
 const LOGIT_TOLERANCE: f64 = 1e-4;
@@ -254,6 +254,12 @@ fn check_speculative(env: &RankEnv, tp: usize, pp: usize) {
         let m = Glm::load_rank(&dir, &mtp, parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(m.mtp.len(), usize::from(m.parallel.is_last_stage()), "{what}");
         assert_eq!(m.mtp_embed.is_some(), pp > 1 && m.parallel.is_last_stage(), "{what}");
+        // The memory check's count, the MTP layers and their embedding copy included, is
+        // what the rank holds.
+        let (first, last) = (m.parallel.is_first_stage(), m.parallel.is_last_stage());
+        let counted = rank_parameter_count(&m.dims, &m.plan, m.stage_layers.clone(), first, last)
+            + rank_mtp_parameter_count(&m.dims, &m.plan, m.mtp.len(), first);
+        assert_eq!(m.parameter_count() as u64, counted, "{what}");
         let r = reference(&dir);
         for n in [1, 2, 3] {
             for (row, ids) in r.input_ids.iter().enumerate() {

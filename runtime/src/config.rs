@@ -236,30 +236,34 @@ impl Dims {
         })
     }
 
-    /// Every weight name of the checkpoint with its shape, in transformers' naming.
+    /// Every weight name of the checkpoint with its shape, in transformers' naming (by the
+    /// family's description, `headcount_spec::tensors`).
     pub fn weight_shapes(&self) -> Vec<(String, Vec<i64>)> {
-        let mut out = vec![("model.embed_tokens.weight".to_owned(), vec![self.vocab as i64, self.hidden as i64])];
+        let spec = self.config.spec(&[], &[]);
+        let embedding = headcount_spec::tensors::embedding(&spec);
+        let mut out = vec![(embedding.name.to_owned(), shape_of(&embedding))];
         for l in 0..self.layers {
             out.extend(self.layer_shapes(l));
         }
-        out.extend(self.head_shapes());
+        out.extend(named("", headcount_spec::tensors::head(&spec).as_slice(), 0));
         out
     }
 
-    /// The weights of layer `l`, named and shaped as in the checkpoint (by its family's
-    /// file of `crate::models`).
+    /// The weights of layer `l`, named and shaped as in the checkpoint.
     pub(crate) fn layer_shapes(&self, l: usize) -> Vec<(String, Vec<i64>)> {
-        crate::models::layer_tensors(self, l)
+        let spec = self.config.spec(&[], &[]);
+        let fused = self.moe.as_ref().is_some_and(|m| m.fused_experts);
+        let weights = headcount_spec::tensors::layer(&spec, self.layer_kind(l), fused);
+        named(&format!("model.layers.{l}."), weights.as_slice(), self.moe.as_ref().map_or(0, |m| m.experts))
     }
 
-    /// The weights after the last layer: the final norm and an untied lm_head.
-    pub(crate) fn head_shapes(&self) -> Vec<(String, Vec<i64>)> {
-        let (h, v) = (self.hidden as i64, self.vocab as i64);
-        let mut out = vec![("model.norm.weight".to_owned(), vec![h])];
-        if !self.tie_embeddings {
-            out.push(("lm_head.weight".to_owned(), vec![v, h]));
+    /// Layer `l`'s kind as this model runs it: a multi-token-prediction layer (stored after
+    /// the decoder layers) has experts and no indexer of its own.
+    pub(crate) fn layer_kind(&self, l: usize) -> headcount_spec::tensors::LayerKind {
+        headcount_spec::tensors::LayerKind {
+            sparse: self.moe.as_ref().is_some_and(|m| m.is_moe_layer(l)),
+            indexer: self.mla.as_ref().and_then(|m| m.indexer.as_ref()).is_some_and(|ix| ix.is_full(l)),
         }
-        out
     }
 
     /// Multi-token-prediction layers the runtime can run as a speculative decoder:
@@ -279,13 +283,9 @@ impl Dims {
     /// `eh_proj` and `shared_head.norm` (transformers' `post_norm`).
     pub(crate) fn mtp_shapes(&self, k: usize) -> Vec<(String, Vec<i64>)> {
         let l = self.layers + k;
-        let h = self.hidden as i64;
-        let p = format!("model.layers.{l}");
         let mut out = self.layer_shapes(l);
-        out.push((format!("{p}.enorm.weight"), vec![h]));
-        out.push((format!("{p}.hnorm.weight"), vec![h]));
-        out.push((format!("{p}.eh_proj.weight"), vec![h, 2 * h]));
-        out.push((format!("{p}.shared_head.norm.weight"), vec![h]));
+        let spec = self.config.spec(&[], &[]);
+        out.extend(named(&format!("model.layers.{l}."), headcount_spec::tensors::mtp_head(&spec).as_slice(), 0));
         out
     }
 
@@ -293,9 +293,9 @@ impl Dims {
     /// checkpoints' copies of the embedding and the head, which are the main model's (as
     /// transformers' MtpModel takes them).
     pub(crate) fn mtp_copies(&self, k: usize) -> Vec<(String, Vec<i64>)> {
-        let p = format!("model.layers.{}", self.layers + k);
-        let shape = vec![self.vocab as i64, self.hidden as i64];
-        vec![(format!("{p}.embed_tokens.weight"), shape.clone()), (format!("{p}.shared_head.head.weight"), shape)]
+        let spec = self.config.spec(&[], &[]);
+        let copies = headcount_spec::tensors::mtp_copies(&spec);
+        named(&format!("model.layers.{}.", self.layers + k), copies.as_slice(), 0)
     }
 
     /// Total parameters of the unsharded model, by the spec's memory plan (saturating: a
@@ -310,4 +310,28 @@ impl Dims {
         let params = u64::try_from(self.parameter_count()).unwrap_or(0); // cannot fire: a sum of products of sizes
         params.saturating_mul(kind.elt_size_in_bytes() as u64)
     }
+}
+
+/// A described weight's checkpoint shape.
+fn shape_of(w: &headcount_spec::tensors::Weight) -> Vec<i64> {
+    // cannot wrap: sizes of a validated config, each far below i64::MAX (rule HC1015).
+    w.shape().iter().map(|&d| d as i64).collect()
+}
+
+/// Described weights named under `prefix`, one entry each, or one an expert (`*` in the
+/// name) for each of `experts`.
+fn named(prefix: &str, weights: &[headcount_spec::tensors::Weight], experts: usize) -> Vec<(String, Vec<i64>)> {
+    let mut out = Vec::new();
+    for w in weights {
+        let shape = shape_of(w);
+        match w.copies {
+            headcount_spec::tensors::Copies::PerExpert => {
+                for e in 0..experts {
+                    out.push((format!("{prefix}{}", w.name.replace('*', &e.to_string())), shape.clone()));
+                }
+            }
+            _ => out.push((format!("{prefix}{}", w.name), shape)),
+        }
+    }
+    out
 }

@@ -29,7 +29,8 @@ pub use error::{Error, Result};
 pub use generate::{DecodeMode, GenerateOptions, Generation, Generator, Sampling, generate, logits};
 pub use hub::resolve_model;
 pub use model::{
-    CausalLm, Dims, Glm, KvCache, LoadOptions, Quantize, Rounding, Step, WeightLayout, rank_parameter_count,
+    CausalLm, Dims, Glm, KvCache, LoadOptions, Quantize, Rounding, Step, WeightLayout, rank_mtp_parameter_count,
+    rank_parameter_count,
 };
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
 pub use text::{StreamDecoder, TextCodec};

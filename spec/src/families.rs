@@ -2,8 +2,8 @@
 //! architectures its checkpoints declare, which rule groups apply to it, and transformers'
 //! default of every config field for it (its config class built with no arguments). The
 //! [`Family`] methods, `Config::defaults` and the error naming the supported model types
-//! read it. Adding a family is its [`Family`] variant and its row here (then its rules, its
-//! runtime file and its fixtures).
+//! read it. Adding a family is its [`Family`] variant and its row here (then its tensors in
+//! [`crate::tensors`], its rules, its runtime file and its fixtures).
 
 use crate::fields::with_fields;
 use crate::rules::Family;

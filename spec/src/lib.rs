@@ -26,6 +26,7 @@ pub mod msg;
 pub mod plan;
 pub mod reference;
 pub mod rules;
+pub mod tensors;
 pub mod vision;
 
 pub use arch::{

@@ -1,9 +1,10 @@
 //! Memory plans: how many parameters and cache bytes a model and each rank of a layout hold,
 //! as `const fn`s, so a declaration can refuse a layout whose ranks cannot fit a device. The
-//! runtime counts its ranks' weights with the same functions (and tests them against the
-//! tensors it loaded).
+//! parameters are counted from the family's tensors ([`crate::tensors`]), the description the
+//! runtime vets and loads checkpoints by (and its tests compare with the tensors it loaded).
 
-use crate::rules::{ArchSpec, Family};
+use crate::rules::ArchSpec;
+use crate::tensors;
 
 /// How a run splits the model: tensor-, pipeline- and expert-parallel sizes (expert
 /// parallelism within each tensor-parallel group, as the runtime runs it), and the
@@ -95,109 +96,6 @@ const fn head_dim(s: &ArchSpec) -> u64 {
     }
 }
 
-/// Parameters one rank holds of a multi-head latent attention with its two norms: its query
-/// heads of q_b_proj (or q_proj), kv_b_proj and o_proj, and the low-rank projections and
-/// their norms whole (every rank holds them).
-const fn latent_attention_parameters(s: &ArchSpec, tp: u64) -> u64 {
-    let h = s.hidden_size;
-    let heads = s.num_attention_heads / tp;
-    let qk = s.qk_nope_head_dim.saturating_add(s.qk_rope_head_dim);
-    let bias = s.attention_bias;
-    let q = match s.q_lora_rank {
-        Some(r) => r
-            .saturating_mul(h)
-            .saturating_add(if bias { r } else { 0 })
-            .saturating_add(r)
-            .saturating_add(heads.saturating_mul(qk).saturating_mul(r)),
-        None => heads.saturating_mul(qk).saturating_mul(h),
-    };
-    let latent = s.kv_lora_rank.saturating_add(s.qk_rope_head_dim);
-    let kv_a = latent.saturating_mul(h).saturating_add(if bias { latent } else { 0 }).saturating_add(s.kv_lora_rank);
-    let kv_b = heads.saturating_mul(s.qk_nope_head_dim.saturating_add(s.v_head_dim)).saturating_mul(s.kv_lora_rank);
-    let o = heads.saturating_mul(s.v_head_dim).saturating_mul(h).saturating_add(if bias { h } else { 0 });
-    q.saturating_add(kv_a).saturating_add(kv_b).saturating_add(o).saturating_add(2 * h)
-}
-
-/// Parameters of one sparse-attention indexer, whole on every rank: wq_b (its heads from
-/// the low-rank query), wk, k_norm's weight and bias, and weights_proj.
-const fn indexer_parameters(s: &ArchSpec) -> u64 {
-    let (h, d) = (s.hidden_size, s.index_head_dim);
-    let q_lora = match s.q_lora_rank {
-        Some(r) => r,
-        None => 0,
-    };
-    s.index_n_heads
-        .saturating_mul(d)
-        .saturating_mul(q_lora)
-        .saturating_add(d.saturating_mul(h))
-        .saturating_add(2 * d)
-        .saturating_add(s.index_n_heads.saturating_mul(h))
-}
-
-/// Parameters one rank holds of layer `l` (saturating).
-const fn layer_parameters(s: &ArchSpec, r: &RankLayout, l: u64) -> u64 {
-    let (h, hd, tp, atp) = (s.hidden_size, head_dim(s), r.tp, r.attention_tp());
-    let q = (s.num_attention_heads / atp).saturating_mul(hd);
-    let kv = kv_per_rank(s, atp).saturating_mul(hd);
-    let norms = if matches!(s.family, Family::Glm4) { 4 } else { 2 };
-    let bias = if s.attention_bias { q + 2 * kv } else { 0 };
-    let qk_norm = if matches!(s.family, Family::Glm4Moe) && s.use_qk_norm { 2 * hd } else { 0 };
-    let attention = if s.family.is_mla() {
-        latent_attention_parameters(s, atp)
-    } else {
-        (q + 2 * kv).saturating_mul(h).saturating_add(q.saturating_mul(h)) + bias + norms * h + qk_norm
-    };
-    if !s.is_sparse_layer(l) {
-        return attention.saturating_add((3 * (s.intermediate_size / tp)).saturating_mul(h));
-    }
-    let experts = s.n_routed_experts;
-    let ep = if r.ep == 0 { 1 } else { r.ep };
-    let routed = experts.div_ceil(ep).saturating_mul(3 * (s.moe_intermediate_size / r.expert_tp())).saturating_mul(h);
-    let shared = (3 * (s.moe_intermediate_size * s.n_shared_experts / tp)).saturating_mul(h);
-    attention.saturating_add(experts * h + experts).saturating_add(routed).saturating_add(shared)
-}
-
-/// [`layer_parameters`] of a layer with a dense MLP.
-const fn dense_layer_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
-    layer_parameters(s, r, first_layer(s, false))
-}
-
-/// [`layer_parameters`] of a layer with experts (its attention and its experts).
-const fn sparse_layer_parameters(s: &ArchSpec, r: &RankLayout) -> u64 {
-    layer_parameters(s, r, first_layer(s, true))
-}
-
-/// The first layer with experts (`sparse`) or without; 0 when there is none (then no layer
-/// of the kind is counted). Never a walk over num_hidden_layers, which no rule bounds: only
-/// over an mlp_layer_types list.
-const fn first_layer(s: &ArchSpec, sparse: bool) -> u64 {
-    if !s.family.is_moe() {
-        return 0;
-    }
-    let types = s.mlp_layer_types;
-    if !s.family.is_mla() || (s.family.is_dsa() && types.is_empty()) {
-        return if sparse { s.first_k_dense_replace } else { 0 };
-    }
-    if types.is_empty() {
-        return if sparse { 1 } else { 0 };
-    }
-    let mut l = 0;
-    while l < types.len() {
-        if matches!(types[l], crate::fields::MlpLayer::Sparse) == sparse {
-            return l as u64;
-        }
-        l += 1;
-    }
-    0
-}
-
-/// The vocabulary rows one rank holds (after the declaration's padding).
-const fn vocab_rows(s: &ArchSpec, r: &RankLayout) -> u64 {
-    let p = if r.vocab_padding <= 1 { 1 } else { r.vocab_padding };
-    let padded = s.vocab_size.div_ceil(p).saturating_mul(p);
-    padded / r.tp
-}
-
 /// A vision tower's parameters on one rank of the first stage, as transformers' Glm4v tower
 /// holds them: its blocks' attention (qkv, proj) and MLP (gate, up, down, out_hidden_size
 /// wide) and the patch merger's projection and MLP (intermediate_size wide), split over tp
@@ -236,26 +134,31 @@ pub const fn rank_parameters_of(s: &ArchSpec, r: &RankLayout, start: u64, end: u
     if r.tp == 0 {
         return 0;
     }
-    // Layers with experts and without are counted once each, times how many there are.
+    // Each kind of block is counted once, times how many of the layers hold one.
+    let layers = end.saturating_sub(start);
     let dense = s.dense_layers_in(start, end);
-    let moe = end.saturating_sub(start).saturating_sub(dense);
-    let mut n = 0u64;
+    let moe = layers.saturating_sub(dense);
+    let mut n = tensors::attention(s).rank_elements(s, r).saturating_mul(layers);
+    n = n.saturating_add(tensors::indexer(s).rank_elements(s, r).saturating_mul(s.full_indexers_in(start, end)));
     if dense > 0 {
-        n = n.saturating_add(dense_layer_parameters(s, r).saturating_mul(dense));
+        n = n.saturating_add(tensors::feed_forward(s, false, false).rank_elements(s, r).saturating_mul(dense));
     }
     if moe > 0 {
-        n = n.saturating_add(sparse_layer_parameters(s, r).saturating_mul(moe));
+        n = n.saturating_add(tensors::feed_forward(s, true, false).rank_elements(s, r).saturating_mul(moe));
     }
-    n = n.saturating_add(indexer_parameters(s).saturating_mul(s.full_indexers_in(start, end)));
     if first {
         n = n.saturating_add(vision_parameters(s, r));
     }
-    let rows = vocab_rows(s, r).saturating_mul(s.hidden_size);
+    let rows = tensors::embedding(s).rank_elements(s, r);
     if first && !(s.tie_word_embeddings && last) {
         n = n.saturating_add(rows);
     }
     if last {
-        n = n.saturating_add(rows).saturating_add(s.hidden_size);
+        // A tied head is the embedding's rows again.
+        n = n.saturating_add(tensors::head(s).rank_elements(s, r));
+        if s.tie_word_embeddings {
+            n = n.saturating_add(rows);
+        }
     }
     n
 }
@@ -269,13 +172,7 @@ pub const fn rank_routed_parameters(s: &ArchSpec, r: &RankLayout, stage: u64) ->
     }
     let (start, end) = stage_layers(s.num_hidden_layers, r.pp, stage);
     let moe = end.saturating_sub(start).saturating_sub(s.dense_layers_in(start, end));
-    let ep = if r.ep == 0 { 1 } else { r.ep };
-    let per_layer = s
-        .n_routed_experts
-        .div_ceil(ep)
-        .saturating_mul(3 * (s.moe_intermediate_size / r.expert_tp()))
-        .saturating_mul(s.hidden_size);
-    per_layer.saturating_mul(moe)
+    tensors::feed_forward(s, true, false).rank_expert_elements(s, r).saturating_mul(moe)
 }
 
 /// The most parameters any rank of the layout holds.
@@ -313,7 +210,7 @@ pub const fn read_parameter_count(s: &ArchSpec, rows: u64) -> u64 {
     let read = min(rows.saturating_mul(s.num_experts_per_tok), s.n_routed_experts);
     let idle = s.n_routed_experts - read;
     let moe_layers = s.num_hidden_layers.saturating_sub(s.dense_layers_in(0, s.num_hidden_layers));
-    let per_expert = (3 * s.moe_intermediate_size).saturating_mul(s.hidden_size);
+    let per_expert = tensors::feed_forward(s, true, false).expert_elements();
     total.saturating_sub(idle.saturating_mul(per_expert).saturating_mul(moe_layers))
 }
 

@@ -7,17 +7,8 @@
 use tch::Tensor;
 
 use super::layers::{DecoderLayer, Ffn, Loader, SelfAttention};
-use crate::config::Dims;
 use crate::error::Result;
 use crate::load::WeightSource;
-
-/// Layer `l`'s tensors, named and shaped as in the checkpoint.
-pub(crate) fn tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
-    let p = format!("model.layers.{l}");
-    let mut out = attention_tensors(dims, &p);
-    out.extend(fused_mlp_tensors(dims, &p));
-    out
-}
 
 /// Layer `l`, this rank's part of it.
 pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
@@ -30,35 +21,6 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
         mlp: fused_mlp(cx, src, &p)?,
         post_mlp_layernorm: None,
     })
-}
-
-/// The attention's tensors of layer prefix `p` with the norms around it: input_layernorm,
-/// q_proj, k_proj and v_proj (with biases where the config has them), o_proj, and
-/// post_attention_layernorm.
-pub(crate) fn attention_tensors(dims: &Dims, p: &str) -> Vec<(String, Vec<i64>)> {
-    let h = dims.hidden as i64;
-    let q = (dims.heads * dims.head_dim) as i64;
-    let kv = (dims.kv_heads * dims.head_dim) as i64;
-    let mut out = vec![
-        (format!("{p}.input_layernorm.weight"), vec![h]),
-        (format!("{p}.self_attn.q_proj.weight"), vec![q, h]),
-        (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
-        (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
-    ];
-    if dims.attention_bias {
-        out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
-        out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
-        out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
-    }
-    out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
-    out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-    out
-}
-
-/// gate_up_proj (`[2 x intermediate, hidden]`) and down_proj of layer prefix `p`.
-pub(crate) fn fused_mlp_tensors(dims: &Dims, p: &str) -> Vec<(String, Vec<i64>)> {
-    let (h, i) = (dims.hidden as i64, dims.intermediate as i64);
-    vec![(format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h]), (format!("{p}.mlp.down_proj.weight"), vec![h, i])]
 }
 
 /// The MLP of layer prefix `p` with gate and up stored as one `mlp.gate_up_proj`

@@ -3,22 +3,10 @@
 //! on its output; the residual add; the post-attention RMSNorm; the gated MLP (as GLM's);
 //! `post_mlp_layernorm` on its output; the residual add.
 
-use super::glm::{attention_tensors, fused_mlp, fused_mlp_tensors};
+use super::glm::fused_mlp;
 use super::layers::{DecoderLayer, Loader, SelfAttention};
-use crate::config::Dims;
 use crate::error::Result;
 use crate::load::WeightSource;
-
-/// Layer `l`'s tensors, named and shaped as in the checkpoint.
-pub(crate) fn tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
-    let p = format!("model.layers.{l}");
-    let mut out = attention_tensors(dims, &p);
-    for n in ["post_self_attn_layernorm", "post_mlp_layernorm"] {
-        out.push((format!("{p}.{n}.weight"), vec![dims.hidden as i64]));
-    }
-    out.extend(fused_mlp_tensors(dims, &p));
-    out
-}
 
 /// Layer `l`, this rank's part of it.
 pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {

@@ -11,58 +11,12 @@ use std::ops::Range;
 
 use tch::{Device, Kind, Tensor};
 
-use super::glm::attention_tensors;
 use super::layers::{DecoderLayer, Ffn, Loader, SelfAttention, rotate_half_order};
-use crate::config::{Dims, MoeDims};
+use crate::config::MoeDims;
 use crate::error::{Error, Result};
 use crate::load::WeightSource;
 use crate::moe::{ExpertMlp, Moe};
 use crate::nn::WeightLayout;
-
-/// Layer `l`'s tensors, named and shaped as in the checkpoint.
-pub(crate) fn tensors(dims: &Dims, m: &MoeDims, l: usize) -> Vec<(String, Vec<i64>)> {
-    let p = format!("model.layers.{l}");
-    let mut out = attention_tensors(dims, &p);
-    if m.qk_norm {
-        out.push((format!("{p}.self_attn.q_norm.weight"), vec![dims.head_dim as i64]));
-        out.push((format!("{p}.self_attn.k_norm.weight"), vec![dims.head_dim as i64]));
-    }
-    out.extend(expert_tensors(dims, m, &p, l));
-    out
-}
-
-/// The MLP tensors of layer `l` (prefix `p`): a dense gated MLP, or the router, the routed
-/// experts (fused or one by one) and the shared experts.
-pub(crate) fn expert_tensors(dims: &Dims, m: &MoeDims, p: &str, l: usize) -> Vec<(String, Vec<i64>)> {
-    let (h, i) = (dims.hidden as i64, dims.intermediate as i64);
-    let mut out = Vec::new();
-    if !m.is_moe_layer(l) {
-        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-        out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
-        return out;
-    }
-    let (e, w) = (m.experts as i64, m.width as i64);
-    out.push((format!("{p}.mlp.gate.weight"), vec![e, h]));
-    out.push((format!("{p}.mlp.gate.e_score_correction_bias"), vec![e]));
-    if m.fused_experts {
-        out.push((format!("{p}.mlp.experts.gate_up_proj"), vec![e, 2 * w, h]));
-        out.push((format!("{p}.mlp.experts.down_proj"), vec![e, h, w]));
-    } else {
-        for x in 0..m.experts {
-            out.push((format!("{p}.mlp.experts.{x}.gate_proj.weight"), vec![w, h]));
-            out.push((format!("{p}.mlp.experts.{x}.up_proj.weight"), vec![w, h]));
-            out.push((format!("{p}.mlp.experts.{x}.down_proj.weight"), vec![h, w]));
-        }
-    }
-    if m.shared_width > 0 {
-        let sw = m.shared_width as i64;
-        out.push((format!("{p}.mlp.shared_experts.gate_proj.weight"), vec![sw, h]));
-        out.push((format!("{p}.mlp.shared_experts.up_proj.weight"), vec![sw, h]));
-        out.push((format!("{p}.mlp.shared_experts.down_proj.weight"), vec![h, sw]));
-    }
-    out
-}
 
 /// Layer `l`, this rank's part of it.
 pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {

@@ -579,24 +579,31 @@ impl<'a> Loader<'a> {
         Loader { dims, plan, shard, kind, dev, layout, pool, quantize, shapes }
     }
 
-    /// The checkpoint shape of `name` (empty if the model has no such tensor).
-    pub fn shape(&self, name: &str) -> Vec<i64> {
-        self.shapes.get(name).cloned().unwrap_or_default()
+    /// The checkpoint shape of `name`, by the family's description of its tensors
+    /// (`headcount_spec::tensors`): a loader reads no tensor the description lacks.
+    pub fn shape(&self, name: &str) -> Result<&[i64]> {
+        match self.shapes.get(name) {
+            Some(shape) => Ok(shape),
+            None => Err(Error::Internal(format!(
+                "the {} loader reads {name}, which the family's tensors (headcount_spec::tensors) do not describe",
+                self.dims.family.model_type()
+            ))),
+        }
     }
 
     /// All of `name`, in the model's dtype.
     pub fn whole(&self, src: &mut dyn WeightSource, name: &str) -> Result<Tensor> {
-        src.rows(name, &self.shape(name), None, self.kind, self.dev)
+        src.rows(name, self.shape(name)?, None, self.kind, self.dev)
     }
 
     /// All of `name`, in `kind` (a router stays in f32 whatever the model's dtype).
     pub fn whole_as(&self, src: &mut dyn WeightSource, name: &str, kind: Kind) -> Result<Tensor> {
-        src.rows(name, &self.shape(name), None, kind, self.dev)
+        src.rows(name, self.shape(name)?, None, kind, self.dev)
     }
 
     /// Rows `(start, len)` of `name`.
     pub fn rows(&self, src: &mut dyn WeightSource, name: &str, rows: (usize, usize)) -> Result<Tensor> {
-        src.rows(name, &self.shape(name), Some(rows), self.kind, self.dev)
+        src.rows(name, self.shape(name)?, Some(rows), self.kind, self.dev)
     }
 
     /// A projection of weight `w` (`[out, in]`) and bias `b`, laid out and stored as the model's.

@@ -1,10 +1,12 @@
 //! The causal language models, one file per family in the order data flows ([`glm`],
-//! [`glm4`], [`glm4_moe`], [`glm4_moe_lite`], [`glm_moe_dsa`]), on the building blocks of [`layers`] (and `crate::nn`,
-//! `crate::moe`): each family file names its layers' tensors and loads them, as this rank's
-//! part of them. This module holds what every family shares: the [`CausalLm`] trait that
-//! generation, serving and benchmarks use, a step's inputs and the KV cache, and [`Glm`],
-//! the loaded model: checkpoint vetting, the embedding, the decoder stack, the final norm
-//! and the LM head.
+//! [`glm4`], [`glm4_moe`], [`glm4_moe_lite`], [`glm_moe_dsa`]), on the building blocks of
+//! [`layers`] (and `crate::nn`, `crate::moe`): each family file loads its layers by their
+//! checkpoint names, as this rank's part of them. The names and shapes are the family's
+//! description in spec (`headcount_spec::tensors`), which vetting and the memory plan read
+//! too. This module holds what every family shares: the [`CausalLm`] trait that generation,
+//! serving and benchmarks use, a step's inputs and the KV cache, and [`Glm`], the loaded
+//! model: checkpoint vetting, the embedding, the decoder stack, the final norm and the LM
+//! head.
 //!
 //! A model is the part of the weights one rank holds (parallel layers, see
 //! [`crate::parallel`]); a run of one rank holds them all. Every projection keeps its weight
@@ -12,9 +14,9 @@
 //! product, the fast form on CPU (docs/PERFORMANCE.md). q, k and v are fused into one
 //! projection.
 //!
-//! Adding a family: its `Family` variant and family-table row in spec, its rules, its file here with
-//! `tensors` and `load_layer`, and its arms in `layer_tensors` and `load_layer` below (the
-//! README, "Layout").
+//! Adding a family: its `Family` variant and family-table row in spec, its tensors
+//! (`headcount_spec::tensors`) and rules, its file here with `load_layer`, and its arm in
+//! `load_layer` below (the README, "Layout").
 
 pub mod glm;
 pub mod glm4;
@@ -42,20 +44,6 @@ use crate::parallel::plan::ShardPlan;
 use crate::parallel::world::Parallel;
 use layers::Loader;
 pub use layers::{Attention, DecoderLayer, Ffn, Indexer, LatentAttention, LatentQuery, Mlp, Pick, SelfAttention};
-
-/// Layer `l`'s tensors, named and shaped as in a checkpoint of `dims`' family.
-pub(crate) fn layer_tensors(dims: &Dims, l: usize) -> Vec<(String, Vec<i64>)> {
-    match (dims.family, &dims.moe, &dims.mla) {
-        (Family::GlmMoeDsa, Some(moe), Some(m)) => match &m.indexer {
-            Some(ix) => glm_moe_dsa::tensors(dims, m, ix, moe, l),
-            None => glm4_moe_lite::tensors(dims, m, moe, l),
-        },
-        (Family::Glm4MoeLite, Some(moe), Some(m)) => glm4_moe_lite::tensors(dims, m, moe, l),
-        (Family::Glm4Moe, Some(m), _) => glm4_moe::tensors(dims, m, l),
-        (Family::Glm4, _, _) => glm4::tensors(dims, l),
-        _ => glm::tensors(dims, l),
-    }
-}
 
 /// Layer `l` of `cx`'s family, this rank's part of it.
 fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
@@ -479,15 +467,7 @@ impl Glm {
         }
         let mtp_loaded = if opts.mtp { dims.mtp_layers() } else { 0 };
         if opts.device == Device::Cpu {
-            // The MTP layers' parameters, split as evenly as the tensor-parallel ranks split
-            // a decoder layer (an estimate: their norms and eh_proj are whole on each).
-            let mtp_params = if last {
-                let count = |(_, s): (String, Vec<i64>)| s.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
-                (0..mtp_loaded).flat_map(|k| dims.mtp_shapes(k)).map(count).fold(0u64, u64::saturating_add)
-                    / plan.size as u64
-            } else {
-                0
-            };
+            let mtp_params = if last { rank_mtp_parameter_count(&dims, &plan, mtp_loaded, first) } else { 0 };
             let need = rank_parameter_count(&dims, &plan, stage_layers.clone(), first, last)
                 .saturating_add(mtp_params)
                 .saturating_mul(opts.dtype.kind().elt_size_in_bytes() as u64);
@@ -923,7 +903,30 @@ pub fn rank_parameter_count(
     first: bool,
     last: bool,
 ) -> u64 {
-    let r = headcount_spec::memory::RankLayout {
+    let spec = d.config.spec(&[], &[]);
+    let r = rank_layout(plan);
+    headcount_spec::memory::rank_parameters_of(&spec, &r, layers.start as u64, layers.end as u64, first, last)
+}
+
+/// Parameters a last stage holds for `mtp` multi-token-prediction layers: each a decoder
+/// layer with experts split as the others, its norms and eh_proj whole, and, on a stage
+/// that is not the first, its copy of the embedding's rows (by `headcount_spec::tensors`).
+pub fn rank_mtp_parameter_count(d: &Dims, plan: &ShardPlan, mtp: usize, first: bool) -> u64 {
+    if mtp == 0 {
+        return 0;
+    }
+    use headcount_spec::tensors;
+    let (spec, r) = (d.config.spec(&[], &[]), rank_layout(plan));
+    let fused = d.moe.as_ref().is_some_and(|m| m.fused_experts);
+    let layer = tensors::layer(&spec, d.layer_kind(d.layers), fused).rank_elements(&spec, &r);
+    let per_layer = layer.saturating_add(tensors::mtp_head(&spec).rank_elements(&spec, &r));
+    let embed = if first { 0 } else { tensors::embedding(&spec).rank_elements(&spec, &r) };
+    per_layer.saturating_mul(mtp as u64).saturating_add(embed)
+}
+
+/// The spec's memory-plan layout of a shard plan (one stage).
+fn rank_layout(plan: &ShardPlan) -> headcount_spec::memory::RankLayout {
+    headcount_spec::memory::RankLayout {
         tp: plan.size as u64,
         pp: 1,
         ep: plan.expert_parallel as u64,
@@ -932,7 +935,92 @@ pub fn rank_parameter_count(
         attn_tp: None,
         moe_tp: None,
         vision_whole: false,
-    };
-    let spec = d.config.spec(&[], &[]);
-    headcount_spec::memory::rank_parameters_of(&spec, &r, layers.start as u64, layers.end as u64, first, last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// A random source that records what was read and the shape each read was told.
+    struct Recording {
+        random: RandomSource,
+        read: BTreeMap<String, Vec<i64>>,
+    }
+
+    impl WeightSource for Recording {
+        fn rows(
+            &mut self,
+            name: &str,
+            shape: &[i64],
+            rows: Option<(usize, usize)>,
+            kind: Kind,
+            device: Device,
+        ) -> Result<Tensor> {
+            self.read.insert(name.to_owned(), shape.to_vec());
+            self.random.rows(name, shape, rows, kind, device)
+        }
+    }
+
+    /// Every family's loader reads exactly the tensors its description names, at the
+    /// described shapes: no described tensor is left unread (a checkpoint would then hold a
+    /// weight the model ignores) and none is read that the description lacks (vetting would
+    /// then pass a checkpoint without it). Per-expert and stacked experts, tied and untied
+    /// heads, low-rank and full queries, biases, indexers and MTP layers.
+    #[test]
+    fn every_family_loads_exactly_its_described_tensors() {
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
+        let names = [
+            "glm-gqa2",
+            "glm-tied-partial",
+            "glm4-gqa2",
+            "glm4moe-grouped",
+            "glm4moe-mtp",
+            "glm4moe-tied-fused",
+            "glm4moelite-qlora",
+            "glm4moelite-mtp",
+            "glm4moelite-halves-tied",
+            "glmdsa-shared",
+            "glmdsa-full-tied",
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for name in names {
+            let config = Config::from_file(format!("{fixtures}/{name}/config.json")).unwrap();
+            seen.insert(config.family.model_type());
+            for fused in [false, true] {
+                let mut dims = Dims::new(&config).unwrap();
+                match dims.moe.as_mut() {
+                    Some(m) => m.fused_experts = fused,
+                    None if fused => continue,
+                    None => {}
+                }
+                check(name, dims);
+            }
+        }
+        assert_eq!(seen.len(), 5, "every family is covered: {seen:?}");
+
+        fn check(name: &str, dims: Dims) {
+            let opts = LoadOptions { mtp: dims.mtp_layers() > 0, ..LoadOptions::default() };
+            let mut expected: BTreeMap<String, Vec<i64>> = dims.weight_shapes().into_iter().collect();
+            expected.extend((0..dims.mtp_layers()).flat_map(|k| dims.mtp_shapes(k)));
+            let mut src = Recording { random: RandomSource { seed: 1 }, read: BTreeMap::new() };
+            let fused = dims.moe.as_ref().is_some_and(|m| m.fused_experts);
+            let model = Glm::build(dims, &opts, Parallel::single(), &mut src).unwrap();
+            let d = &model.dims;
+            assert_eq!(model.mtp.len(), d.mtp_layers(), "{name}");
+            // What the memory check counted before allocating is what was loaded.
+            let counted = rank_parameter_count(d, &model.plan, 0..d.layers, true, true)
+                + rank_mtp_parameter_count(d, &model.plan, model.mtp.len(), true);
+            assert_eq!(model.parameter_count() as u64, counted, "{name} (fused {fused})");
+            let missing: Vec<_> = expected.keys().filter(|n| !src.read.contains_key(*n)).collect();
+            let extra: Vec<_> = src.read.keys().filter(|n| !expected.contains_key(*n)).collect();
+            assert!(
+                missing.is_empty() && extra.is_empty(),
+                "{name} (fused {fused}): unread {missing:?}, undescribed {extra:?}"
+            );
+            assert_eq!(src.read, expected, "{name} (fused {fused})");
+        }
+    }
 }
