@@ -3,10 +3,7 @@
 
 use headcount_spec::Family;
 use proc_macro2::TokenStream;
-use syn::{Attribute, Data, DeriveInput, Ident, LitStr};
-
-use crate::attr;
-use crate::ctxt::Ctxt;
+use syn::{Attribute, Ident, LitStr};
 
 /// The derive input: the type's name and the keys of its `#[arch(...)]` attributes.
 pub(crate) struct Input<'a> {
@@ -152,25 +149,5 @@ impl LayoutValue {
             mm_encoder_dp: g(keys::MM_ENCODER_DATA_PARALLEL, 0) != 0,
             ..headcount_spec::EngineLayout::new(g(keys::TENSOR_PARALLEL, 1), g(keys::PIPELINE_PARALLEL, 1))
         }
-    }
-}
-
-impl<'a> Input<'a> {
-    pub fn from_syn(node: &'a DeriveInput, cx: &Ctxt) -> Input<'a> {
-        let mut can_impl = true;
-        let shape = "#[derive(Architecture)] needs a struct without generic parameters, \
-                     such as `pub struct Glm4_9B;`";
-        match &node.data {
-            Data::Struct(_) => {}
-            Data::Enum(e) => cx.error_spanned_by(e.enum_token, format!("{shape}, found an enum")),
-            Data::Union(u) => cx.error_spanned_by(u.union_token, format!("{shape}, found a union")),
-        }
-        if !node.generics.params.is_empty() || node.generics.where_clause.is_some() {
-            cx.error_spanned_by(&node.generics, format!("{shape}, found generic parameters"));
-            can_impl = false;
-        }
-        let attrs: Vec<&Attribute> = node.attrs.iter().filter(|a| a.path().is_ident("arch")).collect();
-        let (entries, seen) = attr::parse(&attrs, cx);
-        Input { ident: &node.ident, attrs, entries, seen, can_impl }
     }
 }

@@ -10,9 +10,9 @@ use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::ParseStream;
 use syn::parse::discouraged::Speculative;
-use syn::{Attribute, Expr, ExprLit, ExprUnary, Ident, Lit, Token, UnOp};
+use syn::{Attribute, Data, DeriveInput, Expr, ExprLit, ExprUnary, Ident, Lit, Token, UnOp};
 
-use crate::ast::{Elem, Entry, Num, QuantValue, Value};
+use crate::ast::{Elem, Entry, Input, Num, QuantValue, Value};
 use crate::ctxt::Ctxt;
 
 /// What a key accepts.
@@ -797,4 +797,25 @@ fn dtype(key: &str, expr: &Expr) -> Result<Option<Value>, String> {
         None => return Err(format!("{key} expects bf16, f16, f32 or fp8, found {}", found(expr))),
     };
     Ok(Some(Value::Int(Num::Lit(bytes))))
+}
+
+/// The derive input read: its shape checked, its `#[arch(...)]` keys parsed.
+impl<'a> Input<'a> {
+    pub fn from_syn(node: &'a DeriveInput, cx: &Ctxt) -> Input<'a> {
+        let mut can_impl = true;
+        let shape = "#[derive(Architecture)] needs a struct without generic parameters, \
+                     such as `pub struct Glm4_9B;`";
+        match &node.data {
+            Data::Struct(_) => {}
+            Data::Enum(e) => cx.error_spanned_by(e.enum_token, format!("{shape}, found an enum")),
+            Data::Union(u) => cx.error_spanned_by(u.union_token, format!("{shape}, found a union")),
+        }
+        if !node.generics.params.is_empty() || node.generics.where_clause.is_some() {
+            cx.error_spanned_by(&node.generics, format!("{shape}, found generic parameters"));
+            can_impl = false;
+        }
+        let attrs: Vec<&Attribute> = node.attrs.iter().filter(|a| a.path().is_ident("arch")).collect();
+        let (entries, seen) = parse(&attrs, cx);
+        Input { ident: &node.ident, attrs, entries, seen, can_impl }
+    }
 }

@@ -177,6 +177,17 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+impl BenchArgs {
+    /// The config file `path` (`--config`) with `--layers` applied.
+    pub fn config_file(&self, path: &std::path::Path) -> headcount_runtime::Result<headcount_spec::Config> {
+        let mut c = headcount_spec::Config::from_file(path)?;
+        if let Some(l) = self.layers {
+            c.num_hidden_layers = l;
+        }
+        Ok(c)
+    }
+}
+
 impl ParallelArgs {
     pub fn world(&self) -> usize {
         self.tensor_parallel.saturating_mul(self.pipeline_parallel)

@@ -4,7 +4,6 @@ use std::process::ExitCode;
 
 use headcount_runtime::bench::{BenchOptions, BenchReport, bench};
 use headcount_runtime::{Error, Generator, Glm, Result};
-use headcount_spec::Config;
 
 use crate::args::BenchArgs;
 use crate::ranks::join;
@@ -47,18 +46,9 @@ pub fn load(b: &BenchArgs, quiet: bool) -> Result<Glm> {
     let opts = crate::generate::load_options(r, &parallel, quiet)?;
     match (&b.model, &b.config) {
         (Some(dir), _) => Glm::load_rank(dir, &opts, parallel),
-        (None, Some(path)) => Glm::random_rank(&config_of(path, b.layers)?, &opts, parallel, 0),
+        (None, Some(path)) => Glm::random_rank(&b.config_file(path)?, &opts, parallel, 0),
         (None, None) => Err(Error::InvalidArgument("give --model or --config".to_owned())),
     }
-}
-
-/// `--config` with `--layers` applied.
-pub fn config_of(path: &std::path::Path, layers: Option<u64>) -> Result<Config> {
-    let mut c = Config::from_file(path)?;
-    if let Some(l) = layers {
-        c.num_hidden_layers = l;
-    }
-    Ok(c)
 }
 
 pub fn run(b: &BenchArgs, quiet: bool) -> Result<ExitCode> {

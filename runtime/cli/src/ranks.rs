@@ -45,7 +45,7 @@ fn precheck(command: &Command, p: &ParallelArgs) -> Result<()> {
         Command::Serve(a) => Config::from_file(a.model.join("config.json"))?,
         Command::Bench(b) => match (&b.model, &b.config) {
             (Some(dir), _) => Config::from_file(dir.join("config.json"))?,
-            (None, Some(path)) => crate::bench::config_of(path, b.layers)?,
+            (None, Some(path)) => b.config_file(path)?,
             (None, None) => return Err(Error::InvalidArgument("give --model or --config".to_owned())),
         },
         _ => return Ok(()),

@@ -157,3 +157,76 @@ fn shapes_mask_only_decimals() {
     assert!(matches(&["{\"x\":1.5}".into()], &["{\"x\":2}".into()]).is_ok());
     assert!(matches(&["{\"x\":1}".into()], &["{\"y\":1}".into()]).is_err());
 }
+
+/// The long flags of `text` (`--name`, not `-q`).
+fn long_flags(text: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("--") {
+        let before = text[..i].chars().last();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-') {
+            continue;
+        }
+        let name: String = text[i + 2..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '-').collect();
+        if !name.is_empty() {
+            out.insert(format!("--{name}"));
+        }
+    }
+    out
+}
+
+/// The README's inline synopses of the model commands are their `--help`: every flag a
+/// synopsis names exists, and every flag of `--help` is in the command's synopsis or, for
+/// the flags every model command shares, in `run`'s.
+#[test]
+fn the_readme_synopses_are_the_commands_flags() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    // Inline code outside fenced blocks.
+    let mut prose = String::new();
+    let mut fenced = false;
+    for line in readme.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            prose += line;
+            prose.push('\n');
+        }
+    }
+    let spans: Vec<&str> = prose.split('`').skip(1).step_by(2).collect();
+    let help = |sub: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_headcount")).args([sub, "--help"]).output().unwrap();
+        assert!(out.status.success(), "headcount {sub} --help");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let options = &text[text.find("Options:").unwrap_or(0)..];
+        let mut flags: std::collections::BTreeSet<String> = options
+            .lines()
+            .filter_map(|l| l.trim_start().split([' ', ',']).find(|w| w.starts_with("--")).map(str::to_owned))
+            .collect();
+        flags.remove("--help");
+        flags
+    };
+    let subs = ["run", "logits", "bench", "serve"];
+    let helps: Vec<_> = subs.iter().map(|s| help(s)).collect();
+    let shared: std::collections::BTreeSet<String> =
+        helps[0].iter().filter(|f| helps.iter().all(|h| h.contains(*f))).cloned().collect();
+    assert!(shared.contains("--dtype") && shared.contains("--tp"), "{shared:?}");
+    let mut synopses = Vec::new();
+    for (sub, flags) in subs.iter().zip(&helps) {
+        let prefix = format!("headcount {sub} ");
+        let mine: Vec<&str> = spans.iter().copied().filter(|s| s.starts_with(&prefix)).collect();
+        for span in &mine {
+            for f in long_flags(span) {
+                assert!(flags.contains(&f), "the README's `{span}` names {f}, which `headcount {sub} --help` lacks");
+            }
+        }
+        // The synopsis: the span naming the most flags.
+        let synopsis = mine.iter().map(|s| long_flags(s)).max_by_key(|f| f.len()).unwrap_or_default();
+        synopses.push((sub, flags, synopsis));
+    }
+    let run_synopsis = synopses[0].2.clone();
+    for (sub, flags, synopsis) in synopses {
+        for f in flags {
+            let listed = synopsis.contains(f) || (shared.contains(f) && run_synopsis.contains(f));
+            assert!(listed, "`headcount {sub} --help` has {f}, which the README's synopsis of {sub} leaves out");
+        }
+    }
+}
