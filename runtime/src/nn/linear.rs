@@ -509,7 +509,7 @@ pub(crate) fn addmm_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightLayout {
     /// The faster of the two as measured for the dtype and device (docs/PERFORMANCE.md,
-    /// "Weight layout" and the 2026-12-01 kernel entry): `OutIn` on CPU where the project's
+    /// "Weight layout", and the 2026-12-01 kernel entry in docs/results/): `OutIn` on CPU where the project's
     /// kernel runs few-row products ([`kernel::vectorized`]), else `InOut` for f32 and
     /// `OutIn` for bf16 and f16; `InOut` on CUDA until the GPU run measures both.
     #[default]
