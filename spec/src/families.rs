@@ -6,7 +6,67 @@
 //! [`crate::tensors`], its rules, its runtime file and its fixtures).
 
 use crate::fields::with_fields;
-use crate::rules::Family;
+use crate::sizes::str_eq;
+
+/// The model families the runtime implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `GlmForCausalLM` (`model_type = "glm"`): two RMSNorms a layer.
+    Glm,
+    /// `Glm4ForCausalLM` (`model_type = "glm4"`): four RMSNorms a layer.
+    Glm4,
+    /// `Glm4MoeForCausalLM` (`model_type = "glm4_moe"`, GLM-4.5, 4.6 and 4.7): routed and
+    /// shared experts after `first_k_dense_replace` dense layers, rotate-half rotary.
+    Glm4Moe,
+    /// `Glm4MoeLiteForCausalLM` (`model_type = "glm4_moe_lite"`, GLM-4.7-Flash): glm4_moe's
+    /// experts under multi-head latent attention, dense or sparse by `mlp_layer_types`.
+    Glm4MoeLite,
+    /// `GlmMoeDsaForCausalLM` (`model_type = "glm_moe_dsa"`, GLM-5 to 5.3): latent attention
+    /// restricted to the keys an indexer picks (DeepSeek sparse attention), full or shared
+    /// by `indexer_types`.
+    GlmMoeDsa,
+}
+
+impl Family {
+    /// The family's row of the family table.
+    pub const fn row(self) -> &'static crate::families::FamilyRow {
+        &crate::families::FAMILIES[self as usize]
+    }
+
+    /// The `model_type` string of config.json.
+    pub const fn model_type(self) -> &'static str {
+        self.row().model_type
+    }
+
+    /// Whether the family has mixture-of-experts layers.
+    pub const fn is_moe(self) -> bool {
+        self.row().moe
+    }
+
+    /// Whether the family's attention is multi-head latent attention (MLA): queries and
+    /// one compressed key/value latent a token, no grouped kv heads.
+    pub const fn is_mla(self) -> bool {
+        self.row().mla
+    }
+
+    /// Whether the family's latent attention is sparse: an indexer picks each query's keys.
+    pub const fn is_dsa(self) -> bool {
+        self.row().dsa
+    }
+
+    /// The family of a `model_type` string.
+    pub const fn from_model_type(s: &str) -> Option<Family> {
+        let rows = crate::families::FAMILIES;
+        let mut i = 0;
+        while i < rows.len() {
+            if str_eq(s, rows[i].model_type) {
+                return Some(rows[i].family);
+            }
+            i += 1;
+        }
+        None
+    }
+}
 
 macro_rules! default_ty {
     (count) => { u64 };

@@ -18,6 +18,7 @@ pub mod arch;
 pub mod config;
 pub mod declare;
 pub mod engines;
+pub mod error;
 pub mod families;
 pub mod fields;
 pub mod keys;
@@ -26,6 +27,7 @@ pub mod msg;
 pub mod plan;
 pub mod reference;
 pub mod rules;
+pub mod sizes;
 pub mod tensors;
 pub mod vision;
 

@@ -335,8 +335,10 @@ fn the_engines_reference_is_current() {
     doc.push_str(
         "\n## Memory plans (HC1101)\n\n`spec/src/memory.rs` counts each rank's parameters (its heads, kv heads replicated\n\
          where they must be, its share of the MLPs and experts, its stage's layers, the padded\n\
-         vocabulary rows on the first and last stage) and KV-cache bytes, the same functions the\n\
-         runtime loads by (tests/parallel.rs compares them with the tensors loaded). A declaration\n\
+         vocabulary rows on the first and last stage) and KV-cache bytes. The parameters are\n\
+         summed over the family's tensors as `spec/src/tensors.rs` describes them (name, shape, how\n\
+         the ranks split each), the description the runtime vets and loads checkpoints by\n\
+         (tests/parallel.rs compares the counts with the tensors loaded). A declaration\n\
          with `device_memory_gib = G` refuses each declared layout whose fullest rank needs more\n\
          than G GiB for its weights plus the cache of one `context`-token sequence in `dtype`;\n\
          activations and the engine's own buffers are not counted.\n",
