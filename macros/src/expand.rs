@@ -263,13 +263,8 @@ fn assertion(input: &Input, layout: &Layout, rule: &str, value: &TokenStream) ->
 }
 
 fn engine_tokens(e: headcount_spec::engines::Engine) -> TokenStream {
-    use headcount_spec::engines::Engine;
-    match e {
-        Engine::Vllm => quote!(::headcount::Engine::Vllm),
-        Engine::Sglang => quote!(::headcount::Engine::Sglang),
-        Engine::Megatron => quote!(::headcount::Engine::Megatron),
-        Engine::Transformers => quote!(::headcount::Engine::Transformers),
-    }
+    let variant = format_ident!("{e:?}");
+    quote!(::headcount::Engine::#variant)
 }
 
 /// One engine's rules on one layout, for a declaration whose values the macro could not

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use headcount_spec::engines::{self, Engine, EngineLayout};
+use headcount_spec::engines::{self, Dimension, Engine, EngineLayout};
 use headcount_spec::rules::{self, Errors, Rule};
 use headcount_spec::{ArchSpec, Config, ConfigError, Family, FieldValue, LayoutError, keys};
 use proc_macro2::{Span, TokenStream};
@@ -545,25 +545,16 @@ fn involved(e: &LayoutError, rule: &Rule) -> Vec<&'static str> {
     }
 }
 
-/// The layouts `engine` runs for one declared size of `key`: a tensor- or pipeline-parallel
-/// size alone; an expert-parallel size E as the engine places E-way experts (vLLM, SGLang and
-/// transformers over a tensor-parallel group of E, Megatron-LM over E data-parallel ranks);
-/// a data-parallel size D with the tensor-parallel size the engine needs beside it (SGLang's
-/// attention data parallelism splits a group of D).
+/// The layout `engine` runs for one declared size of `key` (tensor, pipeline, expert or
+/// data parallel), as [`engines::declared_layout`] places it.
 pub(crate) fn engine_layout(engine: Engine, key: &str, v: u64, quant: QuantValue) -> EngineLayout {
-    let l = quant.layout();
-    match key {
-        keys::TENSOR_PARALLEL => EngineLayout { tp: v, ..l },
-        keys::PIPELINE_PARALLEL => EngineLayout { pp: v, ..l },
-        keys::EXPERT_PARALLEL => match engine {
-            Engine::Megatron => EngineLayout { ep: v, dp: v, ..l },
-            _ => EngineLayout { tp: v, ep: v, ..l },
-        },
-        _ => match engine {
-            Engine::Sglang => EngineLayout { tp: v, dp: v, ..l },
-            _ => EngineLayout { dp: v, ..l },
-        },
-    }
+    let dim = match key {
+        keys::TENSOR_PARALLEL => Dimension::Tensor,
+        keys::PIPELINE_PARALLEL => Dimension::Pipeline,
+        keys::EXPERT_PARALLEL => Dimension::Expert,
+        _ => Dimension::Data,
+    };
+    engines::declared_layout(engine, dim, v, quant.layout())
 }
 
 /// `engines = [..]`: every declared size against every listed engine, reported at the size

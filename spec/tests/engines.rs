@@ -112,11 +112,11 @@ fn dense_glm_4_9b_per_engine() {
     assert_eq!(legal(Engine::Sglang, &c, l, Dimension::Expert), [1]);
 }
 
-/// docs/ENGINES.md is rendered from `engines::RULE_DOCS` and the engines' legal layouts of
+/// docs/ENGINES.md is rendered from `engines::rule_docs()` and the engines' legal layouts of
 /// the published shapes (`HEADCOUNT_BLESS=1` rewrites it).
 #[test]
 fn the_engines_reference_is_current() {
-    let docs = engines::RULE_DOCS;
+    let docs = engines::rule_docs();
     let codes: Vec<&str> = docs.iter().map(|d| d.code).collect();
     let mut sorted = codes.clone();
     sorted.sort();
@@ -124,7 +124,7 @@ fn the_engines_reference_is_current() {
     assert_eq!(codes, sorted, "codes listed once, in order");
     assert_eq!(codes.len(), 51);
     let mut doc = String::from(
-        "# Engine profiles\n\nGenerated from `spec/src/engines.rs` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
+        "# Engine profiles\n\nGenerated from `spec/src/engines/` by `spec/tests/engines.rs` (run with `HEADCOUNT_BLESS=1`\n\
          to rewrite). Each rule is a `const fn` read from the engine's source at the version named;\n\
          `headcount check CONFIG --engine E` and `#[arch(engines = [..])]` apply them, quoting the\n\
          engine's own message (or the line that fails where it has none) beside ours.\n\n",

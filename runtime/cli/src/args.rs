@@ -504,7 +504,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
     pub per_node: Option<u64>,
     /// The engine to plan for.
-    #[arg(long, value_enum, default_value_t = EngineArg::Vllm)]
+    #[arg(long, value_enum, default_value_t = EngineArg::VLLM)]
     pub engine: EngineArg,
     /// The weights' and cache's dtype (bf16, f16, f32, fp8).
     #[arg(long = "dtype", default_value = "bf16", value_parser = dtype_bytes, value_name = "DTYPE")]
@@ -645,24 +645,39 @@ fn quantization(s: &str) -> Result<Quantization, String> {
     Ok(Quantization::Block(headcount_spec::engines::BlockQuant { n, k }))
 }
 
-/// An engine whose layout rules `check --engine` applies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum EngineArg {
-    Vllm,
-    Sglang,
-    Megatron,
-    Transformers,
+/// An engine whose layout rules `check --engine` applies, named by its key (`vllm`, ..).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineArg(pub headcount_spec::engines::Engine);
+
+impl EngineArg {
+    pub const VLLM: EngineArg = EngineArg(headcount_spec::engines::Engine::Vllm);
+}
+
+/// Every engine, as the values of `--engine`.
+const ENGINE_ARGS: [EngineArg; headcount_spec::engines::Engine::ALL.len()] = {
+    let all = headcount_spec::engines::Engine::ALL;
+    let mut args = [EngineArg::VLLM; headcount_spec::engines::Engine::ALL.len()];
+    let mut i = 0;
+    while i < all.len() {
+        args[i] = EngineArg(all[i]);
+        i += 1;
+    }
+    args
+};
+
+impl ValueEnum for EngineArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        &ENGINE_ARGS
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.0.key()))
+    }
 }
 
 impl From<EngineArg> for headcount_spec::engines::Engine {
     fn from(e: EngineArg) -> Self {
-        use headcount_spec::engines::Engine;
-        match e {
-            EngineArg::Vllm => Engine::Vllm,
-            EngineArg::Sglang => Engine::Sglang,
-            EngineArg::Megatron => Engine::Megatron,
-            EngineArg::Transformers => Engine::Transformers,
-        }
+        e.0
     }
 }
 

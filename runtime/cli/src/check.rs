@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use headcount_runtime::{Error, Result};
 use headcount_spec::Config;
-use headcount_spec::engines::{self, Dimension, Engine, EngineLayout, QuantMethod};
+use headcount_spec::engines::{self, Dimension, Engine, EngineLayout};
 
 use crate::args::{CheckArgs, LaunchArgs};
 
@@ -432,7 +432,7 @@ pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     let model = a.model.clone().unwrap_or_else(|| model_of(&a.config));
-    for line in launch_lines(&config, engine, &model, &layout, a.speculative_tokens, a.context) {
+    for line in engines::launch_lines(engine, &config, &model, &layout, a.speculative_tokens, a.context) {
         println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
@@ -460,235 +460,6 @@ fn model_of(config: &Path) -> String {
     config.parent().filter(|p| !p.as_os_str().is_empty()).map_or(".".to_owned(), |p| p.display().to_string())
 }
 
-/// The lines `launch-args` prints for a layout the engine accepts: the command, after any
-/// comment it needs. `context` sets the longest sequence (vLLM's and SGLang's context
-/// length, Megatron-LM's sequence length).
-/// vLLM's and SGLang's `--quantization` for the layout's weights: `awq_marlin` and
-/// `gptq_marlin` for Marlin, else the method (FP8 Marlin is the GPU's choice, not a method).
-fn quantization_flag(layout: &EngineLayout) -> Option<String> {
-    let w = layout.weights?;
-    Some(if w.marlin && w.method.grouped() { format!("{}_marlin", w.method.key()) } else { w.method.key().to_owned() })
-}
-
-fn launch_lines(
-    config: &Config,
-    engine: Engine,
-    model: &str,
-    layout: &EngineLayout,
-    speculative_tokens: Option<u64>,
-    context: Option<u64>,
-) -> Vec<String> {
-    let (tp, pp, ep, dp, nnodes) = (layout.tp, layout.pp, layout.ep, layout.dp, layout.nnodes);
-    let mut lines = Vec::new();
-    let c = config;
-    let mut args: Vec<String> = Vec::new();
-    let mut push = |v: &[&str]| args.extend(v.iter().map(|s| s.to_string()));
-    match engine {
-        Engine::Vllm => {
-            push(&["vllm", "serve", model, "--tensor-parallel-size", &tp.to_string()]);
-            push(&["--pipeline-parallel-size", &pp.to_string()]);
-            if dp > 1 {
-                push(&["--data-parallel-size", &dp.to_string()]);
-            }
-            if ep > 1 {
-                push(&["--enable-expert-parallel"]);
-            }
-            if layout.dcp > 1 {
-                push(&["--decode-context-parallel-size", &layout.dcp.to_string()]);
-            }
-            if layout.pcp > 1 {
-                push(&["--prefill-context-parallel-size", &layout.pcp.to_string()]);
-            }
-            if layout.eplb {
-                push(&["--enable-eplb"]);
-                if layout.redundant > 0 {
-                    push(&["--eplb-config", &format!("{{\"num_redundant_experts\": {}}}", layout.redundant)]);
-                }
-            }
-            if let Some(q) = quantization_flag(layout) {
-                push(&["--quantization", &q]);
-            }
-            if layout.mm_encoder_dp {
-                push(&["--mm-encoder-tp-mode", "data"]);
-            }
-            if let Some(n) = context {
-                push(&["--max-model-len", &n.to_string()]);
-            }
-            if let Some(n) = speculative_tokens {
-                push(&["--speculative-config", &format!("{{\"method\": \"mtp\", \"num_speculative_tokens\": {n}}}")]);
-            }
-        }
-        Engine::Sglang => {
-            if layout.weights.is_some_and(|w| w.marlin && w.method == QuantMethod::Fp8) {
-                // SGLang runs FP8 Marlin by itself only on GPUs without native FP8.
-                push(&["SGLANG_FORCE_FP8_MARLIN=1"]);
-            }
-            push(&["python", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", &tp.to_string()]);
-            if let Some(q) = quantization_flag(layout) {
-                push(&["--quantization", &q]);
-            }
-            push(&["--pp-size", &pp.to_string()]);
-            if layout.mm_encoder_dp {
-                push(&["--mm-enable-dp-encoder"]);
-            }
-            if ep > 1 {
-                push(&["--ep-size", &ep.to_string()]);
-            }
-            if dp > 1 {
-                push(&["--attn-dp-size", &dp.to_string()]);
-            }
-            if layout.attn_cp > 1 {
-                push(&["--attn-cp-size", &layout.attn_cp.to_string()]);
-            }
-            if layout.moe_dp > 1 {
-                push(&["--moe-dp-size", &layout.moe_dp.to_string()]);
-            }
-            if layout.eplb {
-                push(&["--enable-eplb"]);
-            }
-            if layout.redundant > 0 {
-                push(&["--ep-num-redundant-experts", &layout.redundant.to_string()]);
-            }
-            if nnodes > 1 {
-                push(&["--nnodes", &nnodes.to_string()]);
-            }
-            if let Some(n) = context {
-                push(&["--context-length", &n.to_string()]);
-            }
-            if let Some(n) = speculative_tokens {
-                // One draft a step from the top candidate: a chain of n, verified as n + 1.
-                push(&["--speculative-algorithm", "EAGLE", "--speculative-num-steps", &n.to_string()]);
-                push(&["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", &(n + 1).to_string()]);
-            }
-        }
-        Engine::Megatron => {
-            let world = tp * pp * dp * layout.cp;
-            let per_node = world.div_ceil(nnodes);
-            push(&["torchrun", "--nproc-per-node", &per_node.to_string()]);
-            if nnodes > 1 {
-                push(&["--nnodes", &nnodes.to_string()]);
-            }
-            push(&["pretrain_gpt.py", "--tensor-model-parallel-size", &tp.to_string()]);
-            push(&["--pipeline-model-parallel-size", &pp.to_string()]);
-            if ep > 1 {
-                push(&["--expert-model-parallel-size", &ep.to_string()]);
-            }
-            if let Some(etp) = layout.etp {
-                push(&["--expert-tensor-parallel-size", &etp.to_string()]);
-            }
-            if layout.cp > 1 {
-                push(&["--context-parallel-size", &layout.cp.to_string()]);
-            }
-            if layout.sp {
-                push(&["--sequence-parallel"]);
-            }
-            if layout.tp_comm_overlap {
-                push(&["--tp-comm-overlap"]);
-            }
-            if layout.vpp > 1 {
-                // The rules accepted layers % (pp x vpp) == 0.
-                let per_virtual = c.num_hidden_layers / (pp * layout.vpp);
-                push(&["--num-layers-per-virtual-pipeline-stage", &per_virtual.to_string()]);
-            }
-            push(&["--num-layers", &c.num_hidden_layers.to_string(), "--hidden-size", &c.hidden_size.to_string()]);
-            push(&["--ffn-hidden-size", &c.intermediate_size.to_string()]);
-            push(&["--num-attention-heads", &c.num_attention_heads.to_string()]);
-            if c.family.is_mla() {
-                push(&["--multi-latent-attention"]);
-                if let Some(r) = c.q_lora_rank {
-                    push(&["--q-lora-rank", &r.to_string()]);
-                }
-                push(&[
-                    "--kv-lora-rank",
-                    &c.kv_lora_rank.to_string(),
-                    "--qk-head-dim",
-                    &c.qk_nope_head_dim.to_string(),
-                ]);
-                push(&[
-                    "--qk-pos-emb-head-dim",
-                    &c.qk_rope_head_dim.to_string(),
-                    "--v-head-dim",
-                    &c.v_head_dim.to_string(),
-                ]);
-            } else {
-                push(&["--group-query-attention", "--num-query-groups", &c.num_key_value_heads.to_string()]);
-                push(&["--kv-channels", &c.resolved_head_dim().unwrap_or(0).to_string()]);
-                if c.attention_bias {
-                    push(&["--add-qkv-bias"]);
-                }
-            }
-            // GLM's linear layers have no bias but q, k and v's (Megatron-LM adds one to every
-            // linear layer unless told not to).
-            push(&["--disable-bias-linear"]);
-            if c.family.is_dsa() {
-                push(&["--experimental-attention-variant", "dsa"]);
-                push(&["--dsa-indexer-n-heads", &c.index_n_heads.to_string()]);
-                push(&["--dsa-indexer-head-dim", &c.index_head_dim.to_string()]);
-                push(&["--dsa-indexer-topk", &c.index_topk.to_string()]);
-                let spec = c.spec(&[], &[]);
-                if let Some((freq, offset)) = headcount_spec::engines::megatron_index_share(&spec)
-                    && freq > 1
-                {
-                    push(&["--dsa-indexer-topk-freq", &freq.to_string()]);
-                    push(&["--dsa-indexer-skip-topk-offset", &offset.to_string()]);
-                }
-                // DSAttention refuses fused RoPE, and any context-parallel exchange but all-gather.
-                push(&["--no-rope-fusion"]);
-                if layout.cp > 1 {
-                    push(&["--cp-comm-type", "allgather"]);
-                }
-            }
-            push(&["--seq-length", &context.unwrap_or(c.max_position_embeddings).to_string()]);
-            push(&["--max-position-embeddings", &c.max_position_embeddings.to_string()]);
-            if c.family.is_moe() {
-                push(&["--num-experts", &c.n_routed_experts.to_string()]);
-                push(&["--moe-ffn-hidden-size", &c.moe_intermediate_size.to_string()]);
-                push(&["--moe-router-topk", &c.num_experts_per_tok.to_string()]);
-                if c.n_shared_experts > 0 {
-                    let shared = (c.moe_intermediate_size * c.n_shared_experts).to_string();
-                    push(&["--moe-shared-expert-intermediate-size", &shared]);
-                }
-                let freq = if c.mlp_layer_types.is_empty() {
-                    let dense = c.spec(&[], &[]).dense_layers_in(0, c.num_hidden_layers);
-                    format!("([0]*{dense}+[1]*{})", c.num_hidden_layers - dense) // cannot wrap: dense <= layers
-                } else {
-                    let flags: Vec<&str> = c
-                        .mlp_layer_types
-                        .iter()
-                        .map(|t| if *t == headcount_spec::MlpLayer::Sparse { "1" } else { "0" })
-                        .collect();
-                    format!("[{}]", flags.join(","))
-                };
-                push(&["--moe-layer-freq", &freq]);
-            }
-            if c.family.is_moe() && c.num_nextn_predict_layers > 0 {
-                push(&["--mtp-num-layers", &c.num_nextn_predict_layers.to_string()]);
-            }
-            // Optimizer states shared over the data-parallel ranks, as `plan` counts them.
-            push(&["--use-distributed-optimizer"]);
-        }
-        Engine::Transformers => {
-            // transformers' native tensor parallelism: one process a rank under torchrun.
-            push(&["torchrun", "--nproc-per-node", &tp.to_string(), "your_script.py"]);
-            lines.push("# in your_script.py:".to_owned());
-            lines.push(format!(
-                "#   AutoModelForCausalLM.from_pretrained({model:?}, tp_plan=\"auto\"{})",
-                if ep > 1 {
-                    format!(", distributed_config=DistributedConfig(tp_size={tp}, ep_size={ep})")
-                } else {
-                    String::new()
-                }
-            ));
-        }
-    }
-    let quoted: Vec<String> = args
-        .iter()
-        .map(|s| if s.contains(['(', ')', '*', '[', ']', ' ', '{', '"']) { format!("'{s}'") } else { s.clone() })
-        .collect();
-    lines.push(quoted.join(" "));
-    lines
-}
-
 /// `plan`: every layout the engine's rules accept whose fullest rank fits the devices, best
 /// first by the cost model of `headcount_spec::plan`, with the best one's launch command; or
 /// what is missing (exit 1).
@@ -711,8 +482,10 @@ pub fn plan(a: &crate::args::PlanArgs) -> Result<ExitCode> {
     let spec = config.spec(&[], &[]);
     let answer = plan::plan(&spec, &request);
     let model = a.model.clone().unwrap_or_else(|| model_of(&a.config));
-    let launch =
-        answer.fits.first().map(|best| launch_lines(&config, engine, &model, &best.layout, None, Some(context)));
+    let launch = answer
+        .fits
+        .first()
+        .map(|best| engines::launch_lines(engine, &config, &model, &best.layout, None, Some(context)));
     if a.json {
         let out = plan_json(&config, &request, &answer, launch.as_deref(), a.top);
         println!("{}", serde_json::to_string_pretty(&out).map_err(|e| Error::Internal(e.to_string()))?);
