@@ -119,26 +119,28 @@ impl<'a> ArchSpec<'a> {
         }
     }
 
+    /// Which tensor-parallel rules a size of at least 1 breaks: the one statement of rule 6,
+    /// read by [`ArchSpec::tensor_parallel_ok`] and by the rule that reports each fault.
+    pub const fn tensor_parallel_faults(&self, tp: u64) -> TensorParallelFaults {
+        let (h, kv) = (self.num_attention_heads, self.num_key_value_heads);
+        let padded = self.padded_vocab();
+        TensorParallelFaults {
+            heads: h % tp != 0,
+            // Under latent attention the latent is replicated on every rank: kv heads do not bound tp.
+            kv: !(self.family.is_mla() || kv % tp == 0 || (self.kv_replication && kv != 0 && tp.is_multiple_of(kv))),
+            intermediate: self.has_dense_layers() && !self.intermediate_size.is_multiple_of(tp),
+            moe_intermediate: self.family.is_moe() && !self.moe_intermediate_size.is_multiple_of(tp),
+            vocab: match padded {
+                Some(v) => v % tp != 0,
+                None => false,
+            },
+            vocab_overflow: padded.is_none(),
+        }
+    }
+
     /// Whether one tensor-parallel size satisfies every tensor-parallel rule.
     pub const fn tensor_parallel_ok(&self, tp: u64) -> bool {
-        let (h, kv) = (self.num_attention_heads, self.num_key_value_heads);
-        if tp == 0 || h % tp != 0 {
-            return false;
-        }
-        if self.has_dense_layers() && !self.intermediate_size.is_multiple_of(tp) {
-            return false;
-        }
-        if self.family.is_moe() && !self.moe_intermediate_size.is_multiple_of(tp) {
-            return false;
-        }
-        // Under latent attention the latent is replicated on every rank: kv heads do not bound tp.
-        if !(self.family.is_mla() || kv % tp == 0 || (self.kv_replication && kv != 0 && tp.is_multiple_of(kv))) {
-            return false;
-        }
-        match self.padded_vocab() {
-            Some(v) => v % tp == 0,
-            None => false,
-        }
+        tp != 0 && self.tensor_parallel_faults(tp).is_empty()
     }
 
     /// Whether some layer has a dense MLP of intermediate_size (every layer of a dense
@@ -368,27 +370,28 @@ pub const fn tensor_parallel(s: &ArchSpec, out: &mut Errors) {
             None => s.legal_tensor_parallel(),
         };
         legal_once = Some(legal);
-        if h % tp != 0 {
+        let faults = s.tensor_parallel_faults(tp);
+        if faults.heads {
             out.push(LayoutError::TensorParallelHeads { tp, heads: h, legal });
         }
-        if !(s.family.is_mla() || kv % tp == 0 || (s.kv_replication && tp.is_multiple_of(kv))) {
+        if faults.kv {
             out.push(LayoutError::TensorParallelKv { tp, kv, replication: s.kv_replication, legal });
         }
-        if s.has_dense_layers() && !s.intermediate_size.is_multiple_of(tp) {
+        if faults.intermediate {
             out.push(LayoutError::TensorParallelIntermediate { tp, intermediate: s.intermediate_size, legal });
         }
-        if s.family.is_moe() && !s.moe_intermediate_size.is_multiple_of(tp) {
+        if faults.moe_intermediate {
             out.push(LayoutError::TensorParallelMoeIntermediate {
                 tp,
                 moe_intermediate: s.moe_intermediate_size,
                 legal,
             });
         }
-        let padded = match s.padded_vocab() {
-            Some(p) => p,
-            None => s.vocab_size,
-        };
-        if padded % tp != 0 {
+        if faults.vocab {
+            let padded = match s.padded_vocab() {
+                Some(p) => p,
+                None => s.vocab_size,
+            };
             out.push(LayoutError::TensorParallelVocab { tp, vocab: s.vocab_size, padded, legal });
         }
     }
@@ -802,5 +805,29 @@ pub const fn assert_rule(errors: Errors) {
         // Intended: evaluated in a `const _` item this panic is the compile error a user
         // sees; it is never called at run time.
         panic!("{}", m.as_str());
+    }
+}
+
+/// The tensor-parallel rules one size breaks ([`ArchSpec::tensor_parallel_faults`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorParallelFaults {
+    /// The size does not divide the query heads.
+    pub heads: bool,
+    /// The size neither divides the kv heads nor (under kv replication) is a multiple of them.
+    pub kv: bool,
+    /// The size does not divide intermediate_size, and some layer is dense.
+    pub intermediate: bool,
+    /// The size does not divide moe_intermediate_size, and the family has experts.
+    pub moe_intermediate: bool,
+    /// The size does not divide the (padded) vocabulary.
+    pub vocab: bool,
+    /// The padded vocabulary does not fit 64 bits (reported by the size rule).
+    pub vocab_overflow: bool,
+}
+
+impl TensorParallelFaults {
+    /// Whether the size breaks no rule.
+    pub const fn is_empty(&self) -> bool {
+        !(self.heads || self.kv || self.intermediate || self.moe_intermediate || self.vocab || self.vocab_overflow)
     }
 }
