@@ -310,7 +310,7 @@ fn the_engines_reference_is_current() {
     doc.push_str(
         "\n## Latent-attention backends (vLLM 0.33.0)\n\nFor a glm4_moe_lite config, `headcount check --engine vllm` names the attention\n\
          backends that take its latent head size, `kv_lora_rank + qk_rope_head_dim`\n\
-         (`spec/src/engines.rs` `VLLM_MLA_BACKENDS`):\n\n| backend | head sizes | models |\n|---|---|---|\n",
+         (`spec/src/engines/vllm.rs` `VLLM_MLA_BACKENDS`):\n\n| backend | head sizes | models |\n|---|---|---|\n",
     );
     for (name, sizes, sparse) in headcount_spec::engines::VLLM_MLA_BACKENDS {
         let sizes = if sizes.is_empty() {
