@@ -8,15 +8,15 @@
 //!
 //! [`SlotCache`]: headcount_runtime::generate::SlotCache
 
-pub mod api;
 pub mod engine;
+pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod reasoning;
+pub mod request;
 pub mod structured;
 pub mod template;
 pub mod text;
-pub mod tokenize;
 pub mod tools;
 
 use std::path::Path;
@@ -151,7 +151,8 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
         .name("headcount-engine".into())
         .spawn(move || engine::run(model, cache, rx, engine_opts, engine_metrics))
         .map_err(|e| ServeError::Setup(format!("cannot start the engine thread: {e}")))?;
-    let tokenizer_info = tokenize::tokenizer_info_of(dir, template.as_ref().map(ChatTemplate::source), max_model_len);
+    let tokenizer_info =
+        http::tokenize::tokenizer_info_of(dir, template.as_ref().map(ChatTemplate::source), max_model_len);
     let tool_parser = opts
         .tool_call_parser
         .map(|c| c.resolve(template.as_ref().map(ChatTemplate::source)))

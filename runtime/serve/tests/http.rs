@@ -115,7 +115,7 @@ fn scripted_with(
         tool_parser,
         checkpoint: dir.to_path_buf(),
         grammars: std::sync::OnceLock::new(),
-        tokenizer_info: headcount_serve::tokenize::tokenizer_info_of(
+        tokenizer_info: headcount_serve::http::tokenize::tokenizer_info_of(
             dir,
             ChatTemplate::from_dir(dir).unwrap().as_ref().map(ChatTemplate::source),
             64,

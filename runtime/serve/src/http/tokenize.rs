@@ -1,8 +1,7 @@
 //! The tokenizer's routes, as vLLM serves them and evaluation harnesses call them
 //! (lm-evaluation-harness uses the server's own tokenizer when `/tokenizer_info` and
 //! `/tokenize` both answer): `POST /tokenize` (a prompt, or a chat rendered by the
-//! checkpoint's template), `POST /detokenize`, `GET /tokenizer_info` and `GET /version`;
-//! and OpenAI's `logit_bias`, read against the vocabulary.
+//! checkpoint's template), `POST /detokenize`, `GET /tokenizer_info` and `GET /version`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,32 +10,25 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
-use crate::api::{ApiError, Body, shown};
-use crate::http::{AppState, error_response, render_chat, unreadable};
+use super::plan::render_chat;
+use super::{AppState, error_response, unreadable};
+use crate::error::ApiError;
+use crate::request::{DetokenizeRequest, TokenizeRequest, messages_of, parse, shown};
 
-/// The fields `/tokenize` reads.
-const TOKENIZE_FIELDS: &[&str] = &[
-    "model",
-    "prompt",
-    "messages",
-    "add_special_tokens",
-    "add_generation_prompt",
-    "chat_template_kwargs",
-    "tools",
-    "return_token_strs",
-];
-
-/// Refuses a field `route` does not read, and another model's name.
-fn check(s: &AppState, b: &Body, route: &str, fields: &[&str]) -> Result<(), ApiError> {
-    if let Some((k, _)) = b.0.iter().find(|(k, v)| !v.is_null() && !fields.contains(&k.as_str())) {
-        return Err(ApiError::invalid(
-            k.as_str(),
-            format!("{k} is not a field of {route}: it reads {}", fields.join(", ")),
-        ));
-    }
-    if let Some(m) = b.string("model")?
+/// The body of `route`, refusing a field it does not read and another model's name.
+fn read<T: DeserializeOwned>(
+    s: &AppState,
+    bytes: &[u8],
+    route: &str,
+    model: fn(&T) -> Option<&str>,
+) -> Result<T, ApiError> {
+    let b: T = parse(bytes, &[], |k, fields| {
+        ApiError::invalid(k, format!("{k} is not a field of {route}: it reads {}", fields.join(", ")))
+    })?;
+    if let Some(m) = model(&b)
         && m != s.model_name
     {
         return Err(ApiError::invalid(
@@ -44,17 +36,12 @@ fn check(s: &AppState, b: &Body, route: &str, fields: &[&str]) -> Result<(), Api
             format!("model {m:?} is not served here: this server serves {:?}", s.model_name),
         ));
     }
-    Ok(())
+    Ok(b)
 }
 
 /// What a route answers when the checkpoint has no tokenizer.json.
-fn no_tokenizer(route: &str) -> ApiError {
-    ApiError {
-        status: 404,
-        kind: "not_found_error",
-        message: format!("{route}: this model has no tokenizer.json, so the server has no tokenizer to offer"),
-        param: None,
-    }
+fn no_tokenizer(route: &'static str) -> ApiError {
+    ApiError::NoTokenizer { route }
 }
 
 fn reply(s: &AppState, r: Result<Value, ApiError>) -> Response {
@@ -79,23 +66,26 @@ pub async fn tokenize(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesR
 }
 
 fn tokenized(s: &AppState, bytes: &[u8]) -> Result<Value, ApiError> {
-    let map = Body::parse(bytes)?;
-    let b = Body(&map);
-    check(s, &b, "/tokenize", TOKENIZE_FIELDS)?;
+    let b: TokenizeRequest = read(s, bytes, "/tokenize", |b: &TokenizeRequest| b.model.as_deref())?;
     let codec = s.codec.as_deref().ok_or_else(|| no_tokenizer("/tokenize"))?;
-    let chat = b.0.get("messages").is_some_and(|v| !v.is_null());
-    let (text, key) = match (b.string("prompt")?, chat) {
+    let chat = b.messages.is_some();
+    let (text, key) = match (b.prompt, chat) {
         (Some(_), true) => {
             return Err(ApiError::body("give prompt or messages, not both"));
         }
         (Some(p), false) => (p, "prompt"),
-        (None, true) => (render_chat(s, &b, bytes)?, "messages"),
+        (None, true) => {
+            let messages = messages_of(b.messages.unwrap_or_default())?;
+            let text =
+                render_chat(s, messages.as_ref(), b.chat_template_kwargs.as_ref(), b.add_generation_prompt, bytes)?;
+            (text, "messages")
+        }
         (None, false) => return Err(ApiError::body("/tokenize needs a prompt (text) or messages (a chat)")),
     };
-    let add_special = b.bool("add_special_tokens")?.unwrap_or(!chat);
+    let add_special = b.add_special_tokens.unwrap_or(!chat);
     let tokens = if add_special { codec.encode(&text) } else { codec.encode_plain(&text) }
         .map_err(|e| ApiError::invalid(key, e.to_string()))?;
-    let strs = if b.bool("return_token_strs")?.unwrap_or(false) {
+    let strs = if b.return_token_strs.unwrap_or(false) {
         Value::from(tokens.iter().map(|&t| codec.token(t).unwrap_or_default()).collect::<Vec<_>>())
     } else {
         Value::Null
@@ -116,14 +106,11 @@ pub async fn detokenize(State(s): State<Arc<AppState>>, body: Result<Bytes, Byte
 }
 
 fn detokenized(s: &AppState, bytes: &[u8]) -> Result<Value, ApiError> {
-    let map = Body::parse(bytes)?;
-    let b = Body(&map);
-    check(s, &b, "/detokenize", &["model", "tokens"])?;
+    let b: DetokenizeRequest = read(s, bytes, "/detokenize", |b: &DetokenizeRequest| b.model.as_deref())?;
     let codec = s.codec.as_deref().ok_or_else(|| no_tokenizer("/detokenize"))?;
-    let Some(list) = b.0.get("tokens").filter(|v| !v.is_null()) else {
+    let Some(items) = b.tokens else {
         return Err(ApiError::invalid("tokens", "/detokenize needs tokens: a list of token ids"));
     };
-    let items = list.as_array().ok_or_else(|| ApiError::invalid("tokens", "tokens must be a list of token ids"))?;
     let mut ids = Vec::with_capacity(items.len());
     for (i, v) in items.iter().enumerate() {
         match v.as_i64() {
@@ -180,30 +167,4 @@ pub fn tokenizer_info_of(dir: &Path, chat_template: Option<&str>, max_model_len:
     info.insert("chat_template".into(), chat_template.map_or(Value::Null, Value::from));
     info.insert("max_model_len".into(), Value::from(max_model_len));
     Some(Value::Object(info))
-}
-
-/// OpenAI's `logit_bias`: an object from token id (a string of digits) to a bias in
-/// [-100, 100], added to that token's logit.
-pub fn logit_bias(b: &Body, vocab: i64) -> Result<Vec<(i64, f64)>, ApiError> {
-    let Some(o) = b.object("logit_bias")? else { return Ok(Vec::new()) };
-    let mut out = Vec::with_capacity(o.len());
-    for (k, v) in o {
-        let key = format!("logit_bias.{k}");
-        let id = k.trim().parse::<i64>().ok().filter(|t| (0..vocab).contains(t)).ok_or_else(|| {
-            ApiError::invalid(
-                key.as_str(),
-                format!("logit_bias keys are token ids of this vocabulary (0 to {}), not {k:?}", vocab - 1),
-            )
-        })?;
-        match v.as_f64() {
-            Some(x) if (-100.0..=100.0).contains(&x) => out.push((id, x)),
-            _ => {
-                return Err(ApiError::invalid(
-                    key.as_str(),
-                    format!("{key} (the bias of token {id}) must be a number between -100 and 100, not {}", shown(v)),
-                ));
-            }
-        }
-    }
-    Ok(out)
 }
