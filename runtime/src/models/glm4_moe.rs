@@ -16,7 +16,7 @@ use crate::config::MoeDims;
 use crate::error::{Error, Result};
 use crate::load::WeightSource;
 use crate::moe::{ExpertMlp, Moe};
-use crate::nn::WeightLayout;
+use crate::nn::{Linear, Weight, WeightLayout};
 
 /// Layer `l`, this rank's part of it.
 pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
@@ -96,7 +96,8 @@ fn stack_experts(
     layout: WeightLayout,
     dev: Device,
 ) -> Result<Option<(Tensor, Tensor)>> {
-    let single = experts.iter().all(|e| e.gate_up.parts.len() == 1 && e.down.parts.len() == 1);
+    let stored = |l: &Linear| matches!(l.weight, Weight::Stored(_));
+    let single = experts.iter().all(|e| stored(&e.gate_up) && stored(&e.down));
     // libtorch's grouped product wants rows of a multiple of 16 bytes.
     let aligned = experts.first().is_some_and(|e| {
         let (h, w2) = (e.gate_up.shape()[0], e.gate_up.shape()[1]);
@@ -105,13 +106,13 @@ fn stack_experts(
     if kind != Kind::Float || layout != WeightLayout::OutIn || dev != Device::Cpu || !single || !aligned {
         return Ok(None);
     }
-    // Each part is the `[in, out]` view of a contiguous `[out, in]` weight.
-    let gu: Vec<Tensor> = experts.iter().map(|e| e.gate_up.parts[0].f_transpose(0, 1)).collect::<Result<_, _>>()?;
-    let dn: Vec<Tensor> = experts.iter().map(|e| e.down.parts[0].f_transpose(0, 1)).collect::<Result<_, _>>()?;
+    // Each weight is the `[in, out]` view of a contiguous `[out, in]` one.
+    let gu: Vec<Tensor> = experts.iter().map(|e| e.gate_up.parts()[0].f_transpose(0, 1)).collect::<Result<_, _>>()?;
+    let dn: Vec<Tensor> = experts.iter().map(|e| e.down.parts()[0].f_transpose(0, 1)).collect::<Result<_, _>>()?;
     let (gu, dn) = (Tensor::f_stack(&gu, 0)?, Tensor::f_stack(&dn, 0)?);
     for (i, e) in experts.iter_mut().enumerate() {
-        e.gate_up.parts = vec![gu.f_select(0, i as i64)?.f_transpose(0, 1)?];
-        e.down.parts = vec![dn.f_select(0, i as i64)?.f_transpose(0, 1)?];
+        e.gate_up.weight = Weight::Stored(gu.f_select(0, i as i64)?.f_transpose(0, 1)?);
+        e.down.weight = Weight::Stored(dn.f_select(0, i as i64)?.f_transpose(0, 1)?);
     }
     Ok(Some((gu.f_transpose(1, 2)?, dn.f_transpose(1, 2)?)))
 }

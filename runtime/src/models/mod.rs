@@ -673,7 +673,7 @@ impl Glm {
     /// blocks are joined, plus the f32 copy in half precision.
     pub fn logits_bytes(&self, rows: usize) -> u64 {
         let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let joined = self.parallel.tp > 1 || self.lm_head.as_ref().is_some_and(|h| h.linear.parts.len() > 1);
+        let joined = self.parallel.tp > 1 || self.lm_head.as_ref().is_some_and(|h| h.linear.parts().len() > 1);
         let model_dtype =
             (self.plan.padded_vocab as u64).saturating_mul(elt).saturating_mul(if joined { 2 } else { 1 });
         let f32_copy = if self.dtype == DType::F32 { 0 } else { self.dims.vocab as u64 * 4 };

@@ -71,7 +71,7 @@ impl VocabParallelEmbedding {
         let lookup = |idx: &Tensor| -> Result<Tensor> {
             match (&self.rows, tied) {
                 (Some(e), _) => Ok(e.f_index_select(0, idx)?),
-                (None, Some(head)) => lookup_columns(&head.linear.parts, idx),
+                (None, Some(head)) => lookup_columns(head.linear.parts(), idx),
                 (None, None) => {
                     Err(crate::error::Error::Internal("a tied embedding without its lm_head on this rank".to_owned()))
                 }

@@ -224,12 +224,10 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
         // int8 codes with a scale per output channel and int4 ones with a scale per 32
         // inputs (`--quantize int8|int4`): the project's kernel for few rows; the bandwidth
         // below counts their codes and scales.
-        let int8: Vec<headcount_runtime::nn::Packed> =
-            ws.iter().map(headcount_runtime::nn::Packed::int8).collect::<Result<_>>()?;
-        let int4: Vec<headcount_runtime::nn::Packed> = ws
-            .iter()
-            .map(|w| headcount_runtime::nn::Packed::new(w, headcount_runtime::Quantize::Int4))
-            .collect::<Result<_>>()?;
+        let pack = |format: headcount_runtime::Quantize| -> Result<Vec<headcount_runtime::nn::Packed>> {
+            ws.iter().map(|w| format.pack(w)).collect()
+        };
+        let (int8, int4) = (pack(headcount_runtime::Quantize::Int8)?, pack(headcount_runtime::Quantize::Int4)?);
         let mut variants: Vec<(&str, Product)> = vec![
             ("in-out", Box::new(|| Ok(x.f_matmul(&wts[pick()])?))),
             ("out-in", Box::new(|| Ok(x.f_matmul(&ws[pick()].f_transpose(0, 1)?)?))),
@@ -275,7 +273,7 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
                 "ms": median * 1e3,
                 "weight_gb_s": match *variant {
                     "int8" => (out * inp) as f64,
-                    "int4" => int4[0].format.bytes_per_weight().unwrap_or(1.0) * (out * inp) as f64,
+                    "int4" => int4[0].format().bytes_per_weight().unwrap_or(1.0) * (out * inp) as f64,
                     _ => bytes as f64,
                 } / median.max(1e-12) / 1e9,
                 "max_rel_diff": diff,

@@ -1,0 +1,311 @@
+//! Weight-only quantization of the projections (attention, MLP, experts, lm_head; the
+//! embedding and the norms stay in the model's dtype). Each format is one type behind
+//! [`Quantized`]: how a weight is packed into codes and scales, what it costs a weight, how
+//! it is read back, and its view in the few-row kernel's formats. Few-row products run in
+//! that kernel in f32 arithmetic ([`crate::cpu::few_rows`]), prefill through BLAS on the
+//! dequantized weight. A new format is a type implementing [`Quantized`], a variant of
+//! [`Quantize`] and of the kernel's [`kernel::Weights`].
+
+use tch::{Device, Kind, Tensor};
+
+use super::kernel::{KERNEL_MAX_ROWS, kernel_product};
+use crate::cpu::CpuPool;
+use crate::cpu::few_rows as kernel;
+use crate::error::{Error, Result, named_choices};
+
+/// The format projections are quantized to at load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Quantize {
+    /// Weights in the model's dtype.
+    #[default]
+    None,
+    /// int8 weights with one scale per output channel ([`Int8Weight`]).
+    Int8,
+    /// int4 weights with one f16 scale per 32 inputs of an output channel ([`Int4Weight`]);
+    /// a weight whose input count is not a multiple of 32 is stored as int8.
+    Int4,
+}
+
+named_choices!(Quantize, "quantization", [("none", None), ("int8", Int8), ("int4", Int4)]);
+
+impl Quantize {
+    /// Bytes a weight takes in this format, `None` for the model's dtype.
+    pub fn bytes_per_weight(self) -> Option<f64> {
+        match self {
+            Quantize::None => None,
+            Quantize::Int8 => Some(Int8Weight::bytes_per_weight()),
+            Quantize::Int4 => Some(Int4Weight::bytes_per_weight()),
+        }
+    }
+
+    /// `w` (`[out, in]`) packed in this format. int4 needs the inputs in whole groups of
+    /// 32; a weight with other input counts is stored as int8 instead (llama.cpp too keeps
+    /// such tensors in a wider type).
+    pub fn pack(self, w: &Tensor) -> Result<Packed> {
+        Ok(match self {
+            Quantize::Int8 => Box::new(Int8Weight::pack(w)?),
+            Quantize::Int4 if w.size2()?.1 % kernel::INT4_GROUP as i64 == 0 => Box::new(Int4Weight::pack(w)?),
+            Quantize::Int4 => Box::new(Int8Weight::pack(w)?),
+            Quantize::None => return Err(Error::Internal("no quantization to pack a weight in".to_owned())),
+        })
+    }
+}
+
+/// A quantized weight, whichever its format.
+pub type Packed = Box<dyn Quantized>;
+
+/// A weight `[out, in]` in a quantized format.
+pub trait Quantized: Send {
+    /// `w` (`[out, in]`) in this format.
+    fn pack(w: &Tensor) -> Result<Self>
+    where
+        Self: Sized;
+
+    /// Bytes a weight takes, its scales included.
+    fn bytes_per_weight() -> f64
+    where
+        Self: Sized;
+
+    /// Which format this is.
+    fn format(&self) -> Quantize;
+
+    /// `(outputs, inputs)`: the weight's `[out, in]`.
+    fn shape(&self) -> (i64, i64);
+
+    /// The codes and the scales, as stored.
+    fn tensors(&self) -> (&Tensor, &Tensor);
+
+    /// The kernel's view of the codes and scales.
+    fn kernel_view(&self) -> kernel::Weights<'_>;
+
+    /// Writes the weight the codes stand for into `w`, an f32 `[out, in]` contiguous CPU
+    /// tensor that nothing else reads or writes meanwhile (checked by
+    /// [`Quantized::dequantized`] and [`Quantized::product`], its callers).
+    fn dequantize_into(&self, w: &Tensor) -> Result<()>;
+
+    /// The weight the codes stand for, `[out, in]`, in `kind`.
+    fn dequantized(&self, kind: Kind) -> Result<Tensor> {
+        let (n, k) = self.shape();
+        let w = Tensor::f_empty([n, k], (Kind::Float, Device::Cpu))?;
+        self.dequantize_into(&w)?;
+        Ok(if kind == Kind::Float { w } else { w.f_to_kind(kind)? })
+    }
+
+    /// `x @ w^T + b` for `x` `[rows, in]`, in `x`'s dtype: few CPU rows through the
+    /// project's kernel (f32 arithmetic, [`crate::cpu::few_rows`]) on `pool`'s threads, more
+    /// through BLAS on the weight dequantized into `pool`'s scratch buffer.
+    fn product(&self, x: &Tensor, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
+        let (n, k) = self.shape();
+        let rows = x.size2()?.0;
+        if rows > KERNEL_MAX_ROWS || x.device() != Device::Cpu {
+            let y = if x.kind() == Kind::Float && x.device() == Device::Cpu {
+                pool.with_scratch(n * k, |buf| {
+                    let w = buf.f_narrow(0, 0, n * k)?.f_view([n, k])?;
+                    self.dequantize_into(&w)?;
+                    Ok(x.f_matmul(&w.f_transpose(0, 1)?)?)
+                })?
+            } else {
+                x.f_matmul(&self.dequantized(x.kind())?.f_transpose(0, 1)?)?
+            };
+            return Ok(match b {
+                Some(b) => y.f_add(b)?,
+                None => y,
+            });
+        }
+        kernel_product(x, self.kernel_view(), n, b, pool)
+    }
+}
+
+/// Refuses a tensor `dequantize_into` cannot write: anything but f32 `[n, k]`, contiguous,
+/// on the CPU.
+fn check_target(w: &Tensor, n: i64, k: i64) -> Result<()> {
+    if w.size() != [n, k] || w.kind() != Kind::Float || !w.is_contiguous() || w.device() != Device::Cpu {
+        return Err(Error::Internal(format!("dequantizing {n} x {k} into {:?}", w.size())));
+    }
+    Ok(())
+}
+
+/// Symmetric per-channel int8: codes `[out, in]` and f32 scales `[out]` (`max |w| / 127` of
+/// the channel), `w = code * scale`.
+pub struct Int8Weight {
+    codes: Tensor,
+    scales: Tensor,
+    outputs: i64,
+    inputs: i64,
+}
+
+impl Quantized for Int8Weight {
+    /// A row of zeros gets scale 1 (its codes are 0 either way).
+    fn pack(w: &Tensor) -> Result<Int8Weight> {
+        let (outputs, inputs) = w.size2()?;
+        let f = w.f_to_kind(Kind::Float)?;
+        let amax = f.f_abs()?.f_amax(&[1i64][..], true)?; // [out, 1]
+        let scale = amax.f_div_scalar(127.0)?;
+        let scale = scale.f_masked_fill(&scale.f_eq(0.0)?, 1.0)?;
+        let q = f.f_div(&scale)?.f_round()?.f_clamp(-127.0, 127.0)?.f_to_kind(Kind::Int8)?.f_contiguous()?;
+        Ok(Int8Weight { codes: q, scales: scale.f_squeeze_dim(1)?.f_contiguous()?, outputs, inputs })
+    }
+
+    fn bytes_per_weight() -> f64 {
+        1.0
+    }
+
+    fn format(&self) -> Quantize {
+        Quantize::Int8
+    }
+
+    fn shape(&self) -> (i64, i64) {
+        (self.outputs, self.inputs)
+    }
+
+    fn tensors(&self) -> (&Tensor, &Tensor) {
+        (&self.codes, &self.scales)
+    }
+
+    fn kernel_view(&self) -> kernel::Weights<'_> {
+        // cannot wrap: sizes of allocated tensors.
+        let (n, k) = (self.outputs as usize, self.inputs as usize);
+        // SAFETY: `pack` made the codes a contiguous CPU int8 [n, k] tensor and the scales a
+        // contiguous CPU f32 [n] one, owned by `self` (private fields) for the borrow.
+        unsafe {
+            kernel::Weights::Int8 {
+                q: std::slice::from_raw_parts(self.codes.data_ptr() as *const i8, n * k),
+                scales: std::slice::from_raw_parts(self.scales.data_ptr() as *const f32, n),
+            }
+        }
+    }
+
+    /// A conversion and an in-place multiply.
+    fn dequantize_into(&self, w: &Tensor) -> Result<()> {
+        check_target(w, self.outputs, self.inputs)?;
+        w.shallow_clone().f_copy_(&self.codes)?;
+        let _ = w.shallow_clone().f_mul_(&self.scales.f_unsqueeze(1)?)?;
+        Ok(())
+    }
+}
+
+/// Group-wise int4: codes two a byte `[out, in / 2]` and f16 scales `[out, in / 32]`, in the
+/// layout of [`kernel::Weights::Int4`].
+pub struct Int4Weight {
+    codes: Tensor,
+    scales: Tensor,
+    outputs: i64,
+    inputs: i64,
+}
+
+impl Quantized for Int4Weight {
+    /// `w`'s inputs must be a multiple of 32: in each group of 32 inputs of a channel the
+    /// value of largest magnitude `m` sets the scale `d = m / -8` (rounded to f16), and the
+    /// codes are `round(w / d)` clamped to -8..7. A group of zeros gets scale 1.
+    fn pack(w: &Tensor) -> Result<Int4Weight> {
+        let group = kernel::INT4_GROUP as i64;
+        let (outputs, inputs) = w.size2()?;
+        if inputs % group != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "int4 weights need input features in multiples of {group}: this one has {inputs} \
+                 (use --quantize int8)"
+            )));
+        }
+        let f = w.f_to_kind(Kind::Float)?.f_reshape([outputs, inputs / group, group])?;
+        let at = f.f_abs()?.f_argmax(-1, true)?;
+        let m = f.f_gather(-1, &at, false)?; // [out, groups, 1]
+        let d = m.f_div_scalar(-8.0)?.f_to_kind(Kind::Half)?.f_to_kind(Kind::Float)?;
+        let d = d.f_masked_fill(&d.f_eq(0.0)?, 1.0)?;
+        let q = f.f_div(&d)?.f_round()?.f_clamp(-8.0, 7.0)?.f_add_scalar(8.0)?.f_to_kind(Kind::Uint8)?;
+        let lo = q.f_narrow(2, 0, group / 2)?;
+        let hi = q.f_narrow(2, group / 2, group / 2)?;
+        let codes = lo.f_bitwise_or_tensor(&hi.f_bitwise_left_shift_tensor_scalar(4)?)?;
+        let codes = codes.f_reshape([outputs, inputs / 2])?.f_contiguous()?;
+        let scales = d.f_reshape([outputs, inputs / group])?.f_to_kind(Kind::Half)?.f_contiguous()?;
+        Ok(Int4Weight { codes, scales, outputs, inputs })
+    }
+
+    /// Half a byte, and two bytes of scale a group.
+    fn bytes_per_weight() -> f64 {
+        0.5 + 2.0 / kernel::INT4_GROUP as f64
+    }
+
+    fn format(&self) -> Quantize {
+        Quantize::Int4
+    }
+
+    fn shape(&self) -> (i64, i64) {
+        (self.outputs, self.inputs)
+    }
+
+    fn tensors(&self) -> (&Tensor, &Tensor) {
+        (&self.codes, &self.scales)
+    }
+
+    fn kernel_view(&self) -> kernel::Weights<'_> {
+        // cannot wrap: sizes of allocated tensors.
+        let (n, k) = (self.outputs as usize, self.inputs as usize);
+        // SAFETY: `pack` made the codes a contiguous CPU uint8 [n, k / 2] tensor and the
+        // scales a contiguous CPU f16 [n, k / 32] one, owned by `self` (private fields) for
+        // the borrow.
+        unsafe {
+            kernel::Weights::Int4 {
+                codes: std::slice::from_raw_parts(self.codes.data_ptr() as *const u8, n * k / 2),
+                scales: std::slice::from_raw_parts(self.scales.data_ptr() as *const u16, n * k / kernel::INT4_GROUP),
+            }
+        }
+    }
+
+    /// One pass of the project's code.
+    fn dequantize_into(&self, w: &Tensor) -> Result<()> {
+        check_target(w, self.outputs, self.inputs)?;
+        // cannot wrap: sizes of allocated tensors.
+        let (n, k) = (self.outputs as usize, self.inputs as usize);
+        let kernel::Weights::Int4 { codes, scales } = self.kernel_view() else {
+            return Err(Error::Internal("an int4 weight's view is not int4".to_owned()));
+        };
+        // SAFETY: `w` is a contiguous CPU f32 [n, k] (checked above) that nothing else reads
+        // or writes meanwhile (this function's contract).
+        let out = unsafe { std::slice::from_raw_parts_mut(w.data_ptr() as *mut f32, n * k) };
+        kernel::dequantize_int4(codes, scales, n, k, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// int4 packing: every weight within half a step of its group's scale (one step for a
+    /// value past +7 steps, which clamps: the group's largest magnitude maps to -8 exactly),
+    /// and the kernel's few-row product and the dequantized BLAS product of many rows
+    /// equal to `x @ dequantized^T`; int8 likewise.
+    #[test]
+    fn packed_weights_round_trip_and_multiply() {
+        let _g = tch::no_grad_guard();
+        tch::manual_seed(3);
+        let w = Tensor::randn([70, 96], (Kind::Float, Device::Cpu)).f_mul_scalar(0.05).unwrap();
+        for format in [Quantize::Int8, Quantize::Int4] {
+            let p = format.pack(&w).unwrap();
+            let dq = p.dequantized(Kind::Float).unwrap();
+            let err = (&dq - &w).abs();
+            let scales = p.tensors().1;
+            let step = match format {
+                // The scale of each weight's group, broadcast to [70, 96].
+                Quantize::Int4 => scales.to_kind(Kind::Float).abs().repeat_interleave_self_int(32, 1, None),
+                _ => scales.unsqueeze(1).expand([70, 96], false),
+            };
+            let half = step.f_mul_scalar(0.5 + 1e-4).unwrap();
+            let clamped = w.f_div(&step).unwrap().abs().gt(7.5);
+            let allowed = half.where_self(&clamped.logical_not(), &step.f_mul_scalar(1.0 + 1e-4).unwrap());
+            let over = (err - allowed).max().double_value(&[]);
+            assert!(over <= 1e-7, "{format:?}: a weight is {over} past its bound");
+            for rows in [1, 5, 20] {
+                let x = Tensor::randn([rows, 96], (Kind::Float, Device::Cpu));
+                let want = x.matmul(&dq.transpose(0, 1));
+                let got = p.product(&x, None, &CpuPool::new(2)).unwrap();
+                let d = (&got - &want).abs().max().double_value(&[]);
+                assert!(d <= 1e-4, "{format:?} {rows} rows: {d}");
+            }
+        }
+        // int4 leaves inputs that are not whole groups of 32 to int8.
+        let odd = Quantize::Int4.pack(&Tensor::randn([8, 80], (Kind::Float, Device::Cpu))).unwrap();
+        assert_eq!(odd.format(), Quantize::Int8);
+        let codes = Int4Weight::pack(&w).unwrap().codes;
+        assert_eq!(codes.size(), [70, 48]);
+    }
+}
