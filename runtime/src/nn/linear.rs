@@ -49,10 +49,9 @@ fn half_gemm_is_emulated() -> bool {
 }
 
 impl Linear {
-    /// A projection of `w` (`[out, in]`, as stored by transformers), laid out as `layout`
-    /// says. `parts` are `[in, out]` either way: for [`WeightLayout::OutIn`], one
-    /// transposed view of `w`, which `matmul` and `addmm` hand to BLAS as the transposed
-    /// variant (what `linear` does).
+    /// A projection of `w` (`[out, in]`, as stored by transformers): packed in `quantize`'s
+    /// format, else laid out as `layout` says ([`Weight::Stored`] for
+    /// [`WeightLayout::OutIn`], [`Weight::Columns`] for [`WeightLayout::InOut`]).
     pub(crate) fn new(
         w: &Tensor,
         b: Option<Tensor>,
@@ -164,8 +163,8 @@ impl Linear {
         Ok(y)
     }
 
-    /// A few rows against one dense CPU weight in the stored layout (`[out, in]`
-    /// contiguous; `parts[0]` its transposed view) in f32 or bf16, through the project's
+    /// A few rows against one dense CPU weight in the stored layout ([`Weight::Stored`]) in
+    /// f32 or bf16, through the project's
     /// kernel where it is vectorized: `None` when that does not apply. Many rows of a bf16
     /// weight where libtorch's half-precision products are emulated go through f32
     /// (one rounding at the end either way, as libtorch's bf16 product rounds).

@@ -69,11 +69,8 @@ pub trait Quantized: Send {
     /// Which format this is.
     fn format(&self) -> Quantize;
 
-    /// `(outputs, inputs)`: the weight's `[out, in]`.
-    fn shape(&self) -> (i64, i64);
-
-    /// The codes and the scales, as stored.
-    fn tensors(&self) -> (&Tensor, &Tensor);
+    /// The codes and the scales.
+    fn codes(&self) -> &Codes;
 
     /// The kernel's view of the codes and scales.
     fn kernel_view(&self) -> kernel::Weights<'_>;
@@ -82,6 +79,16 @@ pub trait Quantized: Send {
     /// tensor that nothing else reads or writes meanwhile (checked by
     /// [`Quantized::dequantized`] and [`Quantized::product`], its callers).
     fn dequantize_into(&self, w: &Tensor) -> Result<()>;
+
+    /// `(outputs, inputs)`: the weight's `[out, in]`.
+    fn shape(&self) -> (i64, i64) {
+        (self.codes().outputs, self.codes().inputs)
+    }
+
+    /// The codes and the scales, as stored.
+    fn tensors(&self) -> (&Tensor, &Tensor) {
+        (&self.codes().codes, &self.codes().scales)
+    }
 
     /// The weight the codes stand for, `[out, in]`, in `kind`.
     fn dequantized(&self, kind: Kind) -> Result<Tensor> {
@@ -125,14 +132,18 @@ fn check_target(w: &Tensor, n: i64, k: i64) -> Result<()> {
     Ok(())
 }
 
-/// Symmetric per-channel int8: codes `[out, in]` and f32 scales `[out]` (`max |w| / 127` of
-/// the channel), `w = code * scale`.
-pub struct Int8Weight {
+/// A quantized weight's tensors, as its format's `pack` made them (private: the kernel's
+/// view reads their memory as that format lays it out).
+pub struct Codes {
     codes: Tensor,
     scales: Tensor,
     outputs: i64,
     inputs: i64,
 }
+
+/// Symmetric per-channel int8: codes `[out, in]` and f32 scales `[out]` (`max |w| / 127` of
+/// the channel), `w = code * scale`.
+pub struct Int8Weight(Codes);
 
 impl Quantized for Int8Weight {
     /// A row of zeros gets scale 1 (its codes are 0 either way).
@@ -143,7 +154,7 @@ impl Quantized for Int8Weight {
         let scale = amax.f_div_scalar(127.0)?;
         let scale = scale.f_masked_fill(&scale.f_eq(0.0)?, 1.0)?;
         let q = f.f_div(&scale)?.f_round()?.f_clamp(-127.0, 127.0)?.f_to_kind(Kind::Int8)?.f_contiguous()?;
-        Ok(Int8Weight { codes: q, scales: scale.f_squeeze_dim(1)?.f_contiguous()?, outputs, inputs })
+        Ok(Int8Weight(Codes { codes: q, scales: scale.f_squeeze_dim(1)?.f_contiguous()?, outputs, inputs }))
     }
 
     fn bytes_per_weight() -> f64 {
@@ -154,44 +165,35 @@ impl Quantized for Int8Weight {
         Quantize::Int8
     }
 
-    fn shape(&self) -> (i64, i64) {
-        (self.outputs, self.inputs)
-    }
-
-    fn tensors(&self) -> (&Tensor, &Tensor) {
-        (&self.codes, &self.scales)
+    fn codes(&self) -> &Codes {
+        &self.0
     }
 
     fn kernel_view(&self) -> kernel::Weights<'_> {
         // cannot wrap: sizes of allocated tensors.
-        let (n, k) = (self.outputs as usize, self.inputs as usize);
+        let (n, k) = (self.0.outputs as usize, self.0.inputs as usize);
         // SAFETY: `pack` made the codes a contiguous CPU int8 [n, k] tensor and the scales a
         // contiguous CPU f32 [n] one, owned by `self` (private fields) for the borrow.
         unsafe {
             kernel::Weights::Int8 {
-                q: std::slice::from_raw_parts(self.codes.data_ptr() as *const i8, n * k),
-                scales: std::slice::from_raw_parts(self.scales.data_ptr() as *const f32, n),
+                q: std::slice::from_raw_parts(self.0.codes.data_ptr() as *const i8, n * k),
+                scales: std::slice::from_raw_parts(self.0.scales.data_ptr() as *const f32, n),
             }
         }
     }
 
     /// A conversion and an in-place multiply.
     fn dequantize_into(&self, w: &Tensor) -> Result<()> {
-        check_target(w, self.outputs, self.inputs)?;
-        w.shallow_clone().f_copy_(&self.codes)?;
-        let _ = w.shallow_clone().f_mul_(&self.scales.f_unsqueeze(1)?)?;
+        check_target(w, self.0.outputs, self.0.inputs)?;
+        w.shallow_clone().f_copy_(&self.0.codes)?;
+        let _ = w.shallow_clone().f_mul_(&self.0.scales.f_unsqueeze(1)?)?;
         Ok(())
     }
 }
 
 /// Group-wise int4: codes two a byte `[out, in / 2]` and f16 scales `[out, in / 32]`, in the
 /// layout of [`kernel::Weights::Int4`].
-pub struct Int4Weight {
-    codes: Tensor,
-    scales: Tensor,
-    outputs: i64,
-    inputs: i64,
-}
+pub struct Int4Weight(Codes);
 
 impl Quantized for Int4Weight {
     /// `w`'s inputs must be a multiple of 32: in each group of 32 inputs of a channel the
@@ -217,7 +219,7 @@ impl Quantized for Int4Weight {
         let codes = lo.f_bitwise_or_tensor(&hi.f_bitwise_left_shift_tensor_scalar(4)?)?;
         let codes = codes.f_reshape([outputs, inputs / 2])?.f_contiguous()?;
         let scales = d.f_reshape([outputs, inputs / group])?.f_to_kind(Kind::Half)?.f_contiguous()?;
-        Ok(Int4Weight { codes, scales, outputs, inputs })
+        Ok(Int4Weight(Codes { codes, scales, outputs, inputs }))
     }
 
     /// Half a byte, and two bytes of scale a group.
@@ -229,33 +231,29 @@ impl Quantized for Int4Weight {
         Quantize::Int4
     }
 
-    fn shape(&self) -> (i64, i64) {
-        (self.outputs, self.inputs)
-    }
-
-    fn tensors(&self) -> (&Tensor, &Tensor) {
-        (&self.codes, &self.scales)
+    fn codes(&self) -> &Codes {
+        &self.0
     }
 
     fn kernel_view(&self) -> kernel::Weights<'_> {
         // cannot wrap: sizes of allocated tensors.
-        let (n, k) = (self.outputs as usize, self.inputs as usize);
+        let (n, k) = (self.0.outputs as usize, self.0.inputs as usize);
         // SAFETY: `pack` made the codes a contiguous CPU uint8 [n, k / 2] tensor and the
         // scales a contiguous CPU f16 [n, k / 32] one, owned by `self` (private fields) for
         // the borrow.
         unsafe {
             kernel::Weights::Int4 {
-                codes: std::slice::from_raw_parts(self.codes.data_ptr() as *const u8, n * k / 2),
-                scales: std::slice::from_raw_parts(self.scales.data_ptr() as *const u16, n * k / kernel::INT4_GROUP),
+                codes: std::slice::from_raw_parts(self.0.codes.data_ptr() as *const u8, n * k / 2),
+                scales: std::slice::from_raw_parts(self.0.scales.data_ptr() as *const u16, n * k / kernel::INT4_GROUP),
             }
         }
     }
 
     /// One pass of the project's code.
     fn dequantize_into(&self, w: &Tensor) -> Result<()> {
-        check_target(w, self.outputs, self.inputs)?;
+        check_target(w, self.0.outputs, self.0.inputs)?;
         // cannot wrap: sizes of allocated tensors.
-        let (n, k) = (self.outputs as usize, self.inputs as usize);
+        let (n, k) = (self.0.outputs as usize, self.0.inputs as usize);
         let kernel::Weights::Int4 { codes, scales } = self.kernel_view() else {
             return Err(Error::Internal("an int4 weight's view is not int4".to_owned()));
         };
@@ -305,7 +303,7 @@ mod tests {
         // int4 leaves inputs that are not whole groups of 32 to int8.
         let odd = Quantize::Int4.pack(&Tensor::randn([8, 80], (Kind::Float, Device::Cpu))).unwrap();
         assert_eq!(odd.format(), Quantize::Int8);
-        let codes = Int4Weight::pack(&w).unwrap().codes;
-        assert_eq!(codes.size(), [70, 48]);
+        let int4 = Int4Weight::pack(&w).unwrap();
+        assert_eq!(int4.tensors().0.size(), [70, 48]);
     }
 }

@@ -188,6 +188,17 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
 }
 
+/// Refuses a request that names a model other than the one served.
+fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != s.model_name => Err(ApiError::invalid(
+            "model",
+            format!("model {m:?} is not served here: this server serves {:?}", s.model_name),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A body that could not be read (too large, or cut off).
 pub(crate) fn unreadable(s: &AppState, e: BytesRejection) -> Response {
     error_response(&ApiError::Unreadable { status: e.status().as_u16(), reason: e.body_text() }, &s.metrics)

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use headcount_runtime::{Sampling, TextCodec};
 use serde_json::{Map, Value};
 
-use super::AppState;
+use super::{AppState, check_model};
 use crate::engine::Penalties;
 use crate::error::ApiError;
 use crate::reasoning::ReasoningSplit;
@@ -206,14 +206,7 @@ fn logit_bias(o: Option<&Map<String, Value>>, vocab: i64) -> Result<Vec<(i64, f6
 
 fn plan_of<R: Route>(s: &AppState, bytes: &[u8], b: GenerateRequest<R>) -> Result<Plan, ApiError> {
     let ep = R::ENDPOINT;
-    if let Some(m) = &b.model
-        && *m != s.model_name
-    {
-        return Err(ApiError::invalid(
-            "model",
-            format!("model {m:?} is not served here: this server serves {:?}", s.model_name),
-        ));
-    }
+    check_model(s, b.model.as_deref())?;
     let codec = s.codec.as_deref();
     let no_tokenizer = |what: &str| {
         ApiError::invalid(what, format!("this model has no tokenizer.json, so {what} cannot be text: give token ids"))

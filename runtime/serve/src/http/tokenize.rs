@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use super::plan::render_chat;
-use super::{AppState, error_response, unreadable};
+use super::{AppState, check_model, error_response, unreadable};
 use crate::error::ApiError;
 use crate::request::{DetokenizeRequest, TokenizeRequest, messages_of, parse, shown};
 
@@ -28,14 +28,7 @@ fn read<T: DeserializeOwned>(
     let b: T = parse(bytes, &[], |k, fields| {
         ApiError::invalid(k, format!("{k} is not a field of {route}: it reads {}", fields.join(", ")))
     })?;
-    if let Some(m) = model(&b)
-        && m != s.model_name
-    {
-        return Err(ApiError::invalid(
-            "model",
-            format!("model {m:?} is not served here: this server serves {:?}", s.model_name),
-        ));
-    }
+    check_model(s, model(&b))?;
     Ok(b)
 }
 
@@ -44,10 +37,16 @@ fn no_tokenizer(route: &'static str) -> ApiError {
     ApiError::NoTokenizer { route }
 }
 
-fn reply(s: &AppState, r: Result<Value, ApiError>) -> Response {
-    match r {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => error_response(&e, &s.metrics),
+/// What a tokenizer route answers for `body`: `f`'s JSON, or its error.
+fn reply(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    f: fn(&AppState, &[u8]) -> Result<Value, ApiError>,
+) -> Response {
+    match body.map(|bytes| f(s, &bytes)) {
+        Ok(Ok(v)) => axum::Json(v).into_response(),
+        Ok(Err(e)) => error_response(&e, &s.metrics),
+        Err(e) => unreadable(s, e),
     }
 }
 
@@ -56,13 +55,7 @@ fn reply(s: &AppState, r: Result<Value, ApiError>) -> Response {
 /// unless asked); answers `count`, `max_model_len`, `tokens` and, with `return_token_strs`,
 /// each token's string.
 pub async fn tokenize(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match body {
-        Ok(bytes) => {
-            let r = tokenized(&s, &bytes);
-            reply(&s, r)
-        }
-        Err(e) => unreadable(&s, e),
-    }
+    reply(&s, body, tokenized)
 }
 
 fn tokenized(s: &AppState, bytes: &[u8]) -> Result<Value, ApiError> {
@@ -96,13 +89,7 @@ fn tokenized(s: &AppState, bytes: &[u8]) -> Result<Value, ApiError> {
 /// `POST /detokenize`: `{"tokens": [ids]}` to their text (special tokens left out, as in
 /// answers).
 pub async fn detokenize(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match body {
-        Ok(bytes) => {
-            let r = detokenized(&s, &bytes);
-            reply(&s, r)
-        }
-        Err(e) => unreadable(&s, e),
-    }
+    reply(&s, body, detokenized)
 }
 
 fn detokenized(s: &AppState, bytes: &[u8]) -> Result<Value, ApiError> {
