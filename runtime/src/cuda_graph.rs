@@ -2,8 +2,8 @@
 //! `runtime/cuda/graph.cpp` over libtorch's `at::cuda::CUDAGraph`.
 //!
 //! On a GPU a decode step is hundreds of small kernels, and issuing each through libtorch
-//! costs about 8.5 µs of CPU time (docs/PERFORMANCE.md): GLM-4-9B's step is bound by that,
-//! not by the GPU. A replayed graph launches the whole step at once.
+//! costs CPU time: a small model's step can be bound by that rather than by the GPU. A
+//! replayed graph launches the whole step at once.
 //!
 //! The shim is a shared library built by `runtime/build.rs` when libtorch is a CUDA build,
 //! and loaded here on first use, after libtorch's CUDA library. It is looked for at

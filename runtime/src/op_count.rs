@@ -7,7 +7,7 @@
 //!
 //! Three counts per operator name:
 //! - `calls`: calls made from outside libtorch, i.e. by headcount (each costs the caller's
-//!   dispatch overhead, about 8.5 µs on a GPU host: docs/PERFORMANCE.md);
+//!   dispatch overhead);
 //! - `ops`: every operator, those that other operators call included;
 //! - `leaves`: operators that called no other operator. On a GPU each leaf that computes
 //!   (not a view or an allocation) is about one kernel, which is what a CUDA graph replays.

@@ -1,9 +1,9 @@
 //! Matrix products of a few rows split over CPU threads by output columns.
 //!
 //! libtorch's BLAS runs a one-row product (every decode step's projections and lm_head) on
-//! one thread, and one core cannot pull the weights from memory as fast as two: measured on
-//! the 2-core machine of docs/PERFORMANCE.md, `[1, 1024] @ [1024, 32000]` reads 28 GB/s on
-//! one thread and 43 GB/s split over two. Large weights are therefore stored as column
+//! one thread, and one core cannot pull the weights from memory as fast as two (the
+//! `[1, 1024] @ [1024, 32000]` product's read rate on one thread and split over two,
+//! docs/PERFORMANCE.md, "Why the decode path is shaped as it is"). Large weights are therefore stored as column
 //! blocks, and a product with few rows runs block 0 on the calling thread and the others on
 //! the model's workers ([`CpuPool`]). Each output column is the same dot product as unsplit.
 
@@ -16,8 +16,8 @@ use super::CpuPool;
 use crate::error::{Error, Result};
 
 /// Weights smaller than this stay whole: below it a hand-off to a worker costs more than the
-/// split saves (measured on the 4-layer shape: splitting its 0.5-1 MB weights too took decode
-/// from 650 to 550 tokens/s).
+/// split saves (the 4-layer shape's decode with its 0.5-1 MB weights split and whole,
+/// docs/PERFORMANCE.md, "Why the decode path is shaped as it is").
 pub const SPLIT_MIN_BYTES: usize = 4 << 20;
 
 /// Products with more rows than this (prefill) run block after block, each with libtorch's

@@ -4,10 +4,10 @@
 //! (one scale an output channel) or int4 (one f16 scale per 32 inputs of a channel).
 //!
 //! One decode step reads every projection weight once for one or a few rows, so these
-//! products are bound by how fast the weights come from memory. On the 2-core machine of
-//! docs/PERFORMANCE.md libtorch's one-row products read bf16 weights at 11-20 GB/s and its
-//! `_weight_int8pack_mm` int8 ones at 1-10 GB/s; this kernel reads each format at the
-//! memory's pace. AVX-512 (F and BW) where the CPU has it (checked at run time), plain Rust
+//! products are bound by how fast the weights come from memory. libtorch's one-row products
+//! read bf16 weights and its `_weight_int8pack_mm` int8 ones well below that pace, and this
+//! kernel reads each format near it (each read rate against the copy bandwidth,
+//! docs/results/2026-12-01.md). AVX-512 (F and BW) where the CPU has it (checked at run time), plain Rust
 //! otherwise; the output channels are split over threads, the first block on the calling
 //! thread and the others on the model's workers ([`CpuPool`]).
 //!

@@ -15,8 +15,8 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Error, Result};
 
 /// How long a worker keeps polling for its next block after finishing one before it sleeps.
-/// Waking a sleeping thread costs about 0.1 ms a product on a 2-core machine (the
-/// few-row kernel entries of docs/PERFORMANCE.md).
+/// Waking a sleeping thread costs a product more than the spin does (the hand-off timed in
+/// the few-row kernel entry of docs/results/2026-12-01.md).
 const SPIN: Duration = Duration::from_micros(300);
 
 /// The most worker threads a pool starts.

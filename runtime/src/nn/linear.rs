@@ -252,15 +252,15 @@ pub enum WeightLayout {
     #[default]
     Auto,
     /// `[in, out]`, contiguous (a transposed copy made at load): on CPU in f32 the form BLAS
-    /// reads at the memory bandwidth for one row (4.6 ms against 0.97 ms for a
-    /// `[1, 256] @ [256, 32000]` product, docs/PERFORMANCE.md); large CPU weights are also
-    /// split into column blocks for worker threads.
+    /// reads at the memory bandwidth for one row (the one-row lm_head product timed in both
+    /// forms, docs/PERFORMANCE.md, "Why the decode path is shaped as it is"); large CPU weights are also split into
+    /// column blocks for worker threads.
     InOut,
     /// `[out, in]`, as checkpoints store it and transformers' `linear` reads it (BLAS's
     /// transposed variant). Never split. On CPU the form the project's kernel reads for few
     /// rows (f32 and bf16), and for bf16 and f16 without it the faster one too: libtorch
     /// hands it to oneDNN's half-precision kernels. f32 prefill through MKL is faster in it
-    /// as well (12-layer 717-740 against 624-635 tokens/s).
+    /// as well (the 12-layer prefill in both forms, docs/results/2026-12-01.md).
     OutIn,
 }
 

@@ -36,8 +36,8 @@ named_choices!(Rounding, "rounding", [("transformers", Transformers), ("fused", 
 /// [`Rounding::Fused`] in half precision as well (the weight multiplies in f32, one rounding).
 ///
 /// A decode step's few f32 rows on the CPU are normalized here in Rust instead
-/// ([`rms_norm_rows`]): libtorch's CPU `rms_norm` is about ten operator calls, 13 µs for one
-/// row of 512 on the machine of docs/PERFORMANCE.md, most of it dispatch. The sum of squares
+/// ([`rms_norm_rows`]): libtorch's CPU `rms_norm` is about ten operator calls, and for one row
+/// most of its time is their dispatch (timed in the 2026-12-03 entry of docs/results/). The sum of squares
 /// is accumulated in another order than libtorch's, within 1e-6 of it.
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, rounding: Rounding) -> Result<Tensor> {
     let size = x.size();
