@@ -12,9 +12,10 @@ For each shape a random checkpoint is written with transformers (fixed seed): th
 shapes as Glm4ForCausalLM, the mixture-of-experts ones in their own family (glm4_moe,
 glm4_moe_lite, glm_moe_dsa). Each is converted with llama.cpp's own converter
 (`convert_hf_to_gguf.py` from the same tree, its `gguf-py`) to f32 and bf16 GGUF, and
-quantized with `llama-quantize` to q8_0 and q4_0. The random checkpoint has no tokenizer,
-so the GGUF gets llama.cpp's "none" vocabulary of the config's vocab_size (llama-bench feeds
-random token ids either way).
+quantized with `llama-quantize` to q8_0 and q4_0. The random checkpoint's vocabulary is one
+word an id ("t17" is id 17): a word-level tokenizer.json for headcount, and in the GGUF a
+BPE vocabulary of the same words (one merge), so that both engines write a generated id
+as the same text (llama-bench feeds random token ids; python/serve_load.py sends ids).
 
 Both engines run a --prompt-len prefill, then --new-tokens decode steps after a context of
 --prompt-len tokens (llama-bench: `-p N -n 0` and `-p 0 -n M -d N`; headcount: `bench
@@ -88,6 +89,13 @@ def cpu_flags():
     return set()
 
 
+def cpu_description():
+    """The CPU's name and which of AVX-512 (F, VNNI, BF16) and AMX it has."""
+    flags = cpu_flags()
+    features = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16") if f in flags]
+    return f"{cpu_name()} ({', '.join(features) or 'no AVX-512'})"
+
+
 # ggml's options for the x86 features named in /proc/cpuinfo, for the build without AMX.
 GGML_FEATURES = {
     "avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C", "bmi2": "GGML_BMI2",
@@ -123,7 +131,8 @@ def llama_cpp_source():
 
 
 class LlamaCpp:
-    """A build of llama-bench and llama-quantize: `native` (-march=native) or without AMX."""
+    """A build of llama-bench and llama-quantize (and llama-server when asked): `native`
+    (-march=native) or without AMX."""
 
     def __init__(self, tree, native):
         self.tree, self.native = tree, native
@@ -133,10 +142,11 @@ class LlamaCpp:
     def bin(self, name):
         return self.build / "bin" / name
 
-    def ensure(self):
-        if self.bin("llama-bench").exists() and self.bin("llama-quantize").exists():
+    def ensure(self, server=False):
+        targets = ["llama-bench", "llama-quantize"] + (["llama-server"] if server else [])
+        if all(self.bin(t).exists() for t in targets):
             return self
-        print(f"building llama-bench and llama-quantize, {self.note} (a few minutes)", file=sys.stderr)
+        print(f"building {', '.join(targets)}, {self.note} (a few minutes)", file=sys.stderr)
         if self.native:
             arch = ["-DGGML_NATIVE=ON"]
         else:
@@ -145,9 +155,9 @@ class LlamaCpp:
             arch += [f"-D{opt}={'ON' if feat in flags else 'OFF'}" for feat, opt in GGML_FEATURES.items()]
         sh(["cmake", "-S", self.tree, "-B", self.build, "-DCMAKE_BUILD_TYPE=Release", *arch, "-DLLAMA_CURL=OFF",
             "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-            "-DLLAMA_BUILD_SERVER=OFF"])
-        sh(["cmake", "--build", self.build, "-j", str(os.cpu_count() or 2), "--target", "llama-bench",
-            "llama-quantize"])
+            # The server without its web UI, which would be fetched from the network.
+            "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"])
+        sh(["cmake", "--build", self.build, "-j", str(os.cpu_count() or 2), "--target", *targets])
         return self
 
     def probe(self, model, threads):
@@ -162,7 +172,7 @@ class LlamaCpp:
         return f"{how}: {out.stderr.strip()[-300:]}"
 
 
-def working_llama_cpp(build, model, threads):
+def working_llama_cpp(build, model, threads, server=False):
     """`build`, or the build without AMX where `build` crashes on `model`."""
     failure = build.probe(model, threads)
     if failure is None:
@@ -172,15 +182,30 @@ def working_llama_cpp(build, model, threads):
     if not build.native:
         sys.exit(f"llama.cpp built without AMX fails on {model.name}: {failure}")
     print(f"llama.cpp's native build fails on {model.name} ({failure}); rebuilding it without AMX", file=sys.stderr)
-    fallback = LlamaCpp(build.tree, native=False).ensure()
+    fallback = LlamaCpp(build.tree, native=False).ensure(server)
     fallback.note += f" (the native build failed on {model.name}: {failure.split(':')[0]})"
-    return working_llama_cpp(fallback, model, threads)
+    return working_llama_cpp(fallback, model, threads, server)
+
+
+def word_tokenizer(dir, vocab_size):
+    """tokenizer.json of one word an id ("t17" is id 17), split at whitespace."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # Ids decode to their words with nothing between them, as llama.cpp writes them.
+    tok.decoder = decoders.Fuse()
+    tok.save(str(dir / "tokenizer.json"))
+    (dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
 def checkpoint(shape):
-    """A random checkpoint of the shape's config and family, saved once (f32 safetensors)."""
+    """A random checkpoint of the shape's config and family, saved once (f32 safetensors),
+    with the word-level tokenizer."""
     out = PEER / "checkpoints" / shape
     if (out / "model.safetensors").exists():
+        if not (out / "tokenizer.json").exists():
+            word_tokenizer(out, json.loads((out / "config.json").read_text())["vocab_size"])
         return out
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -204,6 +229,7 @@ def checkpoint(shape):
         saved = json.loads((out / "config.json").read_text())
         saved["first_k_dense_replace"] = dense
         (out / "config.json").write_text(json.dumps(saved, indent=2))
+    word_tokenizer(out, config.vocab_size)
     return out
 
 
@@ -219,8 +245,19 @@ def gguf(llama, hf, kind):
             f"sys.path.insert(0, {str(llama.tree / 'gguf-py')!r})\n"
             "import conversion.glm as glm\n"
             "def set_vocab(self):\n"
-            "    self.gguf_writer.add_tokenizer_model('none')\n"
-            "    self.gguf_writer.add_vocab_size(self.hparams['vocab_size'])\n"
+            "    n = self.hparams['vocab_size']\n"
+            "    self.gguf_writer.add_tokenizer_model('gpt2')\n"
+            "    self.gguf_writer.add_tokenizer_pre('default')\n"
+            "    self.gguf_writer.add_token_list([f't{i}' for i in range(n)])\n"
+            "    self.gguf_writer.add_token_types([1] * n)\n"
+            # One merge: llama.cpp refuses a BPE vocabulary without the key, and the writer
+            # leaves an empty list out.
+            "    self.gguf_writer.add_token_merges(['t 0'])\n"
+            "    self.gguf_writer.add_add_bos_token(False)\n"
+            "    eos = self.hparams.get('eos_token_id')\n"
+            "    eos = eos[0] if isinstance(eos, list) else eos\n"
+            "    if eos is not None:\n"
+            "        self.gguf_writer.add_eos_token_id(eos)\n"
             f"for name in {CONVERTER_CLASSES!r}:\n"
             "    getattr(glm, name).set_vocab = set_vocab\n"
             f"sys.argv = ['convert_hf_to_gguf.py', {str(hf)!r}, '--outtype', {kind!r}, '--outfile', {str(path)!r}]\n"
@@ -289,10 +326,8 @@ def main():
             rows.append((shape, precision, kind, med, bound))
             print(f"done {shape} {precision}", file=sys.stderr)
 
-    flags = cpu_flags()
-    features = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16") if f in flags]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    print(f"CPU: {cpu_name()} ({', '.join(features) or 'no AVX-512'}); headcount {commit.stdout.strip() or '?'}; "
+    print(f"CPU: {cpu_description()}; headcount {commit.stdout.strip() or '?'}; "
           f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}, {llama.note}; threads {a.threads}; "
           f"prompt {a.prompt_len}, then {a.new_tokens} new tokens; medians of {a.rounds} rounds x {a.repeat} runs\n")
     print("| shape | headcount | llama.cpp | prefill tok/s headcount | llama.cpp | ratio "

@@ -1,10 +1,13 @@
 """Load on an OpenAI-compatible server: requests/s, output tokens/s, time to first token and
-inter-token latency (p50, p99) at several concurrencies, for `headcount serve` and
-`transformers serve --continuous-batching` on the same weights and threads, loopback only.
+inter-token latency (p50, p99) at several concurrencies, for `headcount serve`,
+`transformers serve --continuous-batching` and llama.cpp's `llama-server` on the same
+weights and threads, loopback only.
 
-  python/serve_load.py [--shape demo|demo-mtp|bytes|4-layer] [--engines headcount,transformers]
+  python/serve_load.py [--shape demo|demo-mtp|bytes|4-layer|12-layer|moe-4-layer|...]
+                       [--engines headcount,transformers,llama-server]
                        [--concurrency 1,8,32,128] [--requests 128] [--max-tokens 32]
-                       [--speculative-tokens 2] [--json-schema] [--shared-prefix N] [--dtype f32|bf16]
+                       [--prompt-len 32] [--speculative-tokens 2] [--json-schema]
+                       [--shared-prefix N] [--dtype f32|bf16] [--quantize int8|int4]
 
 Each level sends --requests streaming completions (greedy), --concurrency at a time, after
 a warm-up; a token is a streamed chunk that carries text. The 4-layer shape is a random
@@ -18,7 +21,17 @@ follows a small JSON schema (structured output), so a run with and one without i
 constrained with unconstrained throughput. With --shared-prefix N (the 4-layer shape), every
 prompt begins with the same N tokens (a system prompt), and the engine
 `headcount-no-prefix-cache` is headcount serve with --no-enable-prefix-caching, to compare
-with its prefix cache. Prints one markdown table.
+with its prefix cache.
+
+The shapes of python/compare_llama_cpp.py (12-layer, moe-4-layer, mla-4-layer, dsa-4-layer)
+are its random checkpoints with their word-level tokenizers, which the engine
+`llama-server` serves as GGUF converted and quantized by llama.cpp's own tools (--dtype
+f32|bf16, or q8_0 and q4_0 with --quantize int8|int4; headcount serve gets the same flags
+on the safetensors). llama-server is built from the same pinned llama.cpp tree as the
+llama-bench peer (rebuilt without AMX where its native build crashes) and runs with
+--parallel at the highest concurrency, each slot holding a prompt and its answer. On these
+shapes every request sends its prompt as token ids, so both servers read the same ids, and
+asks for --max-tokens tokens with ignore_eos. Prints one markdown table.
 """
 
 import argparse
@@ -37,6 +50,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADCOUNT = ROOT / "target" / "release" / "headcount"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_llama_cpp as peer  # noqa: E402
+
+# The llama.cpp GGUF type served for each headcount precision.
+# The shapes of python/compare_llama_cpp.py served here (its 4-layer is this file's in glm4).
+PEER_SHAPES = [s for s in peer.SHAPES if s != "4-layer"]
+GGUF_KIND = {("f32", None): "f32", ("bf16", None): "bf16", ("f32", "int8"): "q8_0", ("f32", "int4"): "q4_0"}
 
 
 def free_port() -> int:
@@ -64,9 +84,9 @@ def four_layer_checkpoint(dir: Path) -> None:
 
 def prompts(shape: str, n: int, prompt_len: int, shared: int = 0, salt: int = 0) -> list[str]:
     out = []
-    # With a shared prefix, each call's own parts differ (salt), so no level finds a whole
-    # prompt of the warm-up or of another level in the prefix cache.
-    x = 12345 + (salt if shared else 0)
+    # With a shared prefix, and on the llama-server shapes, each call's prompts differ (salt),
+    # so no level finds a prompt of the warm-up or of another level in a prompt cache.
+    x = 12345 + (salt if shared or shape in PEER_SHAPES else 0)
     system = " ".join(f"t{2 + (i * 7919) % 31000}" for i in range(shared))
     for _ in range(n):
         if shape == "bytes":
@@ -83,15 +103,27 @@ def prompts(shape: str, n: int, prompt_len: int, shared: int = 0, salt: int = 0)
                 x = (x * 1103515245 + 12345) % 2**31
                 ids.append(f"t{2 + x % 31000}")
             out.append(" ".join(([system] if shared else []) + ids))
+    if shape in PEER_SHAPES:
+        # The same ids for every engine, whatever its tokenizer makes of text.
+        return [[int(w[1:]) for w in p.split()] for p in out]
     return out
 
 
 def start(engine: str, model: Path, port: int, threads: int, max_batch: int, speculative: int,
-          dtype: str = "f32") -> subprocess.Popen:
+          dtype: str = "f32", quantize: str | None = None, gguf: Path | None = None,
+          slot_len: int = 0) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    if engine.startswith("headcount"):
+    health = "/v1/models"
+    if engine == "llama-server":
+        cmd = [str(gguf[0]), "-m", str(gguf[1]), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+               "-tb", str(threads), "-ngl", "0", "--parallel", str(max_batch), "-c", str(max_batch * slot_len),
+               "--no-webui"]
+        health = "/health"
+    elif engine.startswith("headcount"):
         cmd = [str(HEADCOUNT), "serve", "--model", str(model), "--port", str(port), "--max-batch", str(max_batch),
                "--max-queue", "4096", "--dtype", dtype, "-q"]
+        if quantize:
+            cmd += ["--quantize", quantize]
         if engine == "headcount-speculative":
             cmd += ["--speculative-tokens", str(speculative)]
         if engine == "headcount-no-prefix-cache":
@@ -104,7 +136,7 @@ def start(engine: str, model: Path, port: int, threads: int, max_batch: int, spe
     while time.time() < deadline:
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/v1/models")
+            c.request("GET", health)
             if c.getresponse().status == 200:
                 return p
         except OSError:
@@ -123,9 +155,11 @@ SCHEMA = {"type": "object", "properties": {"station": {"type": "string", "maxLen
 CONSTRAINED = False
 
 
-def one(port: int, model: str, prompt: str, max_tokens: int) -> dict:
+def one(port: int, model: str, prompt: str | list[int], max_tokens: int) -> dict:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if isinstance(prompt, list):
+        body["ignore_eos"] = True
     if CONSTRAINED:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reading", "schema": SCHEMA}}
     t0 = time.perf_counter()
@@ -184,7 +218,8 @@ def acceptance(port: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="demo", choices=["demo", "demo-mtp", "bytes", "4-layer"])
+    ap.add_argument("--shape", default="demo", choices=["demo", "demo-mtp", "bytes", "4-layer",
+                                                        *PEER_SHAPES])
     ap.add_argument("--engines", default="headcount,transformers")
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--requests", type=int, default=128)
@@ -196,7 +231,14 @@ def main() -> None:
     ap.add_argument("--shared-prefix", type=int, default=0)
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
                     help="headcount's weights and activations (transformers serve keeps its own default)")
+    ap.add_argument("--quantize", choices=["int8", "int4"],
+                    help="headcount serve --quantize, and llama-server the GGUF of q8_0 or q4_0")
     a = ap.parse_args()
+    engines = a.engines.split(",")
+    if "llama-server" in engines and a.shape not in PEER_SHAPES:
+        sys.exit(f"llama-server serves the shapes {', '.join(PEER_SHAPES)}, not {a.shape}")
+    if a.quantize and a.dtype != "f32":
+        sys.exit("--quantize runs on f32 activations: leave --dtype at f32")
     if a.shared_prefix and a.shape != "4-layer":
         sys.exit("--shared-prefix needs --shape 4-layer (the demo's context is 64 positions)")
     global CONSTRAINED
@@ -209,14 +251,24 @@ def main() -> None:
         model = ROOT / "examples/addition/model-mtp"
     elif a.shape == "bytes":
         model = ROOT / "tests/fixtures/glm-bytes"
-    else:
+    elif a.shape == "4-layer":
         model = Path(tmp.name) / "4-layer"
         four_layer_checkpoint(model)
+    else:
+        model = peer.checkpoint(a.shape)
+    gguf, llama_note = None, ""
+    if "llama-server" in engines:
+        build = peer.LlamaCpp(peer.llama_cpp_source(), native=True).ensure(server=True)
+        kind = GGUF_KIND[(a.dtype, a.quantize)]
+        file = peer.gguf(build, model, kind)
+        build = peer.working_llama_cpp(build, file, a.threads, server=True)
+        gguf, llama_note = (build.bin("llama-server"), file), f"; llama-server {kind}, {build.note}"
     name = str(model)
     rows = []
-    for engine in a.engines.split(","):
+    for engine in engines:
         port = free_port()
-        p = start(engine, model, port, a.threads, max(levels), a.speculative_tokens, a.dtype)
+        p = start(engine, model, port, a.threads, max(levels), a.speculative_tokens, a.dtype, a.quantize, gguf,
+                  a.prompt_len + a.max_tokens + 16)
         try:
             warm = prompts(a.shape, 8, a.prompt_len, a.shared_prefix, salt=1)
             level(port, name, warm, 4, a.max_tokens)
@@ -234,8 +286,9 @@ def main() -> None:
                 p.kill()
     how = ", answers constrained to a JSON schema" if a.json_schema else ""
     how += f", every prompt after the same {a.shared_prefix} tokens" if a.shared_prefix else ""
-    print(f"\nshape {a.shape}, headcount in {a.dtype}, {a.threads} threads, max_tokens {a.max_tokens}, greedy, "
-          f"streaming{how}\n")
+    weights = a.dtype + (f", --quantize {a.quantize}" if a.quantize else "")
+    print(f"\nshape {a.shape}, headcount in {weights}{llama_note}, {a.threads} threads, prompt {a.prompt_len}, "
+          f"max_tokens {a.max_tokens}, greedy, streaming{how}; CPU {peer.cpu_description()}\n")
     print("| engine | concurrency | requests | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
           "ITL p99 ms | drafts accepted (so far, by position) |")
     print("|---|---|---|---|---|---|---|---|---|---|")

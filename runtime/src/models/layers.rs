@@ -196,15 +196,20 @@ fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
             cache.shallow_clone()
         }
         (None, Some(at)) => {
-            // Row i's entries go to its own slots from at[i] on.
-            let from = at.f_view([b, 1, 1, 1])?;
-            let index = if t == 1 {
-                from.f_expand(new.size(), false)?
+            // Row i's entries go to its own slots from at[i] on, written by index (row, head,
+            // slot). Not `scatter_`: libtorch's CPU scatter into a bf16 or f16 tensor copies
+            // the whole destination to f32 and back, here every row's whole capacity a layer.
+            let dev = at.device();
+            let heads = new.size()[1]; // cannot fire: a 4-dimensional tensor
+            let rows = Tensor::f_arange(b, (tch::Kind::Int64, dev))?.f_view([b, 1, 1])?;
+            let head = Tensor::f_arange(heads, (tch::Kind::Int64, dev))?.f_view([1, heads, 1])?;
+            let from = at.f_view([b, 1, 1])?;
+            let slots = if t == 1 {
+                from
             } else {
-                let offsets = Tensor::f_arange(t, (tch::Kind::Int64, at.device()))?.f_view([1, 1, t, 1])?;
-                from.f_add(&offsets)?.f_expand(new.size(), false)?
+                from.f_add(&Tensor::f_arange(t, (tch::Kind::Int64, dev))?.f_view([1, 1, t])?)?
             };
-            let _ = cache.shallow_clone().f_scatter_(2, &index, new)?;
+            let _ = cache.shallow_clone().f_index_put_(&[Some(rows), Some(head), Some(slots)], new, false)?;
             cache.f_narrow(2, 0, step.start + t)?
         }
         (None, None) => {
@@ -821,4 +826,45 @@ pub(crate) fn rotate_half_order(head_dim: usize, rotary: usize, dev: Device) -> 
     let order: Vec<i64> =
         (0..half).flat_map(|i| [i as i64, (i + half) as i64]).chain((rotary as i64)..head_dim as i64).collect();
     Ok(Tensor::f_from_slice(&order)?.f_to_device(dev)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Device, Kind, Tensor};
+
+    use super::{Step, write_cache};
+
+    /// A ragged step writes each row's entries at its own slots and nothing else, in every
+    /// dtype, for one token and for several.
+    #[test]
+    fn ragged_writes_land_at_each_rows_slots() {
+        for kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
+            for t in [1i64, 3] {
+                let (b, heads, capacity, d) = (3i64, 4i64, 16i64, 8i64);
+                let cache = Tensor::randn([b, heads, capacity, d], (Kind::Float, Device::Cpu)).to_kind(kind);
+                let before = cache.copy();
+                let new = Tensor::randn([b, heads, t, d], (Kind::Float, Device::Cpu)).to_kind(kind);
+                let at = [2i64, 9, 0];
+                let start = *at.iter().max().unwrap();
+                let step = Step {
+                    start,
+                    len: t,
+                    cos: Tensor::zeros([1], (Kind::Float, Device::Cpu)),
+                    sin: Tensor::zeros([1], (Kind::Float, Device::Cpu)),
+                    rot: None,
+                    mask: None,
+                    slot: None,
+                    rows_at: Some(Tensor::from_slice(&at)),
+                    keep_at: None,
+                };
+                let keys = write_cache(&cache, &new, &step).unwrap();
+                assert_eq!(keys.size(), [b, heads, start + t, d]);
+                let expected = before.copy();
+                for (r, &a) in at.iter().enumerate() {
+                    expected.narrow(0, r as i64, 1).narrow(2, a, t).copy_(&new.narrow(0, r as i64, 1));
+                }
+                assert!(cache.equal(&expected), "{kind:?}, {t} tokens");
+            }
+        }
+    }
 }
