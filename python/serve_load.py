@@ -53,9 +53,9 @@ HEADCOUNT = ROOT / "target" / "release" / "headcount"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_llama_cpp as peer  # noqa: E402
 
-# The llama.cpp GGUF type served for each headcount precision.
 # The shapes of python/compare_llama_cpp.py served here (its 4-layer is this file's in glm4).
 PEER_SHAPES = [s for s in peer.SHAPES if s != "4-layer"]
+# The llama.cpp GGUF type served for each headcount precision.
 GGUF_KIND = {("f32", None): "f32", ("bf16", None): "bf16", ("f32", "int8"): "q8_0", ("f32", "int4"): "q4_0"}
 
 
@@ -82,7 +82,7 @@ def four_layer_checkpoint(dir: Path) -> None:
     (dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
-def prompts(shape: str, n: int, prompt_len: int, shared: int = 0, salt: int = 0) -> list[str]:
+def prompts(shape: str, n: int, prompt_len: int, shared: int = 0, salt: int = 0) -> list[str] | list[list[int]]:
     out = []
     # With a shared prefix, and on the llama-server shapes, each call's prompts differ (salt),
     # so no level finds a prompt of the warm-up or of another level in a prompt cache.
@@ -110,12 +110,13 @@ def prompts(shape: str, n: int, prompt_len: int, shared: int = 0, salt: int = 0)
 
 
 def start(engine: str, model: Path, port: int, threads: int, max_batch: int, speculative: int,
-          dtype: str = "f32", quantize: str | None = None, gguf: Path | None = None,
+          dtype: str = "f32", quantize: str | None = None, llama_server: tuple[Path, Path] | None = None,
           slot_len: int = 0) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     health = "/v1/models"
     if engine == "llama-server":
-        cmd = [str(gguf[0]), "-m", str(gguf[1]), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+        server, gguf = llama_server
+        cmd = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
                "-tb", str(threads), "-ngl", "0", "--parallel", str(max_batch), "-c", str(max_batch * slot_len),
                "--no-webui"]
         health = "/health"
