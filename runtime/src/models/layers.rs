@@ -564,6 +564,9 @@ pub(crate) struct Loader<'a> {
     /// The model's CPU threads, shared by every projection.
     pub pool: std::sync::Arc<crate::cpu::CpuPool>,
     pub quantize: Quantize,
+    /// Projections hold what `quantize`'s codes stand for, unquantized (see
+    /// `LoadOptions::codes_as_weights`, a test hook).
+    pub codes_as_weights: bool,
     shapes: HashMap<String, Vec<i64>>,
 }
 
@@ -581,7 +584,7 @@ impl<'a> Loader<'a> {
     ) -> Loader<'a> {
         let mtp = (0..dims.mtp_layers()).flat_map(|k| dims.mtp_shapes(k));
         let shapes = dims.weight_shapes().into_iter().chain(mtp).collect();
-        Loader { dims, plan, shard, kind, dev, layout, pool, quantize, shapes }
+        Loader { dims, plan, shard, kind, dev, layout, pool, quantize, codes_as_weights: false, shapes }
     }
 
     /// The checkpoint shape of `name`, by the family's description of its tensors
@@ -613,6 +616,10 @@ impl<'a> Loader<'a> {
 
     /// A projection of weight `w` (`[out, in]`) and bias `b`, laid out and stored as the model's.
     pub fn linear(&self, w: &Tensor, b: Option<Tensor>) -> Result<Linear> {
+        if self.codes_as_weights && self.quantize != Quantize::None {
+            let w = self.quantize.pack(w)?.dequantized(self.kind)?;
+            return Linear::new(&w, b, &self.pool, self.layout, Quantize::None);
+        }
         Linear::new(w, b, &self.pool, self.layout, self.quantize)
     }
 

@@ -311,6 +311,11 @@ pub struct LoadOptions {
     /// Load the checkpoint's multi-token-prediction layers (on the last pipeline stage),
     /// for speculative decoding; without it they are vetted and not read.
     pub mtp: bool,
+    /// With `quantize`: each projection holds the weight its codes stand for, in the model's
+    /// dtype, and multiplies as an unquantized one. The quantized model's reference: the
+    /// same weights, so the same expert routing and indexer picks, through other products.
+    #[cfg(feature = "test-hooks")]
+    pub codes_as_weights: bool,
 }
 
 impl Default for LoadOptions {
@@ -328,6 +333,8 @@ impl Default for LoadOptions {
             expert_parallel: 1,
             quantize: Quantize::None,
             mtp: false,
+            #[cfg(feature = "test-hooks")]
+            codes_as_weights: false,
         }
     }
 }
@@ -487,7 +494,12 @@ impl Glm {
             Some(t) => crate::cpu::CpuPool::new(t),
             None => crate::cpu::CpuPool::torch_threads(),
         });
-        let cx = Loader::new(&dims, &plan, s, kind, dev, layout, pool.clone(), opts.quantize);
+        #[cfg_attr(not(feature = "test-hooks"), allow(unused_mut))]
+        let mut cx = Loader::new(&dims, &plan, s, kind, dev, layout, pool.clone(), opts.quantize);
+        #[cfg(feature = "test-hooks")]
+        {
+            cx.codes_as_weights = opts.codes_as_weights;
+        }
         // Grown as tensors are made, not reserved for the layer count up front: on a CUDA
         // device (no memory check) an absurd layer count then ends in the device's
         // out-of-memory error, not in an aborting reservation.
