@@ -111,6 +111,12 @@ pub struct Moe {
 /// (docs/PERFORMANCE.md): about 64 rows an expert, 10% faster grouped; 512, 13% slower.
 const GROUPED_ROWS_PER_EXPERT: std::ops::RangeInclusive<i64> = 4..=128;
 
+/// Tokens up to which a step's routed experts may go through the project's kernel
+/// ([`Moe::few_rows`]): what matters is each chosen expert's rows, at most the kernel's
+/// bound, and a running batch of a few dozen decode rows gives each expert a few. The
+/// loop over experts (or one grouped product) otherwise.
+const FEW_ROWS_MAX_TOKENS: i64 = 64;
+
 impl Moe {
     /// Parameters this rank holds.
     pub fn numel(&self) -> i64 {
@@ -225,21 +231,20 @@ impl Moe {
         combine.finish(&order, n, k, h)
     }
 
-    /// [`Moe::routed`] for decode's few tokens (at most the kernel's row bound, on the CPU,
-    /// f32 or bf16) through the project's kernel: the chosen experts' gate/up products in
-    /// one hand-off to the model's threads, the activation over all their rows at once,
-    /// their down products in a second hand-off, and the weighted rows combined as
-    /// [`Combine`] combines them. Each expert's rows, products and roundings are those of
-    /// the loop over experts, so the result is the same to the bit; only the libtorch calls
-    /// and hand-offs an expert are gone. `None` where this does not apply (then the loop).
+    /// [`Moe::routed`] for decode's few tokens (at most [`FEW_ROWS_MAX_TOKENS`], each chosen
+    /// expert with at most the kernel's row bound, on the CPU, f32 or bf16) through the
+    /// project's kernel: the chosen experts' gate/up products in one hand-off to the
+    /// model's threads, the activation over all their rows at once, their down products in
+    /// a second hand-off, and the weighted rows combined as [`Combine`] combines them. Each
+    /// expert's products and roundings are those of the loop over experts; only the order
+    /// of an expert's rows may differ (the loop's sort is not stable), and with it how the
+    /// kernel groups them, which moves f32 sums by rounding. The libtorch calls and
+    /// hand-offs an expert are gone. `None` where this does not apply (then the loop).
     fn few_rows(&self, flat: &Tensor, chosen: &Tensor, weights: &Tensor, act: Activation) -> Result<Option<Tensor>> {
         let kind = flat.kind();
         let (n, h) = flat.size2()?;
         let Some(first) = self.experts.first() else { return Ok(None) };
-        if flat.device() != Device::Cpu
-            || !matches!(kind, Kind::Float | Kind::BFloat16)
-            || n > crate::cpu::columns::PARALLEL_MAX_ROWS
-        {
+        if flat.device() != Device::Cpu || !matches!(kind, Kind::Float | Kind::BFloat16) || n > FEW_ROWS_MAX_TOKENS {
             return Ok(None);
         }
         let width = first.width;
@@ -260,6 +265,10 @@ impl Moe {
                 Some((last, r)) if std::ptr::eq(*last, e) => r.end = i + 1,
                 _ => runs.push((e, i..i + 1)),
             }
+        }
+        // An expert with more rows than the kernel's bound: its products go through BLAS, in the loop.
+        if runs.iter().any(|(_, r)| r.len() as i64 > crate::cpu::columns::PARALLEL_MAX_ROWS) {
+            return Ok(None);
         }
         let (mut gate_ups, mut downs) = (Vec::with_capacity(runs.len()), Vec::with_capacity(runs.len()));
         for (e, _) in &runs {
@@ -345,5 +354,90 @@ impl Moe {
             }
             out
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::cpu::CpuPool;
+    use crate::nn::{Quantize, WeightLayout};
+
+    /// The kernel's path over a running batch's tokens (up to [`FEW_ROWS_MAX_TOKENS`])
+    /// gives the loop over experts' result, in f32 (within 1e-6 of the largest value) and
+    /// bf16 (within one rounding of it), whether the tokens are fewer or more than the
+    /// kernel's row bound; it steps aside where an expert gets more rows than that bound.
+    #[test]
+    fn kernel_path_equals_the_loop_over_experts() {
+        let _g = tch::no_grad_guard();
+        tch::manual_seed(11);
+        let (h, width, experts, k) = (64i64, 32i64, 8usize, 2usize);
+        let pool = Arc::new(CpuPool::new(2));
+        let dims = MoeDims {
+            experts,
+            width: width as usize,
+            shared_width: 0,
+            per_token: k,
+            groups: 1,
+            topk_group: 1,
+            dense_layers: 0,
+            sparse: Vec::new(),
+            dense_first: 0,
+            norm_topk_prob: true,
+            scaling: 1.0,
+            qk_norm: false,
+            mtp_layers: 0,
+            fused_experts: false,
+        };
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let linear = |n: i64, i: i64| {
+                let w = Tensor::randn([n, i], (Kind::Float, Device::Cpu)).f_mul_scalar(0.1).unwrap().to_kind(kind);
+                Linear::new(&w, None, &pool, WeightLayout::OutIn, Quantize::None).unwrap()
+            };
+            let moe = Moe {
+                router: Tensor::randn([experts as i64, h], (Kind::Float, Device::Cpu)),
+                correction_bias: Tensor::zeros([experts as i64], (Kind::Float, Device::Cpu)),
+                first_expert: 0,
+                experts: (0..experts)
+                    .map(|_| ExpertMlp { gate_up: linear(2 * width, h), down: linear(h, width), width })
+                    .collect(),
+                shared: None,
+                stacked: None,
+            };
+            if !crate::cpu::few_rows::vectorized() {
+                // No vector kernel on this CPU: f32 and bf16 experts stay in libtorch.
+                let x = Tensor::randn([3, h], (Kind::Float, Device::Cpu)).to_kind(kind);
+                let (chosen, weights) = moe.route(&x, &dims).unwrap();
+                assert!(moe.few_rows(&x, &chosen, &weights, Activation::Silu).unwrap().is_none());
+                continue;
+            }
+            let mut above_bound = 0;
+            for n in [3i64, 16, 40, 64] {
+                let x = Tensor::randn([n, h], (Kind::Float, Device::Cpu)).to_kind(kind);
+                let (chosen, weights) = moe.route(&x, &dims).unwrap();
+                let most = chosen.reshape([-1]).bincount(None::<Tensor>, experts as i64).max().int64_value(&[]);
+                let got = moe.few_rows(&x, &chosen, &weights, Activation::Silu).unwrap();
+                let want = moe.routed(&x, &chosen, &weights, &dims, Activation::Silu).unwrap();
+                match got {
+                    Some(got) => {
+                        above_bound += usize::from(n > crate::cpu::columns::PARALLEL_MAX_ROWS);
+                        assert!(most <= crate::cpu::columns::PARALLEL_MAX_ROWS, "{kind:?} {n}: {most} rows an expert");
+                        let (got, want) = (got.to_kind(Kind::Float), want.to_kind(Kind::Float));
+                        let largest = want.abs().max().double_value(&[]);
+                        let d = (&got - &want).abs().max().double_value(&[]) / largest;
+                        let tol = if kind == Kind::Float { 1e-6 } else { 1.0 / 128.0 };
+                        assert!(d <= tol, "{kind:?} {n} tokens: {d} of the largest value from the loop's");
+                    }
+                    None => assert!(most > crate::cpu::columns::PARALLEL_MAX_ROWS, "{kind:?} {n}: not taken"),
+                }
+            }
+            assert!(above_bound > 0, "{kind:?}: no batch above the kernel's row bound took the kernel");
+            // More tokens than the bound: the loop.
+            let x = Tensor::randn([FEW_ROWS_MAX_TOKENS + 1, h], (Kind::Float, Device::Cpu)).to_kind(kind);
+            let (chosen, weights) = moe.route(&x, &dims).unwrap();
+            assert!(moe.few_rows(&x, &chosen, &weights, Activation::Silu).unwrap().is_none());
+        }
     }
 }
