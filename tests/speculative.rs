@@ -382,3 +382,81 @@ fn running_batch_on(dir: &Path) {
     }
     assert_eq!(accepted[..2], [6 * k, 6], "every draft of row 0, the first of row 1's: {accepted:?}");
 }
+
+/// A speculative running batch with a prefix cache (`SlotCache::with_prefix_cache` on
+/// `SlotCache::speculative`): a sequence that begins with the whole blocks an earlier one
+/// kept takes all their positions but the last, the MTP layer's entries with them, and
+/// computes only the rest; its first drafts then equal the MTP layer's pass over its whole
+/// sequence (the layer's entries came from the pool), and its speculative greedy tokens
+/// are plain greedy decoding's.
+#[test]
+fn a_speculative_row_reuses_a_cached_prefix_with_its_drafting_layer() {
+    use headcount_runtime::generate::{PREFIX_BLOCK, SlotCache};
+    for dir in mtp_fixtures() {
+        let model = load_mtp(&dir);
+        let vocab = model.dims.vocab as i64;
+        let ids =
+            |n: usize, salt: i64| -> Vec<i64> { (0..n as i64).map(|i| (i * 31 + salt * 17 + 5) % vocab).collect() };
+        let shared = ids(40, 0);
+        let first: Vec<i64> = shared.iter().copied().chain(ids(7, 1)).collect();
+        let second: Vec<i64> = shared.iter().copied().chain(ids(9, 2)).collect();
+        let steps = 4;
+        let plain = generate(&model, std::slice::from_ref(&second), &options(14, 0, Sampling::greedy()), |_, _| {})
+            .unwrap()
+            .tokens
+            .remove(0);
+        let k = 2;
+        let mut cache = SlotCache::speculative(&model, 2, 64, k).unwrap().with_prefix_cache(&model, 8).unwrap();
+        let l0 = cache.extend(&model, 0, &first).unwrap();
+        cache.keep_prefix(&model, 0, &first).unwrap();
+        assert_eq!(cache.prefix_usage(), Some((2, 8)), "{}", name(&dir));
+        let hit = cache.reuse_prefix(&model, 1, &second).unwrap();
+        assert_eq!(hit.reused, 2 * PREFIX_BLOCK - 1, "{}: the last reused position is computed again", name(&dir));
+        assert_eq!(cache.len(1), hit.reused);
+        assert_eq!(cache.cached_prefix(&second), hit.reused);
+        let l1 = cache.extend(&model, 1, &second[hit.reused..]).unwrap();
+        let mut seqs = [first.clone(), second.clone()];
+        let mut last: Vec<i64> = Vec::try_from(&Tensor::cat(&[l0, l1], 0).argmax(-1, false)).unwrap();
+        for (s, &t) in seqs.iter_mut().zip(&last) {
+            s.push(t);
+        }
+        for _ in 0..steps {
+            let d1 = cache.draft_start(&model, &last).unwrap();
+            for (r, s) in seqs.iter().enumerate() {
+                let full = draft_logits(&model, &s[..s.len() - 1]).unwrap().get(0);
+                let diff = max_abs_diff(&d1.get(r as i64), &full.get(full.size()[0] - 1));
+                assert!(
+                    diff <= LOGIT_TOLERANCE,
+                    "{} row {r}: first draft differs from the MTP pass by {diff}",
+                    name(&dir)
+                );
+            }
+            let mut drafts: Vec<Vec<i64>> = vec![Vec::try_from(&d1.argmax(-1, false)).unwrap()];
+            for _ in 1..k {
+                let l = cache.draft_next(&model, drafts.last().unwrap()).unwrap();
+                drafts.push(Vec::try_from(&l.argmax(-1, false)).unwrap());
+            }
+            let flat: Vec<i64> =
+                (0..2).flat_map(|r| std::iter::once(last[r]).chain(drafts.iter().map(move |d| d[r]))).collect();
+            let picks: Vec<Vec<i64>> =
+                Vec::try_from(&cache.verify(&model, &flat, k + 1).unwrap().argmax(-1, false)).unwrap();
+            let mut kept = Vec::new();
+            for r in 0..2 {
+                let a = (0..k).find(|&i| drafts[i][r] != picks[r][i]).unwrap_or(k);
+                seqs[r].extend(drafts.iter().take(a).map(|d| d[r]));
+                seqs[r].push(picks[r][a]);
+                last[r] = picks[r][a];
+                kept.push(a + 1);
+            }
+            cache.accept(&model, &kept).unwrap();
+        }
+        let got = &seqs[1][second.len()..];
+        assert_eq!(got, &plain[..got.len()], "{}", name(&dir));
+        // What the row holds now goes into the pool as far as the layer's entries are
+        // written (its accepted tokens wait for the next step's drafts).
+        let held: Vec<i64> = seqs[1][..cache.len(1)].to_vec();
+        cache.keep_prefix(&model, 1, &held).unwrap();
+        let stored = cache.prefix_usage().unwrap().0;
+        assert!(stored > 2 && stored <= held.len() / PREFIX_BLOCK, "{}: {stored} blocks", name(&dir));
+    }
+}

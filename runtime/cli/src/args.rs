@@ -101,9 +101,9 @@ pub struct ServeArgs {
     /// glm47 (GLM-4.7), or auto (the format the chat template writes) [default: none].
     #[arg(long, value_enum)]
     pub tool_call_parser: Option<ToolParserArg>,
-    /// Automatic prefix caching (on unless --speculative-tokens is given): prompts that
-    /// begin with what an earlier sequence held reuse its KV-cache entries, in blocks of 16
-    /// positions, and compute only the rest.
+    /// Automatic prefix caching (on by default): prompts that begin with what an earlier
+    /// sequence held reuse its KV-cache entries (with --speculative-tokens, the MTP layer's
+    /// too), in blocks of 16 positions, and compute only the rest.
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
     pub enable_prefix_caching: bool,
     /// Turns automatic prefix caching off.

@@ -22,12 +22,10 @@ pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
         reasoning: a.reasoning_parser.map(Into::into),
         speculative_tokens: a.runtime.speculative_tokens,
         tool_call_parser: a.tool_call_parser.map(Into::into),
-        prefix_caching: if a.enable_prefix_caching {
-            headcount_serve::PrefixCaching::On
-        } else if a.no_enable_prefix_caching {
+        prefix_caching: if a.no_enable_prefix_caching {
             headcount_serve::PrefixCaching::Off
         } else {
-            headcount_serve::PrefixCaching::Auto
+            headcount_serve::PrefixCaching::On
         },
         prefix_cache_memory: a.prefix_cache_memory,
     };

@@ -327,12 +327,7 @@ fn prefix_caching_serves_what_uncached_serving_does_on_every_layout() {
         let hits = metrics.lines().find_map(|l| l.strip_prefix("headcount_prefix_cache_hits_total "));
         assert_eq!(hits, Some("96"), "{layout:?}: {metrics}");
     }
-    let demo_mtp = root().join("examples/addition/model-mtp").display().to_string();
     for (args, says) in [
-        (
-            vec!["--model", demo_mtp.as_str(), "--speculative-tokens", "2", "--enable-prefix-caching"],
-            "cannot be used together",
-        ),
         (vec!["--model", dir_arg.as_str(), "--prefix-cache-memory", "64"], "less than one block"),
         (
             vec!["--model", dir_arg.as_str(), "--no-enable-prefix-caching", "--prefix-cache-memory", "1MiB"],

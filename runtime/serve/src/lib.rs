@@ -74,8 +74,6 @@ pub struct ServeOptions {
 /// Whether the server keeps a prefix cache (`headcount_runtime::generate`'s blocks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefixCaching {
-    /// On, unless speculative decoding is (whose drafting layer's cache it does not keep).
-    Auto,
     On,
     Off,
 }
@@ -99,7 +97,7 @@ impl Default for ServeOptions {
             reasoning: None,
             speculative_tokens: 0,
             tool_call_parser: None,
-            prefix_caching: PrefixCaching::Auto,
+            prefix_caching: PrefixCaching::On,
             prefix_cache_memory: None,
         }
     }
@@ -251,24 +249,14 @@ fn slot_cache(model: &dyn CausalLm, opts: &ServeOptions, max_model_len: usize) -
         0 => SlotCache::new(model, opts.max_batch, max_model_len)?,
         k => SlotCache::speculative(model, opts.max_batch, max_model_len, k)?,
     };
-    let on = match opts.prefix_caching {
-        PrefixCaching::Off => false,
-        PrefixCaching::Auto => opts.speculative_tokens == 0,
-        PrefixCaching::On if opts.speculative_tokens > 0 => {
-            return Err(ServeError::Setup(
-                "--enable-prefix-caching and --speculative-tokens cannot be used together: the prefix cache does                  not keep the multi-token-prediction layer's entries"
-                    .into(),
-            ));
-        }
-        PrefixCaching::On => true,
-    };
-    if !on {
+    if opts.prefix_caching == PrefixCaching::Off {
         if opts.prefix_cache_memory.is_some() {
             return Err(ServeError::Setup("--prefix-cache-memory needs prefix caching on".into()));
         }
         return Ok(cache);
     }
-    let block = model.cache_bytes(1, PREFIX_BLOCK).max(1);
+    let mtp = if opts.speculative_tokens > 0 { model.mtp_cache_bytes(1, PREFIX_BLOCK) } else { 0 };
+    let block = model.cache_bytes(1, PREFIX_BLOCK).saturating_add(mtp).max(1);
     let blocks = match opts.prefix_cache_memory {
         Some(bytes) => usize::try_from(bytes / block).unwrap_or(usize::MAX),
         None => (PREFIX_CACHE_ROWS * max_model_len).div_ceil(PREFIX_BLOCK),

@@ -262,10 +262,23 @@ fn events(mut rx: UnboundedReceiver<(usize, Event)>) -> Events {
 /// layer loaded), speculative with `k` drafts a step (0: plain steps): every sequence's
 /// events, and the metrics.
 fn serve_mtp(k: usize, prefill_chunk: usize, jobs: &[Spec]) -> (Vec<Events>, String) {
+    serve_mtp_cached(k, prefill_chunk, None, jobs)
+}
+
+/// [`serve_mtp`] with a prefix cache of `prefix_blocks` blocks.
+fn serve_mtp_cached(
+    k: usize,
+    prefill_chunk: usize,
+    prefix_blocks: Option<usize>,
+    jobs: &[Spec],
+) -> (Vec<Events>, String) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm4moe-mtp");
     let model = Glm::load(&dir, &LoadOptions { mtp: true, ..LoadOptions::default() }).unwrap();
-    let cache =
+    let mut cache =
         if k == 0 { SlotCache::new(&model, 3, 40).unwrap() } else { SlotCache::speculative(&model, 3, 40, k).unwrap() };
+    if let Some(b) = prefix_blocks {
+        cache = cache.with_prefix_cache(&model, b).unwrap();
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let opts = EngineOptions { max_batch: 3, max_model_len: 40, prefill_chunk };
     let metrics = Arc::new(Metrics::default());
@@ -340,6 +353,40 @@ fn speculative_steps_serve_what_plain_steps_serve() {
     let (stopped, end) = serve_mtp(3, 64, &[(p(&[44, 2, 71, 8]), 20, sampled(9), none, vec![stop], false)]).0.remove(0);
     assert_eq!(end, Ok(Finish::Stop));
     assert_eq!(stopped, long[..=first].to_vec());
+}
+
+/// Speculative steps with automatic prefix caching: sequences that share a prompt's first
+/// block take it from the pool (all of its positions but the last, with the MTP layer's
+/// entries) and serve the tokens and log probabilities plain steps without a prefix cache
+/// serve; /metrics counts the 15 positions each reused.
+#[test]
+fn speculative_steps_reuse_cached_prefixes_and_serve_what_plain_steps_serve() {
+    let greedy = Sampling::greedy();
+    let none = Penalties::default();
+    // The fixture's vocabulary is 96 ids.
+    let shared: Vec<i64> = (0..20).map(|i| (i * 37 + 11) % 96).collect();
+    let with = |tail: &[i64]| -> Vec<i64> { shared.iter().chain(tail).copied().collect() };
+    let jobs: Vec<Spec> = [&[1, 2, 3][..], &[4, 5], &[6], &[7, 8, 9, 10]]
+        .iter()
+        .map(|t| (with(t), 10, greedy.clone(), none.clone(), vec![], true))
+        .collect();
+    let (plain, _) = serve_mtp(0, 8, &jobs);
+    for k in [1, 2] {
+        let (spec, metrics) = serve_mtp_cached(k, 8, Some(8), &jobs);
+        for (i, (a, b)) in plain.iter().zip(&spec).enumerate() {
+            assert_eq!((&a.1, a.0.len()), (&Ok(Finish::Length), 10), "sequence {i} without drafts");
+            assert_eq!(a.1, b.1, "sequence {i}, {k} drafts: how it ended");
+            assert_eq!(a.0.len(), b.0.len(), "sequence {i}, {k} drafts");
+            for ((ta, la), (tb, lb)) in a.0.iter().zip(&b.0) {
+                assert_eq!(ta, tb, "sequence {i}, {k} drafts");
+                let (la, lb) = (la.unwrap(), lb.unwrap());
+                assert!((la - lb).abs() <= 1e-4, "sequence {i}: log probability {la} vs {lb}");
+            }
+        }
+        let hits = metrics.lines().find_map(|l| l.strip_prefix("headcount_prefix_cache_hits_total "));
+        assert_eq!(hits, Some("45"), "{k} drafts: {metrics}");
+        assert!(metrics.contains("headcount_spec_decode_accepted_tokens_total{position=\"0\"}"), "{metrics}");
+    }
 }
 
 /// Whether `v` follows `schema` (the keywords the test's schemas use).

@@ -18,6 +18,13 @@
 //! the forward that would compute them. In a run of several ranks, rank 0 keeps the index
 //! and tells the others which pool blocks to copy; every rank holds the blocks of its own
 //! part of the model.
+//!
+//! A speculative cache's blocks also hold the multi-token-prediction layer's entries. The
+//! layer's entry at position p reads the token at p + 1, so it belongs to the block that
+//! holds p + 1: block b keeps the layer's positions `16b - 1 .. 16b + 15`, and depends on
+//! no token outside its own prefix. A row that reuses blocks takes all their positions but
+//! the last, which it computes again: the layer needs the main model's hidden state there,
+//! and that is not kept.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -189,6 +196,9 @@ fn to_key(block: &[i64]) -> [i64; PREFIX_BLOCK] {
 /// row) and, on rank 0, its index.
 pub(super) struct PrefixCache {
     pool: KvCache,
+    /// A speculative cache's: the multi-token-prediction layers' entries of each block,
+    /// shifted back by one position (the module's doc).
+    mtp: Option<KvCache>,
     index: PrefixIndex,
 }
 
@@ -203,22 +213,23 @@ pub struct PrefixHit {
 
 impl SlotCache {
     /// This cache with a prefix cache of `blocks` blocks of [`PREFIX_BLOCK`] positions (its
-    /// memory checked first, as a cache of that many rows would be). Not for a speculative
-    /// cache: its multi-token-prediction layer's entries are not kept.
+    /// memory checked first, as a cache of that many rows would be). A speculative cache's
+    /// blocks keep the multi-token-prediction layers' entries too.
     pub fn with_prefix_cache(mut self, model: &dyn CausalLm, blocks: usize) -> Result<SlotCache> {
-        if self.drafts.is_some() {
-            return Err(Error::InvalidArgument(
-                "prefix caching does not keep the multi-token-prediction layer's cache: it is not available \
-                 with speculative decoding"
-                    .to_owned(),
-            ));
-        }
         if blocks == 0 {
             return Err(Error::InvalidArgument("a prefix cache needs at least one block".to_owned()));
         }
         let pool = model.new_cache(blocks, PREFIX_BLOCK)?;
-        self.prefix = Some(PrefixCache { pool, index: PrefixIndex::new(blocks) });
+        let mtp = self.drafts.is_some().then(|| model.new_mtp_cache(blocks, PREFIX_BLOCK)).transpose()?;
+        self.prefix = Some(PrefixCache { pool, mtp, index: PrefixIndex::new(blocks) });
         Ok(self)
+    }
+
+    /// Positions of a hit of `blocks` blocks a row takes: all of them, or in a speculative
+    /// cache all but the last (the module's doc).
+    fn reused_positions(&self, blocks: usize) -> usize {
+        let all = blocks * PREFIX_BLOCK;
+        if self.drafts.is_some() { all.saturating_sub(1) } else { all }
     }
 
     /// Blocks the prefix cache holds and has room for (`None`: no prefix cache).
@@ -228,10 +239,11 @@ impl SlotCache {
 
     /// Tokens of `tokens` a [`SlotCache::reuse_prefix`] would take from the prefix cache now.
     pub fn cached_prefix(&mut self, tokens: &[i64]) -> usize {
-        match &mut self.prefix {
-            Some(p) => p.index.lookup(tokens, tokens.len().saturating_sub(1), false).len() * PREFIX_BLOCK,
+        let blocks = match &mut self.prefix {
+            Some(p) => p.index.lookup(tokens, tokens.len().saturating_sub(1), false).len(),
             None => 0,
-        }
+        };
+        self.reused_positions(blocks)
     }
 
     /// Writes the longest prefix of `tokens` the prefix cache holds (whole blocks, and
@@ -251,13 +263,12 @@ impl SlotCache {
         let payload: Vec<i64> = slots.iter().map(|&s| i64::from(s)).collect();
         tell(model, Op::LoadBlocks, row, 0, &payload)?;
         self.load_blocks(row, &payload)?;
-        Ok(PrefixHit { queried, reused: slots.len() * PREFIX_BLOCK })
+        Ok(PrefixHit { queried, reused: self.len(row) })
     }
 
     /// Keeps the whole blocks of row `row`'s sequence, `tokens` (what the row holds, from
     /// its first position), that the prefix cache lacks.
     pub fn keep_prefix(&mut self, model: &dyn CausalLm, row: usize, tokens: &[i64]) -> Result<()> {
-        let Some(p) = &mut self.prefix else { return Ok(()) };
         let held = self.lens.get(row).copied().unwrap_or(0);
         if tokens.len() > held {
             return Err(Error::InvalidArgument(format!(
@@ -265,7 +276,13 @@ impl SlotCache {
                 tokens.len()
             )));
         }
-        let new = p.index.insert(tokens);
+        // A speculative row's block goes in once the layer's entries it keeps are written.
+        let keep = match &self.drafts {
+            Some(d) => tokens.len().min(d.written(row, held) + 1),
+            None => tokens.len(),
+        };
+        let Some(p) = &mut self.prefix else { return Ok(()) };
+        let new = p.index.insert(&tokens[..keep]);
         if new.is_empty() {
             return Ok(());
         }
@@ -290,13 +307,27 @@ impl SlotCache {
         // cannot wrap: positions and rows are small counts.
         let (m, row_i, len_i) = (slots.len() as i64, row as i64, len as i64);
         let mut index = OnDevice::new(slots);
-        for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+        let load = |pool: &Tensor, kv: &Tensor, index: &mut OnDevice, skip: i64| -> Result<()> {
             let picked = pool.f_index_select(0, index.on(pool.device())?)?; // [m, n, block, D]
             let s = picked.size();
             let rows = picked.f_permute([1, 0, 2, 3])?.f_reshape([s[1], m * s[2], s[3]])?;
-            kv.f_select(0, row_i)?.f_narrow(1, 0, len_i)?.f_copy_(&rows)?;
+            let rows = rows.f_narrow(1, skip, len_i - skip)?;
+            kv.f_select(0, row_i)?.f_narrow(1, 0, len_i - skip)?.f_copy_(&rows)?;
+            Ok(())
+        };
+        for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+            load(pool, kv, &mut index, 0)?;
         }
         self.lens[row] = len;
+        if let (Some(d), Some(mtp)) = (&mut self.drafts, &p.mtp) {
+            // The layer's positions 0..len - 1 (a block's first slot holds the position
+            // before it); the last main position is computed again.
+            for (pool, kv) in mtp.kv.iter().zip(&d.cache.kv) {
+                load(pool, kv, &mut index, 1)?;
+            }
+            d.clear(row);
+            self.lens[row] = len - 1;
+        }
         Ok(())
     }
 
@@ -308,7 +339,11 @@ impl SlotCache {
         let (blocks, slots) = payload.split_at(payload.len() / 2);
         check_slots(slots, p.index.blocks())?;
         let Some(&last) = blocks.iter().max() else { return Ok(()) };
-        let held = self.lens.get(row).copied().unwrap_or(0) / PREFIX_BLOCK;
+        let len = self.lens.get(row).copied().unwrap_or(0);
+        let held = match &self.drafts {
+            Some(d) => len.min(d.written(row, len) + 1),
+            None => len,
+        } / PREFIX_BLOCK;
         if blocks.iter().any(|&b| b < 0) || last as usize >= held {
             return Err(Error::InvalidArgument(format!("row {row} holds {held} whole blocks, not block {last}")));
         }
@@ -323,6 +358,22 @@ impl SlotCache {
             let by_block = r.f_view([s[0], nb, PREFIX_BLOCK as i64, s[2]])?.f_permute([1, 0, 2, 3])?;
             let picked = by_block.f_index_select(0, from.on(dev)?)?;
             let _ = pool.shallow_clone().f_index_copy_(0, to.on(dev)?, &picked)?;
+        }
+        if let (Some(d), Some(mtp)) = (&self.drafts, &p.mtp) {
+            // Block b's slot j holds the layer's position 16b - 1 + j (the first block's
+            // first slot holds nothing, and is never read).
+            let block = PREFIX_BLOCK as i64;
+            let positions: Vec<i64> =
+                blocks.iter().flat_map(|&b| (0..block).map(move |j| (b * block - 1 + j).max(0))).collect();
+            let mut at = OnDevice::new(&positions);
+            let k = blocks.len() as i64;
+            for (pool, kv) in mtp.kv.iter().zip(&d.cache.kv) {
+                let dev = pool.device();
+                let r = kv.f_select(0, row_i)?.f_index_select(1, at.on(dev)?)?; // [n, k·block, D]
+                let s = r.size();
+                let picked = r.f_view([s[0], k, block, s[2]])?.f_permute([1, 0, 2, 3])?;
+                let _ = pool.shallow_clone().f_index_copy_(0, to.on(dev)?, &picked)?;
+            }
         }
         Ok(())
     }

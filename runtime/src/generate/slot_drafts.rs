@@ -34,7 +34,7 @@ struct Pending {
 /// The multi-token-prediction side of a speculative cache.
 pub(crate) struct Drafts {
     /// The MTP layer's cache, with the main cache's rows and slots.
-    cache: KvCache,
+    pub(super) cache: KvCache,
     /// Drafts a step.
     tokens: usize,
     pending: Vec<Option<Pending>>,
@@ -57,6 +57,15 @@ impl Drafts {
             state: None,
             verified: None,
         })
+    }
+
+    /// Positions of row `row`, which holds `len`, whose layer entries are written: all but
+    /// those whose next token came after the layer last ran (none during a step).
+    pub(super) fn written(&self, row: usize, len: usize) -> usize {
+        match self.pending.get(row) {
+            Some(Some(p)) => len.saturating_sub(p.tokens.len()),
+            _ => 0,
+        }
     }
 
     pub(super) fn clear(&mut self, row: usize) {

@@ -195,6 +195,8 @@ pub trait CausalLm: Send {
     /// A cache for the MTP layers of `batch` rows and `capacity` positions, its memory
     /// checked first.
     fn new_mtp_cache(&self, batch: usize, capacity: usize) -> Result<KvCache>;
+    /// Bytes such an MTP cache takes on this rank, on its device.
+    fn mtp_cache_bytes(&self, batch: usize, capacity: usize) -> u64;
 }
 
 impl CausalLm for Glm {
@@ -277,6 +279,9 @@ impl CausalLm for Glm {
     }
     fn new_mtp_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
         Glm::new_mtp_cache(self, batch, capacity)
+    }
+    fn mtp_cache_bytes(&self, batch: usize, capacity: usize) -> u64 {
+        Glm::mtp_cache_bytes(self, batch, capacity)
     }
 }
 
@@ -844,20 +849,27 @@ impl Glm {
     /// A cache for the MTP layers of `batch` rows and `capacity` positions (none on a stage
     /// other than the last), its memory checked first.
     pub fn new_mtp_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
-        let shapes: Vec<[i64; 4]> =
-            (0..self.mtp.len()).map(|k| self.cache_shape(self.dims.layers + k, batch, capacity)).collect();
         if self.device == Device::Cpu {
-            let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-            let bytes = shapes
-                .iter()
-                .map(|s| s.iter().fold(elt, |n, &d| n.saturating_mul(d as u64)))
-                .fold(0u64, u64::saturating_add);
+            let bytes = self.mtp_cache_bytes(batch, capacity);
             let what = || format!("the MTP layers' cache for {batch} row(s) of {capacity} positions");
             self.check_memory(what, bytes, "use a smaller batch or fewer tokens, or free memory")?;
         }
         let opts = (self.dtype.kind(), self.device);
-        let kv = shapes.into_iter().map(|s| Tensor::f_zeros(s, opts)).collect::<Result<Vec<_>, _>>()?;
+        let kv = (0..self.mtp.len())
+            .map(|k| Tensor::f_zeros(self.cache_shape(self.dims.layers + k, batch, capacity), opts))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
+    }
+
+    /// Bytes the MTP layers' cache of `batch` rows and `capacity` positions takes on this rank.
+    pub fn mtp_cache_bytes(&self, batch: usize, capacity: usize) -> u64 {
+        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+        let layer = |k| {
+            self.cache_shape(self.dims.layers + k, batch, capacity)
+                .into_iter()
+                .fold(elt, |n, d| n.saturating_mul(d as u64))
+        };
+        (0..self.mtp.len()).map(layer).fold(0u64, u64::saturating_add)
     }
 }
 
