@@ -7,9 +7,10 @@
 //! products are bound by how fast the weights come from memory. libtorch's one-row products
 //! read bf16 weights and its `_weight_int8pack_mm` int8 ones well below that pace, and this
 //! kernel reads each format near it (each read rate against the copy bandwidth,
-//! docs/results/2026-12-01.md). AVX-512 (F and BW) where the CPU has it (checked at run time), plain Rust
-//! otherwise; the output channels are split over threads, the first block on the calling
-//! thread and the others on the model's workers ([`CpuPool`]).
+//! docs/results/2026-12-01.md). AVX-512 (F and BW) where the CPU has it, else AVX2 with FMA
+//! (checked at run time; [`Path`]), plain Rust otherwise; the output channels are split
+//! over threads, the first block on the calling thread and the others on the model's
+//! workers ([`CpuPool`]).
 //!
 //! bf16 weights against rows that are bf16 values (a bf16 model's activations, widened)
 //! take AVX-512 BF16's `vdpbf16ps` where the CPU has it: 32 weights an instruction, read as
@@ -122,14 +123,24 @@ pub fn dequantize_int4(codes: &[u8], scales: &[u16], n: usize, k: usize, out: &m
     if !(Weights::Int4 { codes, scales }).holds(n, k) || out.len() < n * k {
         return Err(Error::Internal(format!("int4 codes, scales or output too short for {n} x {k}")));
     }
-    let groups = 0..n * k / INT4_GROUP;
+    dequantize_int4_on(Path::detected(), codes, scales, 0..n * k / INT4_GROUP, out);
+    Ok(())
+}
+
+/// [`dequantize_int4`]'s groups `groups` on `path`; the slices hold them (checked by the
+/// caller), and `path` is one this CPU runs.
+fn dequantize_int4_on(path: Path, codes: &[u8], scales: &[u16], groups: std::ops::Range<usize>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if vectorized() {
-        // SAFETY: the features were detected; the groups lie inside the slices (checked
-        // above), and `out` is borrowed mutably here.
-        unsafe { x86::dequantize_int4(codes, scales, groups, out.as_mut_ptr()) };
-        return Ok(());
+    match path {
+        // SAFETY: the features were detected (a `Path` is only made for this CPU); the
+        // groups lie inside the slices (the caller's check), and `out` is borrowed mutably.
+        Path::Avx512 => return unsafe { x86::dequantize_int4(codes, scales, groups, out.as_mut_ptr()) },
+        // SAFETY: as above.
+        Path::Avx2 => return unsafe { x86::dequantize_int4_avx2(codes, scales, groups, out.as_mut_ptr()) },
+        Path::Plain => {}
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = path;
     for g in groups {
         let s = f16_to_f32(scales[g]);
         let (low, high) = out[g * INT4_GROUP..(g + 1) * INT4_GROUP].split_at_mut(16);
@@ -138,7 +149,6 @@ pub fn dequantize_int4(codes: &[u8], scales: &[u16], n: usize, k: usize, out: &m
             *h = (f32::from(byte >> 4) - 8.0) * s;
         }
     }
-    Ok(())
 }
 
 /// `y = x @ w^T * scale + bias`: `x` `[rows, k]`, `w` `[n, k]`, `bias` `[n]` when given,
@@ -237,11 +247,11 @@ fn prepare(x: &[f32], rows: usize, k: usize, w: Weights) -> (Vec<f32>, Vec<u16>)
     }
 }
 
-/// Whether this CPU has AVX-512 BF16's dot product (besides [`vectorized`]'s features).
+/// Whether this CPU has AVX-512 BF16's dot product (besides the AVX-512 path's features).
 fn dot_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        vectorized() && std::arch::is_x86_feature_detected!("avx512bf16")
+        Path::detected() == Path::Avx512 && std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -268,16 +278,43 @@ fn group_sums(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
     sums
 }
 
-/// Whether this CPU runs the kernel's vector path (else plain Rust, far slower: callers
-/// prefer libtorch's products for f32 and bf16 weights there).
+/// Whether this CPU runs one of the kernel's vector paths (else plain Rust, far slower:
+/// callers prefer libtorch's products for f32 and bf16 weights there).
 pub fn vectorized() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
+    Path::detected() != Path::Plain
+}
+
+/// The instructions a product runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// AVX-512 F and BW: sixteen f32 lanes (and AVX-512 BF16's dot product where present).
+    Avx512,
+    /// AVX2 and FMA: eight f32 lanes (most x86-64 CPUs without AVX-512).
+    Avx2,
+    /// Plain Rust.
+    Plain,
+}
+
+impl Path {
+    /// The widest path this CPU runs (the features are detected once and cached by std).
+    pub fn detected() -> Path {
+        Path::available().first().copied().unwrap_or(Path::Plain)
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// Every path this CPU runs, widest first; [`Path::Plain`] always.
+    pub fn available() -> Vec<Path> {
+        let mut out = Vec::with_capacity(3);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
+                out.push(Path::Avx512);
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                out.push(Path::Avx2);
+            }
+        }
+        out.push(Path::Plain);
+        out
     }
 }
 
@@ -335,11 +372,25 @@ impl SendPtr {
 /// # Safety
 /// `y` points to `rows * n` writable floats; the slices hold what `product` checked.
 unsafe fn channels(o: &Operands, lo: usize, hi: usize) {
+    // SAFETY: as this function's own contract; the path is this CPU's.
+    unsafe { channels_on(Path::detected(), o, lo, hi) }
+}
+
+/// [`channels`] on `path`.
+///
+/// # Safety
+/// As [`channels`]; `path` is one of [`Path::available`].
+unsafe fn channels_on(path: Path, o: &Operands, lo: usize, hi: usize) {
     #[cfg(target_arch = "x86_64")]
-    if vectorized() {
-        // SAFETY: the features were detected.
-        return unsafe { x86::avx512(o, lo, hi) };
+    match path {
+        // SAFETY: the features were detected (the contract).
+        Path::Avx512 => return unsafe { x86::avx512(o, lo, hi) },
+        // SAFETY: as above.
+        Path::Avx2 => return unsafe { x86::avx2(o, lo, hi) },
+        Path::Plain => {}
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = path;
     // SAFETY: as this function's own contract.
     unsafe { plain(o, lo, hi) }
 }
@@ -707,6 +758,229 @@ mod x86 {
         // SAFETY: as this function's contract.
         unsafe { finish(o, &acc, c, r, full) };
     }
+
+    /// The AVX2 path: [`avx512`]'s products eight lanes wide, for CPUs without AVX-512.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; as [`super::channels`].
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn avx2(o: &Operands, lo: usize, hi: usize) {
+        for c in lo..hi {
+            let mut r = 0;
+            while r < o.rows {
+                // Up to eight rows share each widened block of weights; sixteen vector
+                // registers hold the accumulators (G x U of them) beside a weight and a row.
+                let g = (o.rows - r).min(8);
+                // SAFETY: as this function's contract, for rows r..r + g.
+                unsafe {
+                    match (o.w, g) {
+                        (Weights::Int4 { .. }, 1) => int4_avx2::<1>(o, c, r),
+                        (Weights::Int4 { .. }, 2) => int4_avx2::<2>(o, c, r),
+                        (Weights::Int4 { .. }, 3) => int4_avx2::<3>(o, c, r),
+                        (Weights::Int4 { .. }, 4) => int4_avx2::<4>(o, c, r),
+                        (Weights::Int4 { .. }, 5) => int4_avx2::<5>(o, c, r),
+                        (Weights::Int4 { .. }, 6) => int4_avx2::<6>(o, c, r),
+                        (Weights::Int4 { .. }, 7) => int4_avx2::<7>(o, c, r),
+                        (Weights::Int4 { .. }, _) => int4_avx2::<8>(o, c, r),
+                        (Weights::F32(_), g) => group_avx2_rows::<F32>(o, c, r, g),
+                        (Weights::Bf16(_), g) => group_avx2_rows::<BF16>(o, c, r, g),
+                        (Weights::Int8 { .. }, g) => group_avx2_rows::<INT8>(o, c, r, g),
+                    }
+                }
+                r += g;
+            }
+        }
+    }
+
+    /// [`group_avx2`] for `g` (1 to 8) rows from `r`, the accumulators a constant of each arm.
+    ///
+    /// # Safety
+    /// As [`group_avx2`], with `r + g <= rows`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn group_avx2_rows<const F: u8>(o: &Operands, c: usize, r: usize, g: usize) {
+        // SAFETY: as this function's contract.
+        unsafe {
+            match g {
+                1 => group_avx2::<F, 1, 4>(o, c, r),
+                2 => group_avx2::<F, 2, 4>(o, c, r),
+                3 => group_avx2::<F, 3, 2>(o, c, r),
+                4 => group_avx2::<F, 4, 2>(o, c, r),
+                5 => group_avx2::<F, 5, 1>(o, c, r),
+                6 => group_avx2::<F, 6, 1>(o, c, r),
+                7 => group_avx2::<F, 7, 1>(o, c, r),
+                _ => group_avx2::<F, 8, 1>(o, c, r),
+            }
+        }
+    }
+
+    /// The sum of `v`'s eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sum_avx2(v: __m256) -> f32 {
+        let four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+        _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
+    }
+
+    /// Eight weights of channel `c` from input `t` on, as f32 (not int4).
+    ///
+    /// # Safety
+    /// AVX2; `F` is `o.w`'s format, `c < n`, `t + 8 <= k`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load_avx2<const F: u8>(o: &Operands, c: usize, t: usize) -> __m256 {
+        let k = o.k;
+        // SAFETY: as this function's contract: the 8 weights lie inside row c.
+        unsafe {
+            match o.w {
+                Weights::F32(w) if F == F32 => _mm256_loadu_ps(w.as_ptr().add(c * k + t)),
+                Weights::Bf16(w) if F == BF16 => {
+                    let h = _mm_loadu_si128(w.as_ptr().add(c * k + t).cast());
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+                }
+                Weights::Int8 { q, .. } if F == INT8 => {
+                    let b = _mm_loadl_epi64(q.as_ptr().add(c * k + t).cast());
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
+                }
+                _ => _mm256_setzero_ps(),
+            }
+        }
+    }
+
+    /// Channel `c` of rows `r..r + G`, `U` vectors of 8 inputs a step (f32, bf16, int8).
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `F` is `o.w`'s format; `r + G <= rows`, `c < n`, the slices as
+    /// [`super::channels`].
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn group_avx2<const F: u8, const G: usize, const U: usize>(o: &Operands, c: usize, r: usize) {
+        let k = o.k;
+        let step = 8 * U;
+        let full = k / step * step;
+        let base = address(o, c, 0);
+        let xp = o.x.as_ptr().wrapping_add(r * k);
+        let mut acc = [[_mm256_setzero_ps(); U]; G];
+        let mut t = 0;
+        while t < full {
+            // The weights a few KB on, ahead of the hardware prefetcher (a hint: any
+            // address is allowed).
+            let ahead = base.wrapping_add(t * block_bytes::<F>(1) / 16 + PREFETCH_AHEAD);
+            let mut line = 0;
+            while line < step * block_bytes::<F>(1) / 16 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
+                line += 64;
+            }
+            for u in 0..U {
+                // SAFETY: t + 8u + 8 <= full <= k, inside row c.
+                let w = unsafe { load_avx2::<F>(o, c, t + 8 * u) };
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row r + j < rows of x, same column bounds.
+                    let xv = unsafe { _mm256_loadu_ps(xp.add(j * k + t + 8 * u)) };
+                    a[u] = _mm256_fmadd_ps(w, xv, a[u]);
+                }
+            }
+            t += step;
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let mut sum = a[0];
+            for v in &a[1..] {
+                sum = _mm256_add_ps(sum, *v);
+            }
+            let dot = sum_avx2(sum) + o.tail(r + j, c, full);
+            // SAFETY: r + j < rows and c < n.
+            unsafe { o.put(r + j, c, dot) };
+        }
+    }
+
+    /// Channel `c` of rows `r..r + G` of int4 weights, as [`int4`] computes it eight lanes
+    /// wide: a group's 16 bytes widen into four vectors (inputs 0-7 and 8-15 from the low
+    /// nibbles, 16-23 and 24-31 from the high ones), scaled once a group; the codes' offset
+    /// of 8 comes off at the end through the rows' group sums.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `o.w` is int4; `r + G <= rows`, `c < n`, the slices as
+    /// [`super::channels`].
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn int4_avx2<const G: usize>(o: &Operands, c: usize, r: usize) {
+        let Weights::Int4 { codes, scales } = o.w else { return };
+        let k = o.k;
+        let groups = k / super::INT4_GROUP;
+        let first = c * groups;
+        let xp = o.x.as_ptr().wrapping_add(r * k);
+        let low = _mm256_set1_epi32(15);
+        let mut acc = [_mm256_setzero_ps(); G];
+        let mut offset = [0f32; G];
+        for g in 0..groups {
+            let s = super::f16_to_f32(scales[first + g]);
+            for (j, off) in offset.iter_mut().enumerate() {
+                *off += s * o.xsum[(r + j) * groups + g];
+            }
+            let at = codes.as_ptr().wrapping_add((first + g) * 16);
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD).cast());
+            // SAFETY: group g of channel c: its 16 bytes lie inside the codes.
+            let (v0, v1) = unsafe {
+                (
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast())),
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.add(8).cast())),
+                )
+            };
+            let w = [
+                _mm256_cvtepi32_ps(_mm256_and_si256(v0, low)),
+                _mm256_cvtepi32_ps(_mm256_and_si256(v1, low)),
+                _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v0)),
+                _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v1)),
+            ];
+            let sv = _mm256_set1_ps(s);
+            let t = g * super::INT4_GROUP;
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row r + j < rows of x; inputs t..t + 32 <= k.
+                let d = unsafe {
+                    let x = xp.add(j * k + t);
+                    let d = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+                    let d = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x.add(8)), d);
+                    let d = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x.add(16)), d);
+                    _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x.add(24)), d)
+                };
+                *a = _mm256_fmadd_ps(d, sv, *a);
+            }
+        }
+        for (j, (a, off)) in acc.iter().zip(&offset).enumerate() {
+            let dot = sum_avx2(*a) - 8.0 * off;
+            // SAFETY: r + j < rows and c < n.
+            unsafe { o.put(r + j, c, dot) };
+        }
+    }
+
+    /// [`dequantize_int4`] eight lanes wide.
+    ///
+    /// # Safety
+    /// AVX2; as [`dequantize_int4`].
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn dequantize_int4_avx2(codes: &[u8], scales: &[u16], range: std::ops::Range<usize>, out: *mut f32) {
+        let (low, eight) = (_mm256_set1_epi32(15), _mm256_set1_epi32(8));
+        for g in range {
+            // SAFETY: as this function's contract.
+            unsafe {
+                let s = _mm256_set1_ps(super::f16_to_f32(*scales.get_unchecked(g)));
+                let at = codes.as_ptr().add(g * 16);
+                let v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast()));
+                let v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.add(8).cast()));
+                for (i, v) in [
+                    _mm256_and_si256(v0, low),
+                    _mm256_and_si256(v1, low),
+                    _mm256_srli_epi32::<4>(v0),
+                    _mm256_srli_epi32::<4>(v1),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let w = _mm256_cvtepi32_ps(_mm256_sub_epi32(v, eight));
+                    _mm256_storeu_ps(out.add(g * 32 + 8 * i), _mm256_mul_ps(w, s));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -770,13 +1044,17 @@ mod tests {
                     product(x, rows, k, n, w, Some(&bias), &mut y, &CpuPool::new(threads)).unwrap();
                     check(&y, &format!("{threads} threads"));
                 }
-                let mut y = vec![0f32; rows * n];
+                // Every path this CPU runs, the narrower ones included.
                 let xsum = if matches!(w, Weights::Int4 { .. }) { group_sums(x, rows, k) } else { Vec::new() };
-                let o =
-                    Operands { x, rows, k, w, bias: Some(&bias), y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum, xb: &[] };
-                // SAFETY: y has rows * n floats; the slices hold what `product` checks.
-                unsafe { plain(&o, 0, n) };
-                check(&y, "plain");
+                for path in Path::available() {
+                    let mut y = vec![0f32; rows * n];
+                    let y_at = SendPtr(y.as_mut_ptr());
+                    let o = Operands { x, rows, k, w, bias: Some(&bias), y: y_at, n, xsum: &xsum, xb: &[] };
+                    // SAFETY: y has rows * n floats; the slices hold what `product` checks;
+                    // the path is this CPU's.
+                    unsafe { channels_on(path, &o, 0, n) };
+                    check(&y, &format!("{path:?}"));
+                }
             }
         }
     }
@@ -846,6 +1124,11 @@ mod tests {
             for t in 0..k {
                 assert_eq!(out[c * k + t], w.at(k, c, t), "[{c}, {t}]");
             }
+        }
+        for path in Path::available() {
+            let mut each = vec![f32::NAN; n * k];
+            dequantize_int4_on(path, &codes, &scales, 0..n * k / INT4_GROUP, &mut each);
+            assert!(each.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()), "{path:?}");
         }
         assert!(dequantize_int4(&codes, &scales, n + 1, k, &mut out).is_err());
         let all: Vec<u16> = (0..=u16::MAX).collect();
