@@ -284,6 +284,13 @@ pub fn vectorized() -> bool {
     Path::detected() != Path::Plain
 }
 
+/// Whether f32 weights are best kept for this kernel's few-row products: on the AVX-512
+/// path, which reads them faster than BLAS's one-row products over column blocks split
+/// between threads; on the AVX2 path those are faster (12-layer decode, docs/results/2026-12-07.md).
+pub fn f32_few_rows() -> bool {
+    Path::detected() == Path::Avx512
+}
+
 /// The instructions a product runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {

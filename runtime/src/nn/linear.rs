@@ -246,9 +246,10 @@ pub(crate) fn addmm_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightLayout {
     /// The faster of the two as measured for the dtype and device (docs/PERFORMANCE.md,
-    /// "Weight layout", and the 2026-12-01 kernel entry in docs/results/): `OutIn` on CPU where the project's
-    /// kernel runs few-row products ([`kernel::vectorized`]), else `InOut` for f32 and
-    /// `OutIn` for bf16 and f16; `InOut` on CUDA until the GPU run measures both.
+    /// "Weight layout", and the 2026-12-01 and 2026-12-07 entries in docs/results/): `OutIn`
+    /// on CPU for bf16 and f16, and for f32 where the project's kernel reads f32 weights
+    /// faster than BLAS's one-row products over split columns ([`kernel::f32_few_rows`]),
+    /// else `InOut`; `InOut` on CUDA until the GPU run measures both.
     #[default]
     Auto,
     /// `[in, out]`, contiguous (a transposed copy made at load): on CPU in f32 the form BLAS
@@ -268,7 +269,7 @@ impl WeightLayout {
     /// `Auto` made concrete for weights of `dtype` on `device`; the others as they are.
     pub fn resolve(self, dtype: DType, device: Device) -> WeightLayout {
         match self {
-            WeightLayout::Auto if device == Device::Cpu && (dtype != DType::F32 || kernel::vectorized()) => {
+            WeightLayout::Auto if device == Device::Cpu && (dtype != DType::F32 || kernel::f32_few_rows()) => {
                 WeightLayout::OutIn
             }
             WeightLayout::Auto => WeightLayout::InOut,
