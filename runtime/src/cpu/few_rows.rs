@@ -296,7 +296,7 @@ pub fn f32_few_rows() -> bool {
 pub enum Path {
     /// AVX-512 F and BW: sixteen f32 lanes (and AVX-512 BF16's dot product where present).
     Avx512,
-    /// AVX2 and FMA: eight f32 lanes (most x86-64 CPUs without AVX-512).
+    /// AVX2, FMA and F16C: eight f32 lanes (most x86-64 CPUs without AVX-512).
     Avx2,
     /// Plain Rust.
     Plain,
@@ -316,7 +316,10 @@ impl Path {
             if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
                 out.push(Path::Avx512);
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
                 out.push(Path::Avx2);
             }
         }
@@ -769,8 +772,8 @@ mod x86 {
     /// The AVX2 path: [`avx512`]'s products eight lanes wide, for CPUs without AVX-512.
     ///
     /// # Safety
-    /// AVX2 and FMA are available; as [`super::channels`].
-    #[target_feature(enable = "avx2,fma")]
+    /// AVX2, FMA and F16C are available; as [`super::channels`].
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn avx2(o: &Operands, lo: usize, hi: usize) {
         for c in lo..hi {
             let mut r = 0;
@@ -902,13 +905,14 @@ mod x86 {
 
     /// Channel `c` of rows `r..r + G` of int4 weights, as [`int4`] computes it eight lanes
     /// wide: a group's 16 bytes widen into four vectors (inputs 0-7 and 8-15 from the low
-    /// nibbles, 16-23 and 24-31 from the high ones), scaled once a group; the codes' offset
-    /// of 8 comes off at the end through the rows' group sums.
+    /// nibbles, 16-23 and 24-31 from the high ones), scaled once a group (the scales widened
+    /// from f16 eight at a time); the codes' offset of 8 comes off at the end, through the
+    /// rows' group sums.
     ///
     /// # Safety
-    /// AVX2 and FMA; `o.w` is int4; `r + G <= rows`, `c < n`, the slices as
+    /// AVX2, FMA and F16C; `o.w` is int4; `r + G <= rows`, `c < n`, the slices as
     /// [`super::channels`].
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn int4_avx2<const G: usize>(o: &Operands, c: usize, r: usize) {
         let Weights::Int4 { codes, scales } = o.w else { return };
         let k = o.k;
@@ -917,43 +921,64 @@ mod x86 {
         let xp = o.x.as_ptr().wrapping_add(r * k);
         let low = _mm256_set1_epi32(15);
         let mut acc = [_mm256_setzero_ps(); G];
-        let mut offset = [0f32; G];
-        for g in 0..groups {
-            let s = super::f16_to_f32(scales[first + g]);
+        // Σ_g s_g xsum_g a row, eight groups a lane.
+        let mut offset = [_mm256_setzero_ps(); G];
+        let mut wide = [0f32; 8];
+        let mut g0 = 0;
+        while g0 < groups {
+            let len = (groups - g0).min(8);
+            let mut h = [0u16; 8];
+            h[..len].copy_from_slice(&scales[first + g0..first + g0 + len]);
+            // SAFETY: 8 halves read from, 8 floats written into, arrays of that size.
+            let sv = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())) };
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(wide.as_mut_ptr(), sv) };
             for (j, off) in offset.iter_mut().enumerate() {
-                *off += s * o.xsum[(r + j) * groups + g];
+                // SAFETY: row r + j's sums from group g0, 8 of them: the sums of later
+                // rows or the 16 zeros after the last row (scales past `len` are 0).
+                let xs = unsafe { _mm256_loadu_ps(o.xsum.as_ptr().add((r + j) * groups + g0)) };
+                *off = _mm256_fmadd_ps(sv, xs, *off);
             }
-            let at = codes.as_ptr().wrapping_add((first + g) * 16);
-            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD).cast());
-            // SAFETY: group g of channel c: its 16 bytes lie inside the codes.
-            let (v0, v1) = unsafe {
-                (
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast())),
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.add(8).cast())),
-                )
-            };
-            let w = [
-                _mm256_cvtepi32_ps(_mm256_and_si256(v0, low)),
-                _mm256_cvtepi32_ps(_mm256_and_si256(v1, low)),
-                _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v0)),
-                _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v1)),
-            ];
-            let sv = _mm256_set1_ps(s);
-            let t = g * super::INT4_GROUP;
-            for (j, a) in acc.iter_mut().enumerate() {
-                // SAFETY: row r + j < rows of x; inputs t..t + 32 <= k.
-                let d = unsafe {
-                    let x = xp.add(j * k + t);
-                    let d = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
-                    let d = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x.add(8)), d);
-                    let d = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x.add(16)), d);
-                    _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x.add(24)), d)
+            for (gi, &s) in wide[..len].iter().enumerate() {
+                let g = g0 + gi;
+                let at = codes.as_ptr().wrapping_add((first + g) * 16);
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD).cast());
+                // SAFETY: group g of channel c: its 16 bytes lie inside the codes.
+                let (v0, v1) = unsafe {
+                    (
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast())),
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.add(8).cast())),
+                    )
                 };
-                *a = _mm256_fmadd_ps(d, sv, *a);
+                let w = [
+                    _mm256_cvtepi32_ps(_mm256_and_si256(v0, low)),
+                    _mm256_cvtepi32_ps(_mm256_and_si256(v1, low)),
+                    _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v0)),
+                    _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v1)),
+                ];
+                let sv = _mm256_set1_ps(s);
+                let t = g * super::INT4_GROUP;
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row r + j < rows of x; inputs t..t + 32 <= k. Two short
+                    // chains, so a group's products need not wait on one another.
+                    let d = unsafe {
+                        let x = xp.add(j * k + t);
+                        let d0 =
+                            _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x.add(8)), _mm256_mul_ps(w[0], _mm256_loadu_ps(x)));
+                        let d1 = _mm256_fmadd_ps(
+                            w[3],
+                            _mm256_loadu_ps(x.add(24)),
+                            _mm256_mul_ps(w[2], _mm256_loadu_ps(x.add(16))),
+                        );
+                        _mm256_add_ps(d0, d1)
+                    };
+                    *a = _mm256_fmadd_ps(d, sv, *a);
+                }
             }
+            g0 += len;
         }
         for (j, (a, off)) in acc.iter().zip(&offset).enumerate() {
-            let dot = sum_avx2(*a) - 8.0 * off;
+            let dot = sum_avx2(*a) - 8.0 * sum_avx2(*off);
             // SAFETY: r + j < rows and c < n.
             unsafe { o.put(r + j, c, dot) };
         }
