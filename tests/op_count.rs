@@ -14,8 +14,9 @@ use headcount_runtime::{DType, DecodeMode, Dims, LoadOptions, Rounding};
 /// partial rotary: f32 eager and static, bf16 eager and static.
 const GLM_CALLS: [i64; 4] = [26, 24, 33, 31];
 
-/// The same where the project's kernel runs the few-row products (f32 and bf16 on a CPU
-/// with AVX-512, `cpu::few_rows::vectorized`, in the stored layout `auto` then picks): each
+/// The same where the project's kernel runs the few-row products (bf16 on a CPU with its
+/// vector path, `cpu::few_rows::vectorized`, f32 where `auto` keeps f32 weights for it,
+/// `cpu::few_rows::f32_few_rows`; in the stored layout `auto` then picks): each
 /// projection takes its rows as a matrix, one output and a view back (bf16 rows, bias and
 /// result converted by the kernel's caller, not libtorch), instead of one `addmm`/`matmul`;
 /// f32 eager and static, bf16 eager and static.
@@ -23,7 +24,11 @@ const GLM_KERNEL_CALLS: [i64; 4] = [33, 31, 39, 37];
 
 /// Whether the projections of `dtype` run in the project's kernel on this CPU.
 fn kernel_products(dtype: DType) -> bool {
-    dtype != DType::F16 && headcount_runtime::cpu::few_rows::vectorized()
+    match dtype {
+        DType::F32 => headcount_runtime::cpu::few_rows::f32_few_rows(),
+        DType::Bf16 => headcount_runtime::cpu::few_rows::vectorized(),
+        DType::F16 => false,
+    }
 }
 
 /// The calls a layer of `config` makes: [`GLM_CALLS`] adjusted for its features. GLM-4's two
