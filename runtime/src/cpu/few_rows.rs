@@ -303,9 +303,11 @@ pub enum Path {
 }
 
 impl Path {
-    /// The widest path this CPU runs (the features are detected once and cached by std).
+    /// The widest path this CPU runs, found once: every product asks, so no list is made
+    /// again on the decode path.
     pub fn detected() -> Path {
-        Path::available().first().copied().unwrap_or(Path::Plain)
+        static DETECTED: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| Path::available().first().copied().unwrap_or(Path::Plain))
     }
 
     /// Every path this CPU runs, widest first; [`Path::Plain`] always.
