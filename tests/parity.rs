@@ -406,11 +406,7 @@ fn prefix_cache_gives_the_logits_of_a_whole_prefill() {
     for dir in model_fixtures() {
         let model = load(&dir);
         let vocab = model.dims.vocab as i64;
-        let ids =
-            |n: usize, salt: i64| -> Vec<i64> { (0..n as i64).map(|i| (i * 31 + salt * 17 + 5) % vocab).collect() };
-        let shared = ids(40, 0);
-        let first: Vec<i64> = shared.iter().copied().chain(ids(7, 1)).collect();
-        let second: Vec<i64> = shared.iter().copied().chain(ids(9, 2)).collect();
+        let (first, second) = headcount_integration::prompts_sharing_a_prefix(vocab);
         let steps = [3i64 % vocab, 11 % vocab, 7 % vocab];
         // Without a prefix cache: the first sequence, then the second whole, and their
         // steps side by side.

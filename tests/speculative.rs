@@ -395,11 +395,7 @@ fn a_speculative_row_reuses_a_cached_prefix_with_its_drafting_layer() {
     for dir in mtp_fixtures() {
         let model = load_mtp(&dir);
         let vocab = model.dims.vocab as i64;
-        let ids =
-            |n: usize, salt: i64| -> Vec<i64> { (0..n as i64).map(|i| (i * 31 + salt * 17 + 5) % vocab).collect() };
-        let shared = ids(40, 0);
-        let first: Vec<i64> = shared.iter().copied().chain(ids(7, 1)).collect();
-        let second: Vec<i64> = shared.iter().copied().chain(ids(9, 2)).collect();
+        let (first, second) = headcount_integration::prompts_sharing_a_prefix(vocab);
         let steps = 4;
         let plain = generate(&model, std::slice::from_ref(&second), &options(14, 0, Sampling::greedy()), |_, _| {})
             .unwrap()

@@ -141,3 +141,13 @@ pub fn join(env: &headcount_runtime::RankEnv, tp: usize, pp: usize) -> headcount
     headcount_runtime::Parallel::join(env, tp, pp, headcount_runtime::Timeouts::default())
         .unwrap_or_else(|e| panic!("rank {}: {e}", env.rank))
 }
+
+/// Two prompts over a vocabulary of `vocab` ids that share their first 40 tokens (two whole
+/// prefix-cache blocks and 8 more), of 47 and 49 tokens: the prefix cache's tests.
+pub fn prompts_sharing_a_prefix(vocab: i64) -> (Vec<i64>, Vec<i64>) {
+    let ids = |n: usize, salt: i64| -> Vec<i64> { (0..n as i64).map(|i| (i * 31 + salt * 17 + 5) % vocab).collect() };
+    let shared = ids(40, 0);
+    let first = shared.iter().copied().chain(ids(7, 1)).collect();
+    let second = shared.iter().copied().chain(ids(9, 2)).collect();
+    (first, second)
+}
