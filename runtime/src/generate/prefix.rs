@@ -232,6 +232,16 @@ impl SlotCache {
         if self.drafts.is_some() { all.saturating_sub(1) } else { all }
     }
 
+    /// Positions of row `row` whose blocks may go into the pool: all it holds, but in a
+    /// speculative cache only as far as the layer's entries a block keeps are written.
+    fn storable(&self, row: usize) -> usize {
+        let len = self.lens.get(row).copied().unwrap_or(0);
+        match &self.drafts {
+            Some(d) => len.min(d.written(row, len) + 1),
+            None => len,
+        }
+    }
+
     /// Blocks the prefix cache holds and has room for (`None`: no prefix cache).
     pub fn prefix_usage(&self) -> Option<(usize, usize)> {
         self.prefix.as_ref().map(|p| (p.index.held(), p.index.blocks()))
@@ -276,11 +286,7 @@ impl SlotCache {
                 tokens.len()
             )));
         }
-        // A speculative row's block goes in once the layer's entries it keeps are written.
-        let keep = match &self.drafts {
-            Some(d) => tokens.len().min(d.written(row, held) + 1),
-            None => tokens.len(),
-        };
+        let keep = tokens.len().min(self.storable(row));
         let Some(p) = &mut self.prefix else { return Ok(()) };
         let new = p.index.insert(&tokens[..keep]);
         if new.is_empty() {
@@ -339,11 +345,7 @@ impl SlotCache {
         let (blocks, slots) = payload.split_at(payload.len() / 2);
         check_slots(slots, p.index.blocks())?;
         let Some(&last) = blocks.iter().max() else { return Ok(()) };
-        let len = self.lens.get(row).copied().unwrap_or(0);
-        let held = match &self.drafts {
-            Some(d) => len.min(d.written(row, len) + 1),
-            None => len,
-        } / PREFIX_BLOCK;
+        let held = self.storable(row) / PREFIX_BLOCK;
         if blocks.iter().any(|&b| b < 0) || last as usize >= held {
             return Err(Error::InvalidArgument(format!("row {row} holds {held} whole blocks, not block {last}")));
         }
