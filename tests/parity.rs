@@ -110,6 +110,7 @@ fn cached_logits(model: &Glm, ids: &[i64]) -> Tensor {
             slot: None,
             rows_at: None,
             keep_at: None,
+            pages: None,
         };
         out.push(model.forward(&Tensor::from_slice(&[*id]).view([1, 1]), &step, &mut cache, true).unwrap());
     }
@@ -458,6 +459,73 @@ fn prefix_cache_gives_the_logits_of_a_whole_prefill() {
     println!("{}", report.join("\n"));
 }
 
+/// A paged cache (SlotCache::paged): rows hold blocks of a shared pool, taken as they grow
+/// and given back when they end, so a row's blocks lie anywhere in the pool and in any
+/// order. On every fixture family the same operations as on a cache of whole rows (prompts
+/// in chunks and padded together, decode steps crossing blocks, a row ended and its place
+/// taken, a new sequence in the freed blocks) give the same logits; a step the free blocks
+/// cannot hold fails and leaves the cache as it was.
+#[test]
+fn a_paged_cache_gives_the_logits_of_whole_rows() {
+    use headcount_runtime::generate::{PAGE, SlotCache};
+    // Of the largest logit: the same products over the same keys, gathered.
+    const TOL: f64 = 1e-6;
+    let mut report = Vec::new();
+    for dir in model_fixtures() {
+        let model = load(&dir);
+        let vocab = model.dims.vocab as i64;
+        let seq = |s: i64| -> Vec<i64> { (0..60).map(|i| (i * 7 + s * 13 + 1) % vocab).collect() };
+        let seqs = [seq(0), seq(1), seq(2)];
+        let run = |cache: &mut SlotCache| -> Vec<Tensor> {
+            let mut out = Vec::new();
+            out.push(cache.extend(&model, 0, &seqs[0][..13]).unwrap());
+            out.push(cache.extend(&model, 0, &seqs[0][13..21]).unwrap());
+            out.push(cache.extend_rows(&model, 1, &[&seqs[1][..9], &seqs[2][..30]]).unwrap());
+            // Which sequence each row holds.
+            let mut held = [0usize, 1, 2];
+            let mut steps = |cache: &mut SlotCache, held: &[usize], n: usize, out: &mut Vec<Tensor>| {
+                for _ in 0..n {
+                    let tokens: Vec<i64> = held.iter().enumerate().map(|(r, &s)| seqs[s][cache.len(r)]).collect();
+                    out.push(cache.decode(&model, &tokens).unwrap());
+                }
+            };
+            steps(cache, &held, 12, &mut out);
+            // Row 1 ends; the last row takes its place; a sequence goes into the freed one.
+            cache.clear(&model, 1).unwrap();
+            cache.move_row(&model, 2, 1).unwrap();
+            held = [0, 2, 1];
+            out.push(cache.extend(&model, 2, &seqs[1][..17]).unwrap());
+            steps(cache, &held, 10, &mut out);
+            out
+        };
+        let want = run(&mut SlotCache::new(&model, 3, 64).unwrap());
+        let mut paged = SlotCache::paged(&model, 3, 64, 12).unwrap();
+        let got = run(&mut paged);
+        assert_eq!((paged.len(0), paged.len(1), paged.len(2)), (43, 52, 27), "{}", name(&dir));
+        // Blocks held: each row's length in whole blocks.
+        let held: usize = [43usize, 52, 27].iter().map(|l| l.div_ceil(PAGE)).sum();
+        assert_eq!(paged.blocks(), Some((11 - held, 11)), "{}", name(&dir));
+        let diff = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f64::max);
+        let scale = want.iter().map(|w| w.abs().max().double_value(&[])).fold(0.0, f64::max);
+        report.push(format!("{}: {:.1e} of the largest logit", name(&dir), diff / scale));
+        assert!(diff <= TOL * scale, "{}: max abs diff {diff} > {TOL} x {scale}", name(&dir));
+
+        // Two usable blocks: a row of 32 positions takes both, and a step needing a third
+        // fails with the cache unchanged; once that row ends, the other goes in.
+        let mut small = SlotCache::paged(&model, 2, 64, 3).unwrap();
+        let first = small.extend(&model, 0, &seqs[0][..32]).unwrap();
+        let err = small.extend(&model, 1, &seqs[1][..3]).unwrap_err().to_string();
+        assert!(err.contains("0 free blocks"), "{}: {err}", name(&dir));
+        assert_eq!((small.len(0), small.len(1), small.blocks()), (32, 0, Some((0, 2))));
+        let err = small.decode(&model, &seqs[0][32..33]).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("needs 1"), "{}: {err}", name(&dir));
+        small.clear(&model, 0).unwrap();
+        let again = small.extend(&model, 1, &seqs[0][..32]).unwrap();
+        assert!(max_abs_diff(&first, &again) <= TOL * scale, "{}", name(&dir));
+    }
+    println!("{}", report.join("\n"));
+}
+
 /// Quantized weights (`--quantize int8|int4`): every dense fixture's logits within a stated
 /// distance of transformers' f32 logits, in f32 and bf16 activations, and in f32 the same
 /// greedy tokens (int8) or a stated share of them (int4). The distance is the codes'
@@ -619,6 +687,7 @@ fn sparse_attention_scores_in_blocks_as_in_one() {
             slot: None,
             rows_at: None,
             keep_at: None,
+            pages: None,
         };
         let chunk = Tensor::from_slice(&ids[start as usize..(start + len) as usize]).view([1, len]);
         parts.push(model.forward(&chunk, &step, &mut cache, false).unwrap());

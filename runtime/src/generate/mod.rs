@@ -6,6 +6,7 @@
 mod batch;
 mod generator;
 mod options;
+mod paged;
 mod prefix;
 mod sampling;
 mod slot_drafts;
@@ -16,6 +17,7 @@ mod static_decoder;
 pub use batch::check_prompts;
 pub use generator::Generator;
 pub use options::{DecodeMode, GenerateOptions, Generation, Sampling};
+pub use paged::PAGE;
 pub use prefix::{PREFIX_BLOCK, PrefixHit};
 pub use sampling::{SampleRng, accept_or_resample, draw, probabilities, select};
 pub use slots::SlotCache;

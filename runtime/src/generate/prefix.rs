@@ -271,6 +271,7 @@ impl SlotCache {
             return Ok(PrefixHit { queried, reused: 0 });
         }
         let payload: Vec<i64> = slots.iter().map(|&s| i64::from(s)).collect();
+        self.check_room(&[(row, slots.len() * PREFIX_BLOCK)])?;
         tell(model, Op::LoadBlocks, row, 0, &payload)?;
         self.load_blocks(row, &payload)?;
         Ok(PrefixHit { queried, reused: self.len(row) })
@@ -301,14 +302,16 @@ impl SlotCache {
 
     /// Copies pool blocks `slots` into row `row`'s first positions, in order.
     pub(super) fn load_blocks(&mut self, row: usize, slots: &[i64]) -> Result<()> {
-        let Some(p) = &self.prefix else {
-            return Err(Error::Parallel("rank 0 reuses prefix-cache blocks this rank does not have".to_owned()));
-        };
-        check_slots(slots, p.index.blocks())?;
         let len = slots.len() * PREFIX_BLOCK;
         if len > self.capacity || row >= self.rows() {
             return Err(Error::InvalidArgument(format!("{len} positions of prefix into row {row}")));
         }
+        self.grow(&[(row, len)])?;
+        let dest = self.row_slots(row, 0, len);
+        let Some(p) = &self.prefix else {
+            return Err(Error::Parallel("rank 0 reuses prefix-cache blocks this rank does not have".to_owned()));
+        };
+        check_slots(slots, p.index.blocks())?;
         let _guard = tch::no_grad_guard();
         // cannot wrap: positions and rows are small counts.
         let (m, row_i, len_i) = (slots.len() as i64, row as i64, len as i64);
@@ -321,8 +324,23 @@ impl SlotCache {
             kv.f_select(0, row_i)?.f_narrow(1, 0, len_i - skip)?.f_copy_(&rows)?;
             Ok(())
         };
-        for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
-            load(pool, kv, &mut index, 0)?;
+        match &dest {
+            // A paged cache: the blocks are copied to the row's own, which it took above.
+            Some(dest) => {
+                let mut dest = OnDevice::new(dest);
+                for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+                    let dev = pool.device();
+                    let picked = pool.f_index_select(0, index.on(dev)?)?; // [m, n, block, D]
+                    let s = picked.size();
+                    let entries = picked.f_permute([1, 0, 2, 3])?.f_reshape([s[1], m * s[2], s[3]])?;
+                    let _ = kv.f_select(0, 0)?.f_index_copy_(1, dest.on(dev)?, &entries)?;
+                }
+            }
+            None => {
+                for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+                    load(pool, kv, &mut index, 0)?;
+                }
+            }
         }
         self.lens[row] = len;
         if let (Some(d), Some(mtp)) = (&mut self.drafts, &p.mtp) {
@@ -353,12 +371,28 @@ impl SlotCache {
         // cannot wrap: as in `load_blocks`.
         let (nb, row_i) = (last + 1, row as i64);
         let (mut from, mut to) = (OnDevice::new(blocks), OnDevice::new(slots));
+        // A paged cache: the pool slots of the blocks' positions.
+        let paged: Option<Vec<i64>> = self.pages.is_some().then(|| {
+            let rows = blocks.iter().filter_map(|&b| self.row_slots(row, b as usize * PREFIX_BLOCK, PREFIX_BLOCK));
+            rows.flatten().collect()
+        });
+        let mut paged = paged.as_deref().map(OnDevice::new);
         for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
             let dev = pool.device();
-            let r = kv.f_select(0, row_i)?.f_narrow(1, 0, nb * PREFIX_BLOCK as i64)?; // [n, nb·block, D]
-            let s = r.size();
-            let by_block = r.f_view([s[0], nb, PREFIX_BLOCK as i64, s[2]])?.f_permute([1, 0, 2, 3])?;
-            let picked = by_block.f_index_select(0, from.on(dev)?)?;
+            let picked = match &mut paged {
+                Some(at) => {
+                    let r = kv.f_select(0, 0)?.f_index_select(1, at.on(dev)?)?; // [n, k·block, D]
+                    let s = r.size();
+                    let k = blocks.len() as i64; // cannot wrap: a small count
+                    r.f_view([s[0], k, PREFIX_BLOCK as i64, s[2]])?.f_permute([1, 0, 2, 3])?
+                }
+                None => {
+                    let r = kv.f_select(0, row_i)?.f_narrow(1, 0, nb * PREFIX_BLOCK as i64)?; // [n, nb·block, D]
+                    let s = r.size();
+                    let by_block = r.f_view([s[0], nb, PREFIX_BLOCK as i64, s[2]])?.f_permute([1, 0, 2, 3])?;
+                    by_block.f_index_select(0, from.on(dev)?)?
+                }
+            };
             let _ = pool.shallow_clone().f_index_copy_(0, to.on(dev)?, &picked)?;
         }
         if let (Some(d), Some(mtp)) = (&self.drafts, &p.mtp) {

@@ -135,8 +135,18 @@ impl SlotCache {
             let slots = Tensor::f_arange_start(s, end, (Kind::Int64, dev))?;
             let (cos, sin) = self.rope.tables(&slots.f_unsqueeze(0)?, kind)?;
             let mask = if m == 1 { None } else { Some(self.causal_mask(&slots, end, kind)?) };
-            let step =
-                Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None };
+            let step = Step {
+                start: s,
+                len: end - s,
+                cos,
+                sin,
+                rot: None,
+                mask,
+                slot: None,
+                rows_at: None,
+                keep_at: None,
+                pages: None,
+            };
             let next = Tensor::f_from_slice(&tokens[1..])?.f_view([1, end - s])?.f_to_device(dev)?;
             let previous = states.as_ref().map(|h| h.f_narrow(0, 0, end - s)?.f_unsqueeze(0)).transpose()?;
             let mut view = self.drafts()?.view(row, 1)?;
@@ -168,7 +178,18 @@ impl SlotCache {
             let slots = Tensor::f_arange(len, (Kind::Int64, dev))?;
             let (cos, sin) = self.rope.tables(&slots.f_unsqueeze(0)?, kind)?;
             let mask = Some(self.causal_mask(&slots, len, kind)?);
-            let step = Step { start: 0, len, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None };
+            let step = Step {
+                start: 0,
+                len,
+                cos,
+                sin,
+                rot: None,
+                mask,
+                slot: None,
+                rows_at: None,
+                keep_at: None,
+                pages: None,
+            };
             let mut view = self.drafts()?.view(first, prompts.len())?;
             drop(model.draft(0, &next, hidden, &step, &mut view, true)?);
         }
@@ -280,11 +301,17 @@ impl SlotCache {
         if let Some(r) = (0..n).find(|&r| self.lens[r] + t > self.cache.capacity as usize) {
             return Err(Error::TooLong { what: "a row and its drafts", len: self.lens[r] + t, max: self.capacity });
         }
+        let wants: Vec<(usize, usize)> = (0..n).map(|r| (r, self.lens[r] + t)).collect();
+        self.check_room(&wants)?;
         tell(model, Op::Verify, n, t, tokens)?;
+        self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
         let starts: Vec<i64> = self.lens[..n].iter().map(|&l| l as i64).collect();
-        let step = self.ragged_step(&starts, t as i64, kind, dev)?;
+        let mut step = self.ragged_step(&starts, t as i64, kind, dev)?;
+        let rows: Vec<usize> = (0..n).collect();
+        // cannot wrap: `start` is the longest row's length.
+        step.pages = self.paged_step(&rows, &self.lens[..n], t, step.start as usize + t, dev)?;
         let input = Tensor::f_from_slice(tokens)?.f_view([n as i64, t as i64])?.f_to_device(dev)?;
         let _threads = self.few_rows(model, n * t);
         let mut view = self.view(0, n)?;
@@ -310,6 +337,8 @@ impl SlotCache {
         for (r, &k) in kept.iter().enumerate() {
             let states = hidden.as_ref().map(|h| h.f_select(0, r as i64)?.f_narrow(0, 0, k as i64)).transpose()?;
             self.lens[r] += k;
+            // The verified positions past the kept ones are written again by the next step.
+            self.shrink(r, self.lens[r]);
             let d = self.drafts()?;
             d.pending[r] = Some(Pending { hidden: states, tokens: tokens[r * t..r * t + k].to_vec() });
         }
@@ -350,6 +379,17 @@ impl SlotCache {
             let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
             Some(m.f_unsqueeze(1)?)
         };
-        Ok(Step { start: last, len: t, cos, sin, rot: None, mask, slot: None, rows_at: Some(at), keep_at: None })
+        Ok(Step {
+            start: last,
+            len: t,
+            cos,
+            sin,
+            rot: None,
+            mask,
+            slot: None,
+            rows_at: Some(at),
+            keep_at: None,
+            pages: None,
+        })
     }
 }

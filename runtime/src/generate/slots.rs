@@ -51,12 +51,21 @@ pub struct SlotCache {
     pub(super) drafts: Option<super::slot_drafts::Drafts>,
     /// Automatic prefix caching's block pool (`super::prefix`).
     pub(super) prefix: Option<super::prefix::PrefixCache>,
+    /// A paged cache's block tables (`super::paged`): `cache` is then one pool of blocks.
+    pub(super) pages: Option<super::paged::Pages>,
 }
 
 impl SlotCache {
     /// A cache of `rows` sequences of up to `capacity` positions each (at most the model's
     /// max_position_embeddings), its memory checked first.
     pub fn new(model: &dyn CausalLm, rows: usize, capacity: usize) -> Result<SlotCache> {
+        let mut c = SlotCache::new_unallocated(model, rows, capacity)?;
+        c.cache = model.new_cache(rows, capacity)?;
+        Ok(c)
+    }
+
+    /// [`SlotCache::new`] without its layers' tensors, which the caller makes.
+    pub(super) fn new_unallocated(model: &dyn CausalLm, rows: usize, capacity: usize) -> Result<SlotCache> {
         if rows == 0 || capacity == 0 {
             return Err(Error::InvalidArgument(format!(
                 "a cache needs at least one row and one position, not {rows} rows of {capacity}"
@@ -69,10 +78,10 @@ impl SlotCache {
                 max: model.dims().max_positions,
             });
         }
-        let cache = model.new_cache(rows, capacity)?;
+        let cache = KvCache { kv: Vec::new(), capacity: capacity as i64, len: 0 }; // cannot wrap: within max positions
         let rope = Rope::new(model.dims(), capacity, model.device())?;
         let group = model.query_group();
-        Ok(SlotCache { cache, rope, lens: vec![0; rows], group, capacity, drafts: None, prefix: None })
+        Ok(SlotCache { cache, rope, lens: vec![0; rows], group, capacity, drafts: None, prefix: None, pages: None })
     }
 
     /// A cache of `rows` sequences of up to `capacity` positions whose rows decode
@@ -80,6 +89,18 @@ impl SlotCache {
     /// (loaded with it): a verification writes up to `tokens` slots past a row's length,
     /// which the cache holds beyond `capacity`.
     pub fn speculative(model: &dyn CausalLm, rows: usize, capacity: usize, tokens: usize) -> Result<SlotCache> {
+        let mut c = SlotCache::speculative_unallocated(model, rows, capacity, tokens)?;
+        c.cache = model.new_cache(rows, c.cache.capacity as usize)?; // cannot wrap: a usize count
+        Ok(c)
+    }
+
+    /// [`SlotCache::speculative`] without the main model's layers' tensors.
+    pub(super) fn speculative_unallocated(
+        model: &dyn CausalLm,
+        rows: usize,
+        capacity: usize,
+        tokens: usize,
+    ) -> Result<SlotCache> {
         if tokens == 0 || tokens >= capacity {
             return Err(Error::InvalidArgument(format!(
                 "speculative decoding drafts 1 to {} tokens a step in rows of {capacity} positions, not {tokens}",
@@ -88,8 +109,8 @@ impl SlotCache {
         }
         super::speculative::check_speculative(model, &super::GenerateOptions::default())?;
         let held = capacity + tokens + 1; // cannot wrap: tokens < capacity <= max_position_embeddings
-        let mut c = SlotCache::new(model, rows, capacity)?;
-        c.cache = model.new_cache(rows, held)?;
+        let mut c = SlotCache::new_unallocated(model, rows, capacity)?;
+        c.cache.capacity = held as i64;
         c.rope = Rope::new(model.dims(), held, model.device())?;
         c.drafts = Some(super::slot_drafts::Drafts::new(model, rows, held, tokens)?);
         Ok(c)
@@ -114,6 +135,7 @@ impl SlotCache {
         self.row_exists(row)?;
         tell(model, Op::Clear, row, 0, &[])?;
         self.lens[row] = 0;
+        self.shrink(row, 0);
         if let Some(d) = &mut self.drafts {
             d.clear(row);
         }
@@ -149,7 +171,9 @@ impl SlotCache {
         if start + t > self.capacity() {
             return Err(Error::TooLong { what: "the sequence", len: start + t, max: self.capacity() });
         }
+        self.check_room(&[(row, start + t)])?;
         tell(model, if every { Op::ExtendScored } else { Op::Extend }, row, 0, ids)?;
+        self.grow(&[(row, start + t)])?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
         // cannot wrap: positions are below the capacity, a usize that fits i64.
@@ -158,7 +182,9 @@ impl SlotCache {
         let (cos, sin) = self.rope.tables(&slots.f_unsqueeze(0)?, kind)?;
         // One new token attends to every key up to it (no mask); several, causally.
         let mask = if t == 1 { None } else { Some(self.causal_mask(&slots, end, kind)?) };
-        let step = Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None };
+        let pages = self.paged_step(&[row], &[start], t, start + t, dev)?;
+        let step =
+            Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None, pages };
         let input = Tensor::f_from_slice(ids)?.f_view([1, end - s])?.f_to_device(dev)?;
         let mut view = self.view(row, 1)?;
         let (logits, hidden) = if self.drafts.is_some() {
@@ -193,6 +219,8 @@ impl SlotCache {
         if longest > self.capacity() {
             return Err(Error::TooLong { what: "a prompt", len: longest, max: self.capacity() });
         }
+        let wants: Vec<(usize, usize)> = prompts.iter().enumerate().map(|(i, p)| (first + i, p.len())).collect();
+        self.check_room(&wants)?;
         let mut flat = Vec::with_capacity(k * longest);
         for p in prompts {
             check_ids(model, p)?;
@@ -205,6 +233,7 @@ impl SlotCache {
             payload.extend(prompts.iter().flat_map(|p| p.iter().copied()));
             tell(model, Op::ExtendRows, first, k, &payload)?;
         }
+        self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
         // cannot wrap: lengths are at most the capacity, a usize that fits i64.
@@ -214,7 +243,9 @@ impl SlotCache {
         let mask = if len == 1 { None } else { Some(self.causal_mask(&slots, len, kind)?) };
         let last: Vec<i64> = prompts.iter().map(|p| p.len() as i64 - 1).collect();
         let keep_at = Some(Tensor::f_from_slice(&last)?.f_to_device(dev)?);
-        let step = Step { start: 0, len, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at };
+        let rows: Vec<usize> = (first..first + k).collect();
+        let pages = self.paged_step(&rows, &vec![0; k], longest, longest, dev)?;
+        let step = Step { start: 0, len, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at, pages };
         let ids = Tensor::f_from_slice(&flat)?.f_view([b, len])?.f_to_device(dev)?;
         let mut view = self.view(first, k)?;
         let (logits, hidden) = if self.drafts.is_some() {
@@ -247,7 +278,10 @@ impl SlotCache {
                 max: self.capacity(),
             });
         }
+        let wants: Vec<(usize, usize)> = (0..n).map(|r| (r, self.lens[r] + 1)).collect();
+        self.check_room(&wants)?;
         tell(model, Op::Decode, 0, 0, tokens)?;
+        self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
         // Few-row products run on the model's own threads: this thread's libtorch calls
@@ -270,7 +304,10 @@ impl SlotCache {
             let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
             Some(m.f_view([n as i64, 1, 1, last + 1])?)
         };
-        let step = Step { start: last, len: 1, cos, sin, rot, mask, slot: None, rows_at: Some(at_dev), keep_at: None };
+        let rows: Vec<usize> = (0..n).collect();
+        let pages = self.paged_step(&rows, &self.lens[..n], 1, last as usize + 1, dev)?; // cannot wrap: a length
+        let step =
+            Step { start: last, len: 1, cos, sin, rot, mask, slot: None, rows_at: Some(at_dev), keep_at: None, pages };
         let ids = Tensor::f_from_slice(tokens)?.f_view([n as i64, 1])?.f_to_device(dev)?;
         let mut view = self.view(0, n)?;
         let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;
@@ -289,7 +326,7 @@ impl SlotCache {
         }
         tell(model, Op::Move, from, to, &[])?;
         let len = self.lens[from] as i64; // cannot wrap: below the capacity
-        if len > 0 {
+        if !self.move_pages(from, to) && len > 0 {
             let _guard = tch::no_grad_guard();
             copy_row(&self.cache, from, to, len)?;
         }
@@ -364,6 +401,11 @@ impl SlotCache {
 
     /// The cache of rows `first..first + n` as one generation's cache (views, not copies).
     pub(super) fn view(&self, first: usize, n: usize) -> Result<KvCache> {
+        if self.pages.is_some() {
+            // A paged step reads and writes the whole pool where its tables say.
+            let kv = self.cache.kv.iter().map(Tensor::shallow_clone).collect();
+            return Ok(KvCache { kv, capacity: self.cache.capacity, len: 0 });
+        }
         rows_view(&self.cache, first, n)
     }
 

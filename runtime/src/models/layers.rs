@@ -190,6 +190,9 @@ impl SelfAttention {
 /// the step says, and returns the cache's entries the step attends to.
 fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
     let (b, t) = (new.size()[0], step.len); // cannot fire: a 4-dimensional tensor
+    if let Some(pages) = &step.pages {
+        return write_pages(cache, new, pages, step.start + t);
+    }
     Ok(match (&step.slot, &step.rows_at) {
         (Some(slot), _) => {
             let _ = cache.shallow_clone().f_index_copy_(2, slot, new)?;
@@ -217,6 +220,18 @@ fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
             cache.f_narrow(2, 0, step.start + t)?
         }
     })
+}
+
+/// [`write_cache`] into a paged cache's pool (`[1, n, slots, D]`): the step's entries
+/// (`[B, n, T, D]`) go to their slots, and each row's first `keys` positions are read from
+/// theirs into `[B, n, keys, D]`.
+fn write_pages(pool: &Tensor, new: &Tensor, pages: &super::PagedStep, keys: i64) -> Result<Tensor> {
+    let (b, n, t, d) = new.size4()?;
+    let pool = pool.f_select(0, 0)?; // [n, slots, D]
+    let entries = new.f_permute([1, 0, 2, 3])?.f_reshape([n, b * t, d])?;
+    let _ = pool.shallow_clone().f_index_copy_(1, &pages.write, &entries)?;
+    let read = pool.f_index_select(1, &pages.read)?; // [n, B * keys, D]
+    Ok(read.f_view([n, b, keys, d])?.f_permute([1, 0, 2, 3])?)
 }
 
 /// Rotates `x` (`[B, T, n, R]`, a view into the step's projection) in place by the step's
@@ -863,6 +878,7 @@ mod tests {
                     slot: None,
                     rows_at: Some(Tensor::from_slice(&at)),
                     keep_at: None,
+                    pages: None,
                 };
                 let keys = write_cache(&cache, &new, &step).unwrap();
                 assert_eq!(keys.size(), [b, heads, start + t, d]);

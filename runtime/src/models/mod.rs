@@ -83,6 +83,20 @@ pub struct Step {
     /// With `last_only`: the position whose logits each row keeps (`[B]` int64 on the
     /// device), for a batch of prompts padded on the right; `None` keeps the last.
     pub keep_at: Option<Tensor>,
+    /// A paged cache's step (`None`: the cache holds each row whole): where in the pool
+    /// the step's entries go and where each row's keys are read from.
+    pub pages: Option<PagedStep>,
+}
+
+/// Where a step over a paged cache writes and reads. The cache of each layer is then one
+/// pool of fixed-size blocks, `[1, n, slots, D]`, and a row's position p lies at the slot its
+/// block table gives.
+pub struct PagedStep {
+    /// The pool slot of each of the step's entries, `[B * T]` int64 (row-major).
+    pub write: Tensor,
+    /// The pool slot of each key each row attends to, `[B * S]` int64 (row-major, S =
+    /// `start + len`); positions a row does not hold point at a slot the mask hides.
+    pub read: Tensor,
 }
 
 /// The key/value cache of one generation on this rank: per layer of its stage, one tensor

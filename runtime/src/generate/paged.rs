@@ -1,0 +1,220 @@
+//! A paged KV cache for a running batch ([`SlotCache::paged`]): every layer's cache is one
+//! pool of blocks of [`PAGE`] positions, and each row holds the blocks its length needs,
+//! listed in its block table, taken as it grows and given back when it ends. Rows then
+//! share the pool's memory instead of each reserving the longest sequence, so a server
+//! admits requests by free blocks.
+//!
+//! Block 0 is never a row's: a padded prompt's positions past its row's blocks are written
+//! there, and the keys a row does not hold (hidden by the step's mask) are read from there.
+//! Every rank runs the same operations in the same order, so every rank's tables are the
+//! same without being sent.
+
+use tch::Tensor;
+
+use super::prefix::PREFIX_BLOCK;
+use super::slots::SlotCache;
+use crate::error::{Error, Result};
+use crate::model::{CausalLm, PagedStep};
+
+/// Positions of a block: a prefix-cache block's, so a cached prefix block is one page.
+pub const PAGE: usize = PREFIX_BLOCK;
+
+/// The pool's blocks: which are free and which each row holds, in position order.
+pub(super) struct Pages {
+    tables: Vec<Vec<u32>>,
+    /// Free blocks, the next one taken last.
+    free: Vec<u32>,
+    blocks: usize,
+}
+
+impl Pages {
+    fn new(rows: usize, blocks: usize) -> Pages {
+        // cannot wrap: `SlotCache::paged` keeps the blocks within u32.
+        Pages { tables: vec![Vec::new(); rows], free: (1..blocks as u32).rev().collect(), blocks }
+    }
+
+    /// Blocks a row can hold: all but the scratch block.
+    pub(super) fn usable(&self) -> usize {
+        self.blocks - 1
+    }
+
+    pub(super) fn free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Blocks row `row` must take to hold `positions`.
+    pub(super) fn needed(&self, row: usize, positions: usize) -> usize {
+        positions.div_ceil(PAGE).saturating_sub(self.tables[row].len())
+    }
+
+    /// Whether rows `(row, positions)` can all grow to their positions now.
+    pub(super) fn check(&self, wants: &[(usize, usize)]) -> Result<()> {
+        let needed: usize = wants.iter().map(|&(r, p)| self.needed(r, p)).sum();
+        if needed > self.free.len() {
+            return Err(Error::InvalidArgument(format!(
+                "the KV cache has {} free blocks of {PAGE} positions, and this step needs {needed}",
+                self.free.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Row `row` takes the blocks it needs to hold `positions` ([`Pages::check`] first).
+    fn grow(&mut self, row: usize, positions: usize) -> Result<()> {
+        let need = self.needed(row, positions);
+        if need > self.free.len() {
+            return Err(Error::Internal(format!("row {row} needs {need} blocks and {} are free", self.free.len())));
+        }
+        let taken = self.free.split_off(self.free.len() - need);
+        self.tables[row].extend(taken.into_iter().rev());
+        Ok(())
+    }
+
+    /// Row `row` keeps the blocks of its first `positions` and gives back the rest.
+    fn shrink(&mut self, row: usize, positions: usize) {
+        let keep = positions.div_ceil(PAGE);
+        if self.tables[row].len() > keep {
+            let gone = self.tables[row].split_off(keep);
+            self.free.extend(gone.into_iter().rev());
+        }
+    }
+
+    fn move_row(&mut self, from: usize, to: usize) {
+        self.shrink(to, 0);
+        self.tables[to] = std::mem::take(&mut self.tables[from]);
+    }
+
+    /// The pool slot of row `row`'s position `pos`, or a scratch slot past its blocks.
+    fn slot(&self, row: usize, pos: usize) -> i64 {
+        match self.tables[row].get(pos / PAGE) {
+            // cannot wrap: slots are below the pool's, a count of memory that fits i64.
+            Some(&b) => i64::from(b) * PAGE as i64 + (pos % PAGE) as i64,
+            None => (pos % PAGE) as i64,
+        }
+    }
+}
+
+impl SlotCache {
+    /// A cache of `rows` sequences of up to `capacity` positions each, paged: its layers'
+    /// entries in a pool of `blocks` blocks of [`PAGE`] positions (one of them scratch),
+    /// its memory checked first.
+    pub fn paged(model: &dyn CausalLm, rows: usize, capacity: usize, blocks: usize) -> Result<SlotCache> {
+        SlotCache::new_unallocated(model, rows, capacity)?.with_pool(model, blocks)
+    }
+
+    /// [`SlotCache::speculative`], the main model's layers paged as [`SlotCache::paged`]'s.
+    pub fn speculative_paged(
+        model: &dyn CausalLm,
+        rows: usize,
+        capacity: usize,
+        tokens: usize,
+        blocks: usize,
+    ) -> Result<SlotCache> {
+        SlotCache::speculative_unallocated(model, rows, capacity, tokens)?.with_pool(model, blocks)
+    }
+
+    fn with_pool(mut self, model: &dyn CausalLm, blocks: usize) -> Result<SlotCache> {
+        // The positions a row may reach stay the cache's capacity; the pool's slots are
+        // every row's.
+        let reach = self.cache.capacity;
+        self.cache = pool(model, blocks)?;
+        self.cache.capacity = reach;
+        self.pages = Some(Pages::new(self.rows(), blocks));
+        Ok(self)
+    }
+
+    /// Whether the cache is paged, and then its blocks: free, and usable by rows.
+    pub fn blocks(&self) -> Option<(usize, usize)> {
+        self.pages.as_ref().map(|p| (p.free(), p.usable()))
+    }
+
+    /// Blocks row `row` must take to hold `positions` (0 in a cache that is not paged).
+    pub fn blocks_needed(&self, row: usize, positions: usize) -> usize {
+        match &self.pages {
+            Some(p) if row < self.rows() => p.needed(row, positions),
+            _ => 0,
+        }
+    }
+
+    /// Positions the rows hold and can hold: a paged cache counts its blocks.
+    pub fn usage(&self) -> (usize, usize) {
+        match &self.pages {
+            Some(p) => ((p.usable() - p.free()) * PAGE, p.usable() * PAGE),
+            None => (self.lens.iter().sum(), self.rows() * self.capacity),
+        }
+    }
+
+    /// Before a step that grows rows `(row, positions)`: whether the pool has their blocks.
+    pub(super) fn check_room(&self, wants: &[(usize, usize)]) -> Result<()> {
+        match &self.pages {
+            Some(p) => p.check(wants),
+            None => Ok(()),
+        }
+    }
+
+    /// The rows `(row, positions)` take their blocks ([`SlotCache::check_room`] first).
+    pub(super) fn grow(&mut self, wants: &[(usize, usize)]) -> Result<()> {
+        if let Some(p) = &mut self.pages {
+            for &(r, n) in wants {
+                p.grow(r, n)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Row `row` gives back the blocks past its first `positions`.
+    pub(super) fn shrink(&mut self, row: usize, positions: usize) {
+        if let Some(p) = &mut self.pages {
+            p.shrink(row, positions);
+        }
+    }
+
+    /// Row `from`'s blocks become row `to`'s; whether the cache is paged (nothing to copy).
+    pub(super) fn move_pages(&mut self, from: usize, to: usize) -> bool {
+        match &mut self.pages {
+            Some(p) => {
+                p.move_row(from, to);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A step's pages: row `rows[i]` writes `t` entries from position `starts[i]` and reads
+    /// its first `keys`; `None` when the cache is not paged.
+    pub(super) fn paged_step(
+        &self,
+        rows: &[usize],
+        starts: &[usize],
+        t: usize,
+        keys: usize,
+        dev: tch::Device,
+    ) -> Result<Option<PagedStep>> {
+        let Some(p) = &self.pages else { return Ok(None) };
+        let mut write = Vec::with_capacity(rows.len() * t);
+        let mut read = Vec::with_capacity(rows.len() * keys);
+        for (&r, &s) in rows.iter().zip(starts) {
+            write.extend((s..s + t).map(|pos| p.slot(r, pos)));
+            read.extend((0..keys).map(|pos| p.slot(r, pos)));
+        }
+        let on = |v: &[i64]| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_to_device(dev)?) };
+        Ok(Some(PagedStep { write: on(&write)?, read: on(&read)? }))
+    }
+
+    /// The pool slots of row `row`'s positions `from..from + n`.
+    pub(super) fn row_slots(&self, row: usize, from: usize, n: usize) -> Option<Vec<i64>> {
+        self.pages.as_ref().map(|p| (from..from + n).map(|pos| p.slot(row, pos)).collect())
+    }
+}
+
+/// Every layer's pool of `blocks` blocks, `[1, n, blocks · PAGE, D]`.
+fn pool(model: &dyn CausalLm, blocks: usize) -> Result<crate::model::KvCache> {
+    if blocks < 2 || blocks > u32::MAX as usize {
+        return Err(Error::InvalidArgument(format!(
+            "a paged KV cache needs 2 to {} blocks (one is scratch), not {blocks}",
+            u32::MAX
+        )));
+    }
+    let slots = blocks.checked_mul(PAGE).ok_or_else(|| Error::InvalidArgument(format!("{blocks} blocks")))?;
+    model.new_cache(1, slots)
+}
