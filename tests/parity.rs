@@ -468,8 +468,10 @@ fn prefix_cache_gives_the_logits_of_a_whole_prefill() {
 #[test]
 fn a_paged_cache_gives_the_logits_of_whole_rows() {
     use headcount_runtime::generate::{PAGE, SlotCache};
-    // Of the largest logit: the same products over the same keys, gathered.
-    const TOL: f64 = 1e-6;
+    // Of the largest logit. Prompts and verifications attend to the same keys gathered
+    // (measured: identical); one-token steps on the CPU attend in place, summing in another
+    // order than libtorch's attention (measured at most 1.5e-6).
+    const TOL: f64 = 1e-5;
     let mut report = Vec::new();
     for dir in model_fixtures() {
         let model = load(&dir);
@@ -483,7 +485,7 @@ fn a_paged_cache_gives_the_logits_of_whole_rows() {
             out.push(cache.extend_rows(&model, 1, &[&seqs[1][..9], &seqs[2][..30]]).unwrap());
             // Which sequence each row holds.
             let mut held = [0usize, 1, 2];
-            let mut steps = |cache: &mut SlotCache, held: &[usize], n: usize, out: &mut Vec<Tensor>| {
+            let steps = |cache: &mut SlotCache, held: &[usize], n: usize, out: &mut Vec<Tensor>| {
                 for _ in 0..n {
                     let tokens: Vec<i64> = held.iter().enumerate().map(|(r, &s)| seqs[s][cache.len(r)]).collect();
                     out.push(cache.decode(&model, &tokens).unwrap());

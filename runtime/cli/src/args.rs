@@ -72,9 +72,14 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Requests decoded together: rows of the KV cache, allocated at start.
+    /// Requests decoded together at most (vLLM's --max-num-seqs).
     #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     pub max_batch: usize,
+    /// Memory of the KV cache (`512MiB`, `4GiB`): blocks of 16 positions the running
+    /// requests share, each holding the blocks its length needs; a request is admitted when
+    /// its blocks are free [default: what --max-batch requests of --max-model-len take].
+    #[arg(long, value_name = "SIZE", value_parser = bytes)]
+    pub kv_cache_memory: Option<u64>,
     /// Requests waiting for a row at most; more are answered 429 with Retry-After.
     #[arg(long, default_value_t = 256, value_parser = at_least_one)]
     pub max_queue: usize,

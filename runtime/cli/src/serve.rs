@@ -13,6 +13,7 @@ pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
         host: a.host.clone(),
         port: a.port,
         max_batch: a.max_batch,
+        kv_cache_memory: a.kv_cache_memory,
         max_queue: a.max_queue,
         max_model_len: a.max_model_len,
         prefill_chunk: a.prefill_chunk,

@@ -8,6 +8,12 @@
 //! one forward, and each request keeps the drafts its own sampling accepts, and one token
 //! more ([`speculative_step`]).
 //!
+//! On a paged cache ([`SlotCache::paged`]) a request is prefilled only when the pool has the
+//! blocks for it and for one more step of every running row; when a step needs more blocks
+//! than are free, the requests admitted last give their rows back and wait at the head of
+//! the queue to be prefilled again with what they had produced (vLLM's preemption by
+//! recomputation), their blocks kept in the prefix cache first where there is one.
+//!
 //! Requests come in over a channel; each carries its own channel for what it produces, so
 //! the engine never waits for a client: a slow reader's tokens queue up on its side.
 
@@ -17,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use headcount_runtime::generate::{SampleRng, SlotCache, accept_or_resample, probabilities, select};
+use headcount_runtime::generate::{PAGE, SampleRng, SlotCache, accept_or_resample, probabilities, select};
 use headcount_runtime::{CausalLm, Sampling};
 use tch::{Kind, Tensor};
 use tokio::sync::mpsc::UnboundedSender;
@@ -148,11 +154,19 @@ struct Running {
     output: Vec<i64>,
     /// When the last token went out (inter-token latency).
     last_token_at: Option<Instant>,
+    /// After a preemption: what its row must hold again before its next step (the prompt
+    /// and every token but the last), prefilled in `prefilled`'s place.
+    resume: Option<Vec<i64>>,
 }
 
 impl Running {
     fn gone(&self) -> bool {
         self.job.gone()
+    }
+
+    /// The tokens its row is being filled with.
+    fn tokens(&self) -> &[i64] {
+        self.resume.as_deref().unwrap_or(&self.job.prompt)
     }
 }
 
@@ -170,12 +184,14 @@ pub fn run<M: CausalLm>(
     // Rows 0..running.len() decode; a request being prefilled sits in the next row.
     let mut running: Vec<Running> = Vec::new();
     let mut filling: Option<Running> = None;
+    // Requests a full paged cache took rows from, first to go back in.
+    let mut preempted: VecDeque<Running> = VecDeque::new();
     let mut open = true;
     loop {
         metrics.set_running(running.len());
         // Take new requests; wait for one only when there is nothing else to do.
         loop {
-            let idle = running.is_empty() && filling.is_none() && waiting.is_empty();
+            let idle = running.is_empty() && filling.is_none() && waiting.is_empty() && preempted.is_empty();
             let got = if idle && open {
                 match jobs.recv_timeout(Duration::from_millis(200)) {
                     Ok(j) => Some(j),
@@ -205,7 +221,7 @@ pub fn run<M: CausalLm>(
             match got {
                 // A sequence the cache cannot take fails alone, before it can share a
                 // forward with others.
-                Some(j) => match admissible(&model, &j, opts.max_model_len) {
+                Some(j) => match admissible(&model, &j, opts.max_model_len, &cache) {
                     Ok(()) => waiting.push_back(j),
                     Err(msg) => {
                         metrics.dequeued(1);
@@ -216,7 +232,7 @@ pub fn run<M: CausalLm>(
                 None => break,
             }
         }
-        if !open && running.is_empty() && filling.is_none() && waiting.is_empty() {
+        if !open && running.is_empty() && filling.is_none() && waiting.is_empty() && preempted.is_empty() {
             let _ = cache.stop(&model);
             return;
         }
@@ -230,9 +246,14 @@ pub fn run<M: CausalLm>(
             let _ = cache.clear(&model, running.len());
             metrics.cancelled(1);
         }
+        let before = preempted.len();
+        preempted.retain(|r| !r.gone());
+        metrics.cancelled((before - preempted.len()) as u64);
         retire(&model, &mut running, &mut filling, &mut cache, &metrics, |r| r.gone().then_some(Outcome::Cancelled));
 
-        prefill(&model, &mut cache, &opts, &mut waiting, &mut running, &mut filling, &metrics);
+        let mut queues = Queues { waiting: &mut waiting, preempted: &mut preempted };
+        prefill(&model, &mut cache, &opts, &mut queues, &mut running, &mut filling, &metrics);
+        make_room(&model, &mut cache, &mut running, &mut filling, &mut preempted, &metrics);
         metrics.set_running(running.len());
         if running.is_empty() {
             continue;
@@ -251,9 +272,8 @@ pub fn run<M: CausalLm>(
             Ok(()) => {
                 metrics.decoded();
                 retire(&model, &mut running, &mut filling, &mut cache, &metrics, finished);
-                let held = running.len() + usize::from(filling.is_some());
-                let used = (0..held).map(|r| cache.len(r)).sum();
-                metrics.set_kv_usage(used, cache.rows() * cache.capacity());
+                let (used, total) = cache.usage();
+                metrics.set_kv_usage(used, total);
             }
             Err(e) => {
                 // The step failed for every running request: they end with the error, the
@@ -265,7 +285,8 @@ pub fn run<M: CausalLm>(
                 });
                 if matches!(e, headcount_runtime::Error::Parallel(_)) {
                     eprintln!("error: {e}; the server cannot run steps any more");
-                    for j in waiting.drain(..).chain(filling.take().map(|r| r.job)) {
+                    let held = filling.take().into_iter().chain(preempted.drain(..)).map(|r| r.job);
+                    for j in waiting.drain(..).chain(held) {
                         j.send(Event::Failed(msg.clone()));
                     }
                     return;
@@ -277,8 +298,8 @@ pub fn run<M: CausalLm>(
 
 /// Why a sequence cannot be run: an empty prompt, an id outside the vocabulary, or more
 /// positions than a cache row holds (`max_tokens` 0, a prompt only scored, still needs
-/// room after it).
-fn admissible(model: &dyn CausalLm, j: &Job, max_model_len: usize) -> Result<(), String> {
+/// room after it) or than a paged cache's blocks hold.
+fn admissible(model: &dyn CausalLm, j: &Job, max_model_len: usize, cache: &SlotCache) -> Result<(), String> {
     let vocab = model.dims().vocab as i64; // cannot wrap: the rules keep vocab_size within i64
     if j.prompt.is_empty() {
         return Err("the prompt is empty".to_owned());
@@ -296,7 +317,59 @@ fn admissible(model: &dyn CausalLm, j: &Job, max_model_len: usize) -> Result<(),
             j.max_tokens
         ));
     }
+    // A speculative step writes its drafts past the row's length.
+    let reach = j.prompt.len() + j.max_tokens.max(1) + cache.draft_tokens();
+    if let Some((_, usable)) = cache.blocks()
+        && reach.div_ceil(PAGE) > usable
+    {
+        return Err(format!(
+            "the prompt ({} tokens) plus max_tokens ({}) need {} blocks of {PAGE} positions, and the KV cache has \
+             {usable} (--kv-cache-memory)",
+            j.prompt.len(),
+            j.max_tokens,
+            reach.div_ceil(PAGE)
+        ));
+    }
     Ok(())
+}
+
+/// Before a step on a paged cache: while the pool lacks the blocks the running rows' next
+/// step writes, the request admitted last gives its row back (its blocks kept in the prefix
+/// cache first) and waits at the head of `preempted` to be prefilled again. A row alone
+/// always has room (`admissible`), unless a prompt being prefilled holds the rest; then it
+/// gives way too, and the prefill goes on.
+fn make_room(
+    model: &dyn CausalLm,
+    cache: &mut SlotCache,
+    running: &mut Vec<Running>,
+    filling: &mut Option<Running>,
+    preempted: &mut VecDeque<Running>,
+    metrics: &Metrics,
+) {
+    let t = cache.draft_tokens() + 1;
+    loop {
+        let Some((free, _)) = cache.blocks() else { return };
+        let needed: usize = (0..running.len()).map(|r| cache.blocks_needed(r, cache.len(r) + t)).sum();
+        if needed <= free {
+            return;
+        }
+        let Some(row) = (0..running.len()).max_by_key(|&r| running[r].job.arrived) else { return };
+        let r = &running[row];
+        // The row holds the prompt and every token but the last.
+        let held = cache.len(row).saturating_sub(r.job.prompt.len()).min(r.output.len());
+        let tokens: Vec<i64> = r.job.prompt.iter().chain(&r.output[..held]).copied().collect();
+        keep_prefix(model, cache, row, &tokens, metrics);
+        let mut r = running.swap_remove(row);
+        let last = running.len();
+        let _ = if row == last { cache.clear(model, row) } else { cache.move_row(model, last, row) };
+        if filling.is_some() {
+            let _ = cache.move_row(model, last + 1, last);
+        }
+        r.resume = Some(tokens);
+        r.prefilled = 0;
+        preempted.push_front(r);
+        metrics.preempted();
+    }
 }
 
 /// Marks the engine stopped however `run` ends.
@@ -349,8 +422,9 @@ fn retire(
         let r = running.swap_remove(row);
         let last = running.len();
         // The moves copy cache rows on the device; one can only fail with the device
-        // itself, and then the next step fails and reports it.
-        let _ = cache.move_row(model, last, row);
+        // itself, and then the next step fails and reports it. The last row leaving is
+        // emptied, giving a paged cache's blocks back.
+        let _ = if row == last { cache.clear(model, row) } else { cache.move_row(model, last, row) };
         metrics.request_latency(r.job.arrived.elapsed());
         match outcome {
             Outcome::Finished(f) => {
@@ -369,25 +443,35 @@ fn retire(
     }
 }
 
+/// The requests waiting for a row: preempted ones first, then new ones.
+struct Queues<'a> {
+    waiting: &'a mut VecDeque<Job>,
+    preempted: &'a mut VecDeque<Running>,
+}
+
 /// Prefills waiting requests into free rows, `opts.prefill_chunk` prompt tokens at most
 /// (padding included): whole prompts that fit go in together, in one forward; a longer one
 /// goes in alone, in chunks over several steps. A request whose prompt is all in joins the
-/// running rows with its first token.
+/// running rows with its first token (a preempted one, with the token it had). On a paged
+/// cache a prompt goes in only while the pool keeps a block for each running row's next
+/// step, besides the prompt's own ([`room`]).
 fn prefill(
     model: &dyn CausalLm,
     cache: &mut SlotCache,
     opts: &EngineOptions,
-    waiting: &mut VecDeque<Job>,
+    queues: &mut Queues,
     running: &mut Vec<Running>,
     filling: &mut Option<Running>,
     metrics: &Metrics,
 ) {
+    let waiting = &mut *queues.waiting;
     let mut budget = opts.prefill_chunk.max(1);
     while budget > 0 && running.len() < cache.rows() {
-        if filling.is_none() {
-            // As many waiting prompts as fit the budget padded to the longest, and the rows.
+        if filling.is_none() && queues.preempted.is_empty() {
+            // As many waiting prompts as fit the budget padded to the longest, the rows and
+            // the free blocks.
             let free = cache.rows() - running.len();
-            let (mut k, mut longest) = (0, 0);
+            let (mut k, mut longest, mut blocks) = (0, 0, 0);
             // A prompt to score goes alone, through the chunked path below.
             // So does a prompt with a cached prefix: its row starts from that prefix.
             while k < free.min(waiting.len())
@@ -395,10 +479,11 @@ fn prefill(
                 && cache.cached_prefix(&waiting[k].prompt) == 0
             {
                 let l = waiting[k].prompt.len().max(longest);
-                if (k + 1) * l > budget {
+                let b = blocks + cache.blocks_needed(running.len() + k, waiting[k].prompt.len());
+                if (k + 1) * l > budget || !room(cache, running, b) {
                     break;
                 }
-                (k, longest) = (k + 1, l);
+                (k, longest, blocks) = (k + 1, l, b);
             }
             if k > 0 {
                 let jobs: Vec<Job> = waiting.drain(..k).collect();
@@ -409,39 +494,62 @@ fn prefill(
             }
         }
         // One prompt in chunks: the one under way, or the next, longer than the budget.
+        let row = running.len();
         let mut r = match filling.take() {
             Some(r) => r,
-            None => match waiting.pop_front() {
-                Some(job) => {
-                    metrics.dequeued(1);
-                    let _ = cache.clear(model, running.len());
-                    let mut r = start(job);
-                    // A prompt to score needs the logits of every position: none is reused.
-                    if r.job.prompt_logprobs.is_none() && cache.prefix_usage().is_some() {
-                        match cache.reuse_prefix(model, running.len(), &r.job.prompt) {
-                            Ok(hit) => {
-                                metrics.prefix_lookup(hit.queried, hit.reused);
-                                r.prefilled = hit.reused;
-                            }
-                            Err(e) => {
-                                r.job.send(Event::Failed(format!("the prefill failed: {e}")));
-                                metrics.failed();
-                                let _ = cache.clear(model, running.len());
-                                continue;
-                            }
+            None => {
+                let next = match queues.preempted.front() {
+                    Some(r) => r.tokens(),
+                    None => match waiting.front() {
+                        Some(j) => &j.prompt,
+                        None => return,
+                    },
+                };
+                // Its first chunk's blocks, after the cached prefix it would reuse.
+                let reach = (cache.cached_prefix(next) + budget).min(next.len());
+                if !room(cache, running, cache.blocks_needed(row, reach)) {
+                    return;
+                }
+                let mut r = match queues.preempted.pop_front() {
+                    Some(r) => r,
+                    None => match waiting.pop_front() {
+                        Some(job) => {
+                            metrics.dequeued(1);
+                            start(job)
+                        }
+                        None => return,
+                    },
+                };
+                let _ = cache.clear(model, row);
+                // A prompt to score needs the logits of every position: none is reused.
+                if (r.resume.is_some() || r.job.prompt_logprobs.is_none()) && cache.prefix_usage().is_some() {
+                    match cache.reuse_prefix(model, row, r.tokens()) {
+                        Ok(hit) => {
+                            metrics.prefix_lookup(hit.queried, hit.reused);
+                            r.prefilled = hit.reused;
+                        }
+                        Err(e) => {
+                            r.job.send(Event::Failed(format!("the prefill failed: {e}")));
+                            metrics.failed();
+                            let _ = cache.clear(model, row);
+                            continue;
                         }
                     }
-                    r
                 }
-                None => return,
-            },
+                r
+            }
         };
-        let row = running.len();
-        let take = (r.job.prompt.len() - r.prefilled).min(budget);
-        let chunk = &r.job.prompt[r.prefilled..r.prefilled + take];
-        let logits = match r.job.prompt_logprobs {
-            None => cache.extend(model, row, chunk),
-            Some(k) => cache.extend_scored(model, row, chunk).and_then(|all| {
+        let total = r.tokens().len();
+        let take = (total - r.prefilled).min(budget);
+        if !room(cache, running, cache.blocks_needed(row, r.prefilled + take)) {
+            // The running rows grew into the blocks of its next chunk: it waits for them.
+            *filling = Some(r);
+            return;
+        }
+        let chunk = r.tokens()[r.prefilled..r.prefilled + take].to_vec();
+        let logits = match r.job.prompt_logprobs.filter(|_| r.resume.is_none()) {
+            None => cache.extend(model, row, &chunk),
+            Some(k) => cache.extend_scored(model, row, &chunk).and_then(|all| {
                 // Row j scores prompt token prefilled + j + 1; the last row of the last
                 // chunk scores the first new token instead.
                 let targets = &r.job.prompt[r.prefilled + 1..(r.prefilled + take + 1).min(r.job.prompt.len())];
@@ -464,9 +572,15 @@ fn prefill(
                 continue;
             }
         };
-        if r.prefilled < r.job.prompt.len() {
+        if r.prefilled < total {
             *filling = Some(r);
             return;
+        }
+        if let Some(tokens) = r.resume.take() {
+            // Back where it was: its next step takes the token it had produced last.
+            keep_prefix(model, cache, row, &tokens, metrics);
+            running.push(r);
+            continue;
         }
         keep_prefix(model, cache, row, &r.job.prompt, metrics);
         if r.job.max_tokens == 0 {
@@ -482,6 +596,18 @@ fn prefill(
     }
 }
 
+/// Whether a paged cache can give `blocks` more to a prompt and still have the blocks of a
+/// next step for each running row and for the prompt's own (always on a cache that is not
+/// paged; when no row runs, whether they are free: a prompt alone always fits, by
+/// `admissible`).
+fn room(cache: &SlotCache, running: &[Running], blocks: usize) -> bool {
+    match cache.blocks() {
+        Some((free, _)) if running.is_empty() => blocks <= free,
+        Some((free, _)) => blocks + (cache.draft_tokens() + 1).div_ceil(PAGE) * (running.len() + 1) <= free,
+        None => true,
+    }
+}
+
 /// Keeps the whole blocks of row `row`'s `tokens` in the prefix cache, if there is one. A
 /// copy between cache tensors on the device can only fail with the device itself, or with
 /// the ranks of a run; the next step then fails and reports it.
@@ -494,7 +620,7 @@ fn keep_prefix(model: &dyn CausalLm, cache: &mut SlotCache, row: usize, tokens: 
 
 fn start(job: Job) -> Running {
     let rng = SampleRng::new(job.sampling.seed);
-    Running { job, rng, prefilled: 0, produced: 0, last: 0, output: Vec::new(), last_token_at: None }
+    Running { job, rng, prefilled: 0, produced: 0, last: 0, output: Vec::new(), last_token_at: None, resume: None }
 }
 
 /// Prefills whole prompts into the rows after the running ones, in one forward.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use headcount_runtime::generate::{PREFIX_BLOCK, SlotCache};
+use headcount_runtime::generate::{PAGE, PREFIX_BLOCK, SlotCache};
 use headcount_runtime::{CausalLm, Model, Sampling, TextCodec};
 use headcount_spec::Architecture;
 
@@ -42,8 +42,11 @@ pub const DEFAULT_MAX_MODEL_LEN: usize = 4096;
 pub struct ServeOptions {
     pub host: String,
     pub port: u16,
-    /// Requests decoded together (rows of the KV cache).
+    /// Requests decoded together at most.
     pub max_batch: usize,
+    /// Bytes of the KV cache's blocks, which the running requests share [default: what
+    /// `max_batch` requests of `max_model_len` positions take].
+    pub kv_cache_memory: Option<u64>,
     /// Requests waiting for a row at most; more are answered `429`.
     pub max_queue: usize,
     /// Prompt plus new tokens of one request [default: max_position_embeddings, at most
@@ -88,6 +91,7 @@ impl Default for ServeOptions {
             host: "127.0.0.1".into(),
             port: 8000,
             max_batch: 32,
+            kv_cache_memory: None,
             max_queue: 256,
             max_model_len: None,
             prefill_chunk: 512,
@@ -245,10 +249,34 @@ fn context(model: &dyn CausalLm, opts: &ServeOptions) -> Result<usize, ServeErro
 
 /// The running batch's cache, speculative where asked, with its prefix cache.
 fn slot_cache(model: &dyn CausalLm, opts: &ServeOptions, max_model_len: usize) -> Result<SlotCache, ServeError> {
-    let cache = match opts.speculative_tokens {
-        0 => SlotCache::new(model, opts.max_batch, max_model_len)?,
-        k => SlotCache::speculative(model, opts.max_batch, max_model_len, k)?,
+    // A speculative row holds its drafts past its length.
+    let reach = max_model_len + if opts.speculative_tokens > 0 { opts.speculative_tokens + 1 } else { 0 };
+    let block = model.cache_bytes(1, PAGE).max(1);
+    // One block more: the pool's scratch block.
+    let blocks = match opts.kv_cache_memory {
+        Some(bytes) => usize::try_from(bytes / block).unwrap_or(usize::MAX),
+        None => opts.max_batch.saturating_mul(reach.div_ceil(PAGE)).saturating_add(1),
     };
+    // As vLLM does: the longest request must fit the cache alone.
+    let least = reach.div_ceil(PAGE) + 1;
+    if blocks < least {
+        return Err(ServeError::Setup(format!(
+            "--kv-cache-memory holds {blocks} blocks of {PAGE} positions ({block} bytes each on this rank), and one \
+             request of --max-model-len {max_model_len} needs {least} (one is scratch): give it at least {} bytes, \
+             or a smaller --max-model-len",
+            (least as u64).saturating_mul(block)
+        )));
+    }
+    let cache = match opts.speculative_tokens {
+        0 => SlotCache::paged(model, opts.max_batch, max_model_len, blocks),
+        k => SlotCache::speculative_paged(model, opts.max_batch, max_model_len, k, blocks),
+    };
+    let cache = cache.map_err(|e| match e {
+        headcount_runtime::Error::OutOfMemory { .. } => {
+            ServeError::Setup(format!("{e} (the KV cache: give --kv-cache-memory a smaller size)"))
+        }
+        e => ServeError::Runtime(e),
+    })?;
     if opts.prefix_caching == PrefixCaching::Off {
         if opts.prefix_cache_memory.is_some() {
             return Err(ServeError::Setup("--prefix-cache-memory needs prefix caching on".into()));

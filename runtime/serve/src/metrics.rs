@@ -42,6 +42,8 @@ pub struct Metrics {
     e2e: Mutex<Histogram>,
     /// The share of the KV cache's positions the running sequences hold, in millionths.
     kv_usage: AtomicU64,
+    /// Running requests a full paged cache preempted.
+    preemptions: AtomicU64,
     /// Automatic prefix caching: prompt tokens looked up and found, and the blocks held
     /// (`None` until the engine says it has a prefix cache).
     prefix_queries: AtomicU64,
@@ -110,6 +112,7 @@ impl Default for Metrics {
             itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
             e2e: Mutex::new(Histogram::new(E2E_BUCKETS)),
             kv_usage: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
             prefix_queries: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             prefix_blocks: Mutex::new(None),
@@ -221,6 +224,11 @@ impl Metrics {
         }
     }
     /// The running sequences hold `used` of the KV cache's `total` positions.
+    /// A running request gave its row back to a full paged cache.
+    pub fn preempted(&self) {
+        self.preemptions.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn set_kv_usage(&self, used: usize, total: usize) {
         let share = if total == 0 { 0 } else { (used as u128 * 1_000_000 / total as u128) as u64 };
         self.kv_usage.store(share, Ordering::Relaxed);
@@ -316,6 +324,12 @@ impl Metrics {
             "gauge",
             "Share of the KV cache's positions the running sequences hold (0 to 1).",
             &[(String::new(), format!("{:.6}", load(&self.kv_usage) as f64 / 1e6))],
+        );
+        metric(
+            "headcount_preemptions_total",
+            "counter",
+            "Running requests that gave their KV-cache blocks back to let the others step, to be prefilled again.",
+            &one(load(&self.preemptions)),
         );
         if let Ok(b) = self.prefix_blocks.lock()
             && let Some((held, blocks)) = *b

@@ -272,10 +272,25 @@ fn serve_mtp_cached(
     prefix_blocks: Option<usize>,
     jobs: &[Spec],
 ) -> (Vec<Events>, String) {
+    serve_mtp_paged(k, prefill_chunk, prefix_blocks, None, jobs)
+}
+
+/// [`serve_mtp_cached`] on a paged cache of `pages` blocks (`None`: whole rows).
+fn serve_mtp_paged(
+    k: usize,
+    prefill_chunk: usize,
+    prefix_blocks: Option<usize>,
+    pages: Option<usize>,
+    jobs: &[Spec],
+) -> (Vec<Events>, String) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm4moe-mtp");
     let model = Glm::load(&dir, &LoadOptions { mtp: true, ..LoadOptions::default() }).unwrap();
-    let mut cache =
-        if k == 0 { SlotCache::new(&model, 3, 40).unwrap() } else { SlotCache::speculative(&model, 3, 40, k).unwrap() };
+    let mut cache = match (k, pages) {
+        (0, None) => SlotCache::new(&model, 3, 40).unwrap(),
+        (k, None) => SlotCache::speculative(&model, 3, 40, k).unwrap(),
+        (0, Some(b)) => SlotCache::paged(&model, 3, 40, b).unwrap(),
+        (k, Some(b)) => SlotCache::speculative_paged(&model, 3, 40, k, b).unwrap(),
+    };
     if let Some(b) = prefix_blocks {
         cache = cache.with_prefix_cache(&model, b).unwrap();
     }
@@ -386,6 +401,47 @@ fn speculative_steps_reuse_cached_prefixes_and_serve_what_plain_steps_serve() {
         let hits = metrics.lines().find_map(|l| l.strip_prefix("headcount_prefix_cache_hits_total "));
         assert_eq!(hits, Some("45"), "{k} drafts: {metrics}");
         assert!(metrics.contains("headcount_spec_decode_accepted_tokens_total{position=\"0\"}"), "{metrics}");
+    }
+}
+
+/// A paged cache too small for every running row at its longest: rows hold the blocks
+/// their lengths need, and when a step needs more than are free, the request admitted last
+/// gives its row back and is prefilled again with what it had produced. Plain and
+/// speculative steps, with and without a prefix cache, serve the tokens and log
+/// probabilities whole rows serve, and /metrics counts the preemptions (and, with a prefix
+/// cache, the blocks a preempted request took back from it).
+#[test]
+fn a_full_paged_cache_preempts_and_serves_what_whole_rows_serve() {
+    let greedy = Sampling::greedy();
+    let none = Penalties::default();
+    // The fixture's vocabulary is 96 ids; three rows of up to 37 positions, in a pool of
+    // five usable blocks (80 positions): short prompts are admitted together, and their
+    // answers outgrow the pool.
+    let prompt = |n: i64, salt: i64| -> Vec<i64> { (0..n).map(|i| (i * 29 + salt * 7 + 3) % 96).collect() };
+    let jobs: Vec<Spec> = [(4, 1, 30), (6, 2, 28), (5, 3, 32), (15, 4, 20), (25, 5, 12)]
+        .iter()
+        .map(|&(n, salt, max)| (prompt(n, salt), max, greedy.clone(), none.clone(), vec![], true))
+        .collect();
+    let (want, _) = serve_mtp(0, 8, &jobs);
+    for (k, prefix) in [(0, None), (0, Some(8)), (2, None), (2, Some(8))] {
+        let (got, metrics) = serve_mtp_paged(k, 8, prefix, Some(5), &jobs);
+        for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(a.1, Ok(Finish::Length), "sequence {i} on whole rows");
+            assert_eq!(a.1, b.1, "sequence {i}, {k} drafts, prefix cache {prefix:?}: how it ended");
+            assert_eq!(a.0.len(), b.0.len(), "sequence {i}, {k} drafts, prefix cache {prefix:?}");
+            for ((ta, la), (tb, lb)) in a.0.iter().zip(&b.0) {
+                assert_eq!(ta, tb, "sequence {i}, {k} drafts, prefix cache {prefix:?}");
+                let (la, lb) = (la.unwrap(), lb.unwrap());
+                assert!((la - lb).abs() <= 1e-4, "sequence {i}: log probability {la} vs {lb}");
+            }
+        }
+        let preempted = metrics.lines().find_map(|l| l.strip_prefix("headcount_preemptions_total "));
+        let preempted: u64 = preempted.unwrap().parse().unwrap();
+        assert!(preempted > 0, "{k} drafts, prefix cache {prefix:?}: {metrics}");
+        // A preempted request takes back the blocks it kept in the prefix cache.
+        let hits = metrics.lines().find_map(|l| l.strip_prefix("headcount_prefix_cache_hits_total "));
+        assert_eq!(hits.is_some_and(|h| h != "0"), prefix.is_some(), "{metrics}");
+        println!("{k} drafts, prefix cache {prefix:?}: {preempted} preemptions");
     }
 }
 

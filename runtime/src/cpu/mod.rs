@@ -5,6 +5,7 @@
 
 pub mod columns;
 pub mod few_rows;
+pub mod paged_attention;
 mod pool;
 pub mod threads;
 

@@ -198,7 +198,10 @@ impl SlotCache {
             read.extend((0..keys).map(|pos| p.slot(r, pos)));
         }
         let on = |v: &[i64]| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_to_device(dev)?) };
-        Ok(Some(PagedStep { write: on(&write)?, read: on(&read)? }))
+        let (write, read_t) = (on(&write)?, on(&read)?);
+        // A one-token step on the CPU reads the pool in place: row i's keys up to its token.
+        let one_token = (t == 1 && dev == tch::Device::Cpu).then(|| (read, starts.iter().map(|&s| s + 1).collect()));
+        Ok(Some(PagedStep { write, read: read_t, one_token }))
     }
 
     /// The pool slots of row `row`'s positions `from..from + n`.

@@ -11,6 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::Step;
 use crate::config::{Activation, Dims, MlaDims};
+use crate::cpu::paged_attention;
 use crate::error::{Error, Result};
 use crate::load::WeightSource;
 use crate::moe::Moe;
@@ -191,7 +192,8 @@ impl SelfAttention {
 fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
     let (b, t) = (new.size()[0], step.len); // cannot fire: a 4-dimensional tensor
     if let Some(pages) = &step.pages {
-        return write_pages(cache, new, pages, step.start + t);
+        write_pages(cache, new, pages)?;
+        return read_pages(cache, pages, b, step.start + t);
     }
     Ok(match (&step.slot, &step.rows_at) {
         (Some(slot), _) => {
@@ -222,15 +224,19 @@ fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
     })
 }
 
-/// [`write_cache`] into a paged cache's pool (`[1, n, slots, D]`): the step's entries
-/// (`[B, n, T, D]`) go to their slots, and each row's first `keys` positions are read from
-/// theirs into `[B, n, keys, D]`.
-fn write_pages(pool: &Tensor, new: &Tensor, pages: &super::PagedStep, keys: i64) -> Result<Tensor> {
+/// A step's entries (`[B, n, T, D]`) into a paged cache's pool (`[1, n, slots, D]`), at
+/// the slots the step's block tables give.
+fn write_pages(pool: &Tensor, new: &Tensor, pages: &super::PagedStep) -> Result<()> {
     let (b, n, t, d) = new.size4()?;
-    let pool = pool.f_select(0, 0)?; // [n, slots, D]
     let entries = new.f_permute([1, 0, 2, 3])?.f_reshape([n, b * t, d])?;
-    let _ = pool.shallow_clone().f_index_copy_(1, &pages.write, &entries)?;
-    let read = pool.f_index_select(1, &pages.read)?; // [n, B * keys, D]
+    let _ = pool.f_select(0, 0)?.f_index_copy_(1, &pages.write, &entries)?;
+    Ok(())
+}
+
+/// Each of `b` rows' first `keys` positions from a paged cache's pool, `[B, n, keys, D]`.
+fn read_pages(pool: &Tensor, pages: &super::PagedStep, b: i64, keys: i64) -> Result<Tensor> {
+    let [_, n, _, d] = <[i64; 4]>::try_from(pool.size()).map_err(|s| Error::Internal(format!("a pool of {s:?}")))?;
+    let read = pool.f_select(0, 0)?.f_index_select(1, &pages.read)?; // [n, B * keys, D]
     Ok(read.f_view([n, b, keys, d])?.f_permute([1, 0, 2, 3])?)
 }
 
@@ -537,6 +543,18 @@ impl Attention {
         }
         let [q, kv] = array(qkv.f_split_with_sizes([hl, 2 * kvl], 2)?)?;
         let kv = kv.f_transpose(1, 2)?; // [B, 2 * kv, T, D]
+        if let Some(p) = &step.pages
+            && let Some((slots, lens)) = &p.one_token
+            && t == 1
+            && paged_attention::supports(kv_cache.kind(), kv_cache.device())
+        {
+            // One token a row: attention reads the keys where their blocks lie.
+            write_pages(kv_cache, &kv, p)?;
+            let at = paged_attention::PagedKeys { slots, keys: (step.start + 1) as usize, lens }; // cannot wrap: a length
+            let q = q.f_reshape([b, hl, d])?;
+            let o = paged_attention::attend(&q, kv_cache, kvl as usize, &at, &self.qkv.linear.pool)?;
+            return Ok(o.f_view([b, 1, hl * d])?);
+        }
         let written = write_cache(kv_cache, &kv, step)?;
         let [keys, values] = array(written.f_split(kvl, 1)?)?;
         // Grouped-query attention without copying kv heads: the g query heads of each kv

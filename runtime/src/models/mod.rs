@@ -97,6 +97,10 @@ pub struct PagedStep {
     /// The pool slot of each key each row attends to, `[B * S]` int64 (row-major, S =
     /// `start + len`); positions a row does not hold point at a slot the mask hides.
     pub read: Tensor,
+    /// A one-token step on the CPU: `read`'s slots on the host and how many keys each row
+    /// attends to, for attention that reads the pool where the blocks lie
+    /// (`crate::cpu::paged_attention`) instead of gathering them.
+    pub one_token: Option<(Vec<i64>, Vec<usize>)>,
 }
 
 /// The key/value cache of one generation on this rank: per layer of its stage, one tensor
