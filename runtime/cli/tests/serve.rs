@@ -334,11 +334,54 @@ fn prefix_caching_serves_what_uncached_serving_does_on_every_layout() {
             "needs prefix caching",
         ),
         (vec!["--model", dir_arg.as_str(), "--prefix-cache-memory", "2TB"], "not a size"),
+        (vec!["--model", dir_arg.as_str(), "--kv-cache-memory", "64"], "one request of --max-model-len"),
+        (vec!["--model", dir_arg.as_str(), "--kv-cache-memory", "2TB"], "not a size"),
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_headcount")).arg("serve").args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_ne!(o.status.code(), Some(0), "{args:?}");
         assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// A paged KV cache too small for the running requests (glm-bytes; six blocks of 16
+/// positions, one of them scratch, for three concurrent answers of 44 tokens): in one
+/// process, over two tensor-parallel ranks and over two pipeline stages, the requests a full
+/// cache preempts are prefilled again and answer what a server with room for all of them
+/// answers, and /metrics counts the preemptions.
+#[test]
+fn a_full_kv_cache_preempts_and_answers_the_same_on_every_layout() {
+    let dir = root().join("tests/fixtures/glm-bytes").display().to_string();
+    let prompts = ["Q: 1", "Q: 2", "Q: 3"];
+    let serve = |extra: &[&str], concurrent: bool| -> (Vec<String>, String) {
+        let mut args = vec!["--model", dir.as_str(), "--max-model-len", "64", "--max-batch", "3"];
+        args.extend_from_slice(extra);
+        let server = start(&args, &[]);
+        let ask = |p: &str| -> String {
+            let body = serde_json::json!({"prompt": p, "max_tokens": 44, "temperature": 0, "ignore_eos": true});
+            let (status, text) = post(&server.url, "/v1/completions", &body.to_string());
+            assert_eq!(status, 200, "{extra:?}: {text}");
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            v["choices"][0]["text"].as_str().unwrap().to_owned()
+        };
+        let answers = if concurrent {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = prompts.iter().map(|p| s.spawn(move || ask(p))).collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        } else {
+            prompts.iter().map(|p| ask(p)).collect()
+        };
+        (answers, get(&server.url, "/metrics"))
+    };
+    let (want, _) = serve(&[], false);
+    // A block is 2 layers x 2 x 2 kv heads x 8 x 4 bytes x 16 positions = 4 KiB on one
+    // rank, half that on each of two tensor-parallel ranks or pipeline stages.
+    for (layout, memory) in [(&[][..], "24576"), (&["--tp", "2"][..], "12288"), (&["--pp", "2"][..], "12288")] {
+        let (got, metrics) = serve(&[layout, &["--kv-cache-memory", memory][..]].concat(), true);
+        assert_eq!(got, want, "{layout:?}");
+        let preempted = metrics.lines().find_map(|l| l.strip_prefix("headcount_preemptions_total "));
+        assert!(preempted.is_some_and(|n| n != "0"), "{layout:?}: {metrics}");
     }
 }
 

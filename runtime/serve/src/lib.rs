@@ -254,7 +254,7 @@ fn slot_cache(model: &dyn CausalLm, opts: &ServeOptions, max_model_len: usize) -
     let block = model.cache_bytes(1, PAGE).max(1);
     // One block more: the pool's scratch block.
     let blocks = match opts.kv_cache_memory {
-        Some(bytes) => usize::try_from(bytes / block).unwrap_or(usize::MAX),
+        Some(bytes) => least_over_ranks(model, usize::try_from(bytes / block).unwrap_or(usize::MAX))?,
         None => opts.max_batch.saturating_mul(reach.div_ceil(PAGE)).saturating_add(1),
     };
     // As vLLM does: the longest request must fit the cache alone.
@@ -286,7 +286,7 @@ fn slot_cache(model: &dyn CausalLm, opts: &ServeOptions, max_model_len: usize) -
     let mtp = if opts.speculative_tokens > 0 { model.mtp_cache_bytes(1, PREFIX_BLOCK) } else { 0 };
     let block = model.cache_bytes(1, PREFIX_BLOCK).saturating_add(mtp).max(1);
     let blocks = match opts.prefix_cache_memory {
-        Some(bytes) => usize::try_from(bytes / block).unwrap_or(usize::MAX),
+        Some(bytes) => least_over_ranks(model, usize::try_from(bytes / block).unwrap_or(usize::MAX))?,
         None => (PREFIX_CACHE_ROWS * max_model_len).div_ceil(PREFIX_BLOCK),
     };
     if blocks == 0 {
@@ -300,6 +300,23 @@ fn slot_cache(model: &dyn CausalLm, opts: &ServeOptions, max_model_len: usize) -
         )),
         e => ServeError::Runtime(e),
     })
+}
+
+/// The smallest of every rank's `n`, a count of blocks a memory size holds: pipeline stages
+/// of different layer counts hold different counts in the same memory, and every rank's
+/// pool must hold the blocks rank 0's tables give out. Every rank calls it at the same
+/// point of its start.
+fn least_over_ranks(model: &dyn CausalLm, n: usize) -> Result<usize, ServeError> {
+    let world = &model.parallel().world;
+    if world.size() <= 1 {
+        return Ok(n);
+    }
+    let mine =
+        tch::Tensor::f_from_slice(&[i64::try_from(n).unwrap_or(i64::MAX)]).map_err(headcount_runtime::Error::from)?;
+    let all = world.all_gather(&mine, 0)?;
+    let all = Vec::<i64>::try_from(&all.f_view([-1]).map_err(headcount_runtime::Error::from)?)
+        .map_err(headcount_runtime::Error::from)?;
+    Ok(all.into_iter().min().map_or(n, |m| usize::try_from(m).unwrap_or(0)))
 }
 
 /// A rank other than 0 of a served run: runs the forwards rank 0's engine runs, on its own

@@ -5,7 +5,9 @@
 //!
 //! Each (row, kv head) is one task on the model's CPU threads: the head's query heads score
 //! every key the row holds (f32 products), a softmax per query head, then the weighted sum
-//! of the values; each key and value is read once for the whole group. f32 and bf16 caches.
+//! of the values; each key and value is read once for the whole group. A latent cache
+//! (multi-head latent attention, absorbed) is one kv head whose entries are both keys and
+//! values. f32 and bf16 caches.
 
 use tch::{Device, Kind, Tensor};
 
@@ -26,53 +28,79 @@ pub fn supports(kind: Kind, device: Device) -> bool {
     device == Device::Cpu && matches!(kind, Kind::Float | Kind::BFloat16)
 }
 
-/// `softmax(q · kᵀ / √D) · v` for each row's one query (`q`, `[B, Hq, D]`) over the keys
-/// `at` gives, from the pool `pool` (`[1, 2 · kv, slots, D]`: kv heads' keys, then their
-/// values); query head j reads kv head j / (Hq / kv). Returns `[B, Hq · D]` in the pool's
-/// kind.
-pub fn attend(q: &Tensor, pool: &Tensor, kv: usize, at: &PagedKeys, threads: &CpuPool) -> Result<Tensor> {
-    attend_on(q, pool, kv, at, threads, Path::detected())
+/// How a pool holds a layer's keys and values.
+#[derive(Clone, Copy, Debug)]
+pub enum Entries {
+    /// `[1, 2 · kv, slots, D]`: the kv heads' keys, then their values (grouped-query
+    /// attention); query head j reads kv head j / (Hq / kv).
+    Heads { kv: usize },
+    /// `[1, 1, slots, W]`: one latent a position (multi-head latent attention, absorbed),
+    /// its first `key` channels the key of every query head and its first `value` channels
+    /// the value.
+    Latent { key: usize, value: usize },
+}
+
+/// `softmax(scale · q · kᵀ) · v` for each row's one query (`q`, `[B, Hq, Dk]`) over the
+/// keys `at` gives, from the pool `pool` laid out as `entries` says. Returns `[B, Hq · Dv]`
+/// in the pool's kind.
+pub fn attend(
+    q: &Tensor,
+    pool: &Tensor,
+    entries: Entries,
+    scale: f64,
+    at: &PagedKeys,
+    threads: &CpuPool,
+) -> Result<Tensor> {
+    attend_on(q, pool, entries, scale, at, threads, Path::detected())
 }
 
 /// [`attend`] with the instructions of `path` (one this CPU runs).
-fn attend_on(q: &Tensor, pool: &Tensor, kv: usize, at: &PagedKeys, threads: &CpuPool, path: Path) -> Result<Tensor> {
-    let (b, hq, d) = q.size3()?;
-    let (b, hq, d) = (b as usize, hq as usize, d as usize); // cannot wrap: sizes
+fn attend_on(
+    q: &Tensor,
+    pool: &Tensor,
+    entries: Entries,
+    scale: f64,
+    at: &PagedKeys,
+    threads: &CpuPool,
+    path: Path,
+) -> Result<Tensor> {
+    let (b, hq, dk) = q.size3()?;
+    let (b, hq, dk) = (b as usize, hq as usize, dk as usize); // cannot wrap: sizes
     let ps = pool.size();
     let kind = pool.kind();
-    if !supports(kind, pool.device())
-        || ps.len() != 4
-        || ps[1] as usize != 2 * kv
-        || ps[3] as usize != d
-        || kv == 0
-        || hq % kv != 0
-        || !pool.is_contiguous()
-        || at.lens.len() != b
-        || at.slots.len() != b * at.keys
-        || at.lens.iter().any(|&l| l > at.keys || l == 0)
-    {
-        return Err(Error::Internal(format!(
-            "paged attention of {b} rows of {hq} heads over a pool {ps:?} of {kind:?} and {} slots",
-            at.slots.len()
-        )));
+    let bad = |why: &str| Error::Internal(format!("paged attention over a pool {ps:?} of {kind:?}: {why}"));
+    if !supports(kind, pool.device()) || ps.len() != 4 || !pool.is_contiguous() {
+        return Err(bad("not a contiguous f32 or bf16 CPU pool"));
+    }
+    let (heads, width) = (ps[1] as usize, ps[3] as usize); // cannot wrap: sizes
+    let (kv, dv, values) = match entries {
+        Entries::Heads { kv } if kv > 0 && heads == 2 * kv && dk == width && hq % kv == 0 => (kv, dk, kv),
+        Entries::Latent { key, value } if heads == 1 && dk == key && key <= width && value <= key => (1, value, 0),
+        _ => return Err(bad(&format!("{entries:?} for queries of {hq} heads of {dk}"))),
+    };
+    if at.lens.len() != b || at.slots.len() != b * at.keys || at.lens.iter().any(|&l| l > at.keys || l == 0) {
+        return Err(bad(&format!("{} slots of {b} rows of {} keys", at.slots.len(), at.keys)));
     }
     let capacity = ps[2];
     if at.slots.iter().any(|&s| s < 0 || s >= capacity) {
-        return Err(Error::Internal("paged attention reads a slot outside the pool".into()));
+        return Err(bad("a slot outside the pool"));
     }
     let qf = Vec::<f32>::try_from(&q.f_to_kind(Kind::Float)?.f_contiguous()?.f_view([-1])?)?;
-    let mut out = vec![0f32; b * hq * d];
+    let mut out = vec![0f32; b * hq * dv];
     let job = Job {
         q: &qf,
         out: Shared(out.as_mut_ptr()),
         pool: pool.data_ptr() as *const u8,
         bf16: kind == Kind::BFloat16,
-        head_stride: capacity as usize * d,
+        head_stride: capacity as usize * width,
+        width,
         kv,
+        values,
         group: hq / kv,
-        d,
+        dk,
+        dv,
         at,
-        scale: (d as f32).sqrt().recip(),
+        scale: scale as f32,
     };
     let tasks = b * kv;
     let blocks = threads.threads().min(tasks).max(1);
@@ -81,7 +109,7 @@ fn attend_on(q: &Tensor, pool: &Tensor, kv: usize, at: &PagedKeys, threads: &Cpu
             job.run(task, path);
         }
     })?;
-    let out = Tensor::f_from_slice(&out)?.f_view([b as i64, (hq * d) as i64])?;
+    let out = Tensor::f_from_slice(&out)?.f_view([b as i64, (hq * dv) as i64])?;
     Ok(if kind == Kind::Float { out } else { out.f_to_kind(kind)? })
 }
 
@@ -100,11 +128,15 @@ struct Job<'a> {
     /// The pool's first element: f32, or bf16 as u16.
     pool: *const u8,
     bf16: bool,
-    /// Elements between two heads of the pool.
+    /// Elements between two heads of the pool, and between two of its slots.
     head_stride: usize,
+    width: usize,
     kv: usize,
+    /// The head of kv head 0's values (`kv`, or 0 when they are the keys' first channels).
+    values: usize,
     group: usize,
-    d: usize,
+    dk: usize,
+    dv: usize,
     at: &'a PagedKeys<'a>,
     scale: f32,
 }
@@ -143,22 +175,22 @@ impl Job<'_> {
     #[inline(always)]
     fn head<E: Elem>(&self, task: usize) {
         let (row, h) = (task / self.kv, task % self.kv);
-        let (g, d) = (self.group, self.d);
+        let (g, dk, dv) = (self.group, self.dk, self.dv);
         let len = self.at.lens[row];
         let slots = &self.at.slots[row * self.at.keys..row * self.at.keys + len];
         let hq = self.kv * g;
-        let q = &self.q[(row * hq + h * g) * d..(row * hq + (h + 1) * g) * d];
+        let q = &self.q[(row * hq + h * g) * dk..(row * hq + (h + 1) * g) * dk];
         let pool = self.pool as *const E;
-        // SAFETY: `attend` checked every slot against the pool's, and the heads against its
-        // shape; a key or value is `d` elements from its start.
-        let entry = |head: usize, slot: i64| -> &[E] {
-            unsafe { std::slice::from_raw_parts(pool.add(head * self.head_stride + slot as usize * d), d) }
+        // SAFETY: `attend` checked every slot against the pool's, and the heads and widths
+        // against its shape; an entry is `n <= width` elements from its start.
+        let entry = |head: usize, slot: i64, n: usize| -> &[E] {
+            unsafe { std::slice::from_raw_parts(pool.add(head * self.head_stride + slot as usize * self.width), n) }
         };
         let mut scores = vec![0f32; g * len];
         for (p, &slot) in slots.iter().enumerate() {
-            let k = entry(h, slot);
+            let k = entry(h, slot, dk);
             for i in 0..g {
-                scores[i * len + p] = dot(&q[i * d..(i + 1) * d], k) * self.scale;
+                scores[i * len + p] = dot(&q[i * dk..(i + 1) * dk], k) * self.scale;
             }
         }
         for s in scores.chunks_exact_mut(len) {
@@ -171,15 +203,15 @@ impl Job<'_> {
             let inv = sum.recip();
             s.iter_mut().for_each(|x| *x *= inv);
         }
-        let mut acc = vec![0f32; g * d];
+        let mut acc = vec![0f32; g * dv];
         for (p, &slot) in slots.iter().enumerate() {
-            let v = entry(self.kv + h, slot);
+            let v = entry(self.values + h, slot, dv);
             for i in 0..g {
-                axpy(&mut acc[i * d..(i + 1) * d], scores[i * len + p], v);
+                axpy(&mut acc[i * dv..(i + 1) * dv], scores[i * len + p], v);
             }
         }
         // SAFETY: this task's query heads of its row, written by no other task.
-        let out = unsafe { std::slice::from_raw_parts_mut(self.out.0.add((row * hq + h * g) * d), g * d) };
+        let out = unsafe { std::slice::from_raw_parts_mut(self.out.0.add((row * hq + h * g) * dv), g * dv) };
         out.copy_from_slice(&acc);
     }
 }
@@ -263,13 +295,47 @@ mod tests {
             let threads = CpuPool::new(2);
             for path in Path::available() {
                 let at = PagedKeys { slots: &at, keys, lens: &lens };
-                let got = attend_on(&q, &pool, kv, &at, &threads, path).unwrap();
+                let scale = (d as f64).powf(-0.5);
+                let got = attend_on(&q, &pool, Entries::Heads { kv }, scale, &at, &threads, path).unwrap();
                 assert_eq!(got.kind(), kind);
                 let diff = (got.to_kind(Kind::Float) - &want).abs().max().double_value(&[]);
                 // bf16: the output's rounding (8 bits of mantissa of values below 4).
                 let tol = if kind == Kind::Float { 1e-5 } else { 2e-2 };
                 assert!(diff <= tol, "{kind:?} on {path:?}: {diff}");
             }
+        }
+    }
+
+    /// A latent pool (one entry a position, wider than the key: a sparse layer's indexer
+    /// key after it): every query head against the entries' first `key` channels, values
+    /// their first `value`, at a given scale; against libtorch's attention over them
+    /// gathered.
+    #[test]
+    fn paged_latent_attention_equals_attention_over_the_gathered_latents() {
+        tch::manual_seed(4);
+        let (b, hq, key, value, width, slots, keys) = (2usize, 5usize, 40usize, 32usize, 48i64, 50i64, 30usize);
+        let lens = [30usize, 11];
+        let at: Vec<i64> = (0..b).flat_map(|r| (0..keys).map(move |p| ((p * 11 + r * 3) % 50) as i64)).collect();
+        let pool = Tensor::randn([1, 1, slots, width], (Kind::Float, Device::Cpu));
+        let q = Tensor::randn([b as i64, hq as i64, key as i64], (Kind::Float, Device::Cpu));
+        let gathered =
+            pool.select(0, 0).index_select(1, &Tensor::from_slice(&at)).view([1, b as i64, keys as i64, width]);
+        let gathered = gathered.permute([1, 0, 2, 3]); // [B, 1, keys, W]
+        let pos = Tensor::arange(keys as i64, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+        let len = Tensor::from_slice(&lens.map(|l| l as i64)).unsqueeze(1);
+        let mask = Tensor::zeros([b as i64, keys as i64], (Kind::Float, Device::Cpu))
+            .masked_fill(&pos.ge_tensor(&len), f64::NEG_INFINITY)
+            .view([b as i64, 1, 1, keys as i64]);
+        let (k, v) = (gathered.narrow(3, 0, key as i64), gathered.narrow(3, 0, value as i64));
+        let want =
+            Tensor::scaled_dot_product_attention(&q.unsqueeze(1), &k, &v, Some(&mask), 0.0, false, Some(0.3), false)
+                .reshape([b as i64, (hq * value) as i64]);
+        let threads = CpuPool::new(2);
+        for path in Path::available() {
+            let at = PagedKeys { slots: &at, keys, lens: &lens };
+            let got = attend_on(&q, &pool, Entries::Latent { key, value }, 0.3, &at, &threads, path).unwrap();
+            let diff = (got - &want).abs().max().double_value(&[]);
+            assert!(diff <= 1e-5, "{path:?}: {diff}");
         }
     }
 }

@@ -291,6 +291,22 @@ impl LatentAttention {
             parts.push(ix.key(&index_k, step, rope)?);
         }
         let entry = Tensor::f_cat(&parts, -1)?.f_unsqueeze(1)?; // [B, 1, T, L + R (+ index)]
+        if let Some(p) = &step.pages
+            && let Some((slots, lens)) = &p.one_token
+            && t == 1
+            && self.indexer.is_none()
+            && !self.sparse
+            && paged_attention::supports(cache.kind(), cache.device())
+        {
+            // One token a row, absorbed: attention reads the latents where their blocks lie.
+            write_pages(cache, &entry, p)?;
+            let query = self.absorbed_query(&q, &q_rot, m)?; // [B, n, L + R]
+            let at = paged_attention::PagedKeys { slots, keys: (step.start + 1) as usize, lens }; // cannot wrap: a length
+            let entries = paged_attention::Entries::Latent { key: (lora + rope) as usize, value: lora as usize };
+            let o = paged_attention::attend(&query, cache, entries, m.scale, &at, &self.a.pool)?; // [B, n·L]
+            let o = o.f_view([b, n, lora])?.f_transpose(0, 1)?.f_bmm(&self.w_v)?; // [n, B, v]
+            return Ok(o.f_transpose(0, 1)?.f_reshape([b, 1, n * v])?);
+        }
         let cached = write_cache(cache, &entry, step)?; // [B, 1, S, L + R (+ index)]
         if let Some(ix) = &self.indexer {
             // cannot fire: a layer with an indexer has low-rank queries (rule HC1304).
@@ -299,7 +315,6 @@ impl LatentAttention {
             *topk = ix.pick(x, &q_resid, &keys, step, rope)?;
         }
         let cached = if index_dim > 0 { cached.f_narrow(3, 0, lora + rope)? } else { cached };
-        let q_nope = q.f_narrow(3, 0, nope)?;
         let pick = if self.sparse { topk.as_ref() } else { None };
         let (cached, mask) = match (pick, step.mask.as_ref()) {
             // One token: attend to the picked latents only, gathered (the step's mask at them).
@@ -335,8 +350,7 @@ impl LatentAttention {
         if t == 1 {
             // Absorbed: q_nope · (W_k c) = (q_nope W_k) · c, and the values' W_v after the
             // weighted sum of latents; the heads are query rows against one latent "head".
-            let q_lat = q_nope.f_view([b, n, nope])?.f_transpose(0, 1)?.f_bmm(&self.w_k)?.f_transpose(0, 1)?; // [B, n, L]
-            let query = Tensor::f_cat(&[q_lat, q_rot.f_view([b, n, rope])?], -1)?.f_unsqueeze(1)?; // [B, 1, n, L + R]
+            let query = self.absorbed_query(&q, &q_rot, m)?.f_unsqueeze(1)?; // [B, 1, n, L + R]
             let o = attend(&query, &cached, &cached.f_narrow(3, 0, lora)?)?; // [B, 1, n, L]
             let o = o.f_view([b, n, lora])?.f_transpose(0, 1)?.f_bmm(&self.w_v)?; // [n, B, v]
             return Ok(o.f_transpose(0, 1)?.f_reshape([b, 1, n * v])?);
@@ -350,6 +364,18 @@ impl LatentAttention {
         let keys = Tensor::f_cat(&[k_nope, k_rope], -1)?;
         let o = attend(&q.f_transpose(1, 2)?, &keys, &values)?; // [B, n, T, v]
         Ok(o.f_transpose(1, 2)?.f_reshape([b, t, n * v])?)
+    }
+}
+
+impl LatentAttention {
+    /// A one-token step's queries against the latents, `[B, n, L + R]`: each head's
+    /// non-rotary part through its kv_b_proj key rows (q_nope · W_k c = (q_nope W_k) · c),
+    /// then its rotated part (of `q`, `[B, 1, n, nope + R]`, and `q_rot`, its rotary view).
+    fn absorbed_query(&self, q: &Tensor, q_rot: &Tensor, m: &MlaDims) -> Result<Tensor> {
+        let (b, n, nope, rope) = (q.size()[0], self.heads, m.nope as i64, m.rope as i64); // cannot fire: 4 dimensions
+        let q_nope = q.f_narrow(3, 0, nope)?;
+        let q_lat = q_nope.f_view([b, n, nope])?.f_transpose(0, 1)?.f_bmm(&self.w_k)?.f_transpose(0, 1)?; // [B, n, L]
+        Ok(Tensor::f_cat(&[q_lat, q_rot.f_view([b, n, rope])?], -1)?)
     }
 }
 
@@ -552,7 +578,9 @@ impl Attention {
             write_pages(kv_cache, &kv, p)?;
             let at = paged_attention::PagedKeys { slots, keys: (step.start + 1) as usize, lens }; // cannot wrap: a length
             let q = q.f_reshape([b, hl, d])?;
-            let o = paged_attention::attend(&q, kv_cache, kvl as usize, &at, &self.qkv.linear.pool)?;
+            let entries = paged_attention::Entries::Heads { kv: kvl as usize };
+            let scale = (d as f64).powf(-0.5);
+            let o = paged_attention::attend(&q, kv_cache, entries, scale, &at, &self.qkv.linear.pool)?;
             return Ok(o.f_view([b, 1, hl * d])?);
         }
         let written = write_cache(kv_cache, &kv, step)?;
