@@ -8,6 +8,7 @@ weights and threads, loopback only.
                        [--concurrency 1,8,32,128] [--requests 128] [--max-tokens 32]
                        [--prompt-len 32] [--speculative-tokens 2] [--json-schema]
                        [--shared-prefix N] [--dtype f32|bf16] [--quantize int8|int4]
+                       [--kv-cache-memory SIZE]
 
 Each level sends --requests streaming completions (greedy), --concurrency at a time, after
 a warm-up; a token is a streamed chunk that carries text. The 4-layer shape is a random
@@ -21,7 +22,8 @@ follows a small JSON schema (structured output), so a run with and one without i
 constrained with unconstrained throughput. With --shared-prefix N (the 4-layer shape), every
 prompt begins with the same N tokens (a system prompt), and the engine
 `headcount-no-prefix-cache` is headcount serve with --no-enable-prefix-caching, to compare
-with its prefix cache.
+with its prefix cache. --kv-cache-memory passes the same flag to headcount serve (the
+paged KV cache's memory), and each headcount row adds the server's peak resident memory.
 
 The shapes of python/compare_llama_cpp.py (12-layer, moe-4-layer, mla-4-layer, dsa-4-layer)
 are its random checkpoints with their word-level tokenizers, which the engine
@@ -111,7 +113,7 @@ def prompts(shape: str, n: int, prompt_len: int, shared: int = 0, salt: int = 0)
 
 def start(engine: str, model: Path, port: int, threads: int, max_batch: int, speculative: int,
           dtype: str = "f32", quantize: str | None = None, llama_server: tuple[Path, Path] | None = None,
-          slot_len: int = 0) -> subprocess.Popen:
+          slot_len: int = 0, kv_cache_memory: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     health = "/v1/models"
     if engine == "llama-server":
@@ -129,6 +131,8 @@ def start(engine: str, model: Path, port: int, threads: int, max_batch: int, spe
             cmd += ["--speculative-tokens", str(speculative)]
         if engine == "headcount-no-prefix-cache":
             cmd += ["--no-enable-prefix-caching"]
+        if kv_cache_memory:
+            cmd += ["--kv-cache-memory", kv_cache_memory]
     else:
         cmd = [str(ROOT / ".venv/bin/transformers"), "serve", str(model), "--port", str(port), "--host", "127.0.0.1",
                "--device", "cpu", "--continuous-batching", "--log-level", "warning"]
@@ -232,6 +236,7 @@ def main() -> None:
     ap.add_argument("--shared-prefix", type=int, default=0)
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
                     help="headcount's weights and activations (transformers serve keeps its own default)")
+    ap.add_argument("--kv-cache-memory", help="headcount serve --kv-cache-memory (its paged KV cache's size)")
     ap.add_argument("--quantize", choices=["int8", "int4"],
                     help="headcount serve --quantize, and llama-server the GGUF of q8_0 or q4_0")
     a = ap.parse_args()
@@ -265,11 +270,11 @@ def main() -> None:
         build = peer.working_llama_cpp(build, file, a.threads, server=True)
         gguf, llama_note = (build.bin("llama-server"), file), f"; llama-server {kind}, {build.note}"
     name = str(model)
-    rows = []
+    rows, peaks = [], []
     for engine in engines:
         port = free_port()
         p = start(engine, model, port, a.threads, max(levels), a.speculative_tokens, a.dtype, a.quantize, gguf,
-                  a.prompt_len + a.max_tokens + 16)
+                  a.prompt_len + a.max_tokens + 16, a.kv_cache_memory)
         try:
             warm = prompts(a.shape, 8, a.prompt_len, a.shared_prefix, salt=1)
             level(port, name, warm, 4, a.max_tokens)
@@ -279,6 +284,7 @@ def main() -> None:
                 r["accepted"] = acceptance(port) if engine == "headcount-speculative" else ""
                 rows.append((engine, conc, n, r))
                 print(f"{engine} c={conc}: {r['req_s']:.1f} req/s {r['tok_s']:.0f} tok/s", file=sys.stderr)
+            peaks.append((engine, peak_rss(p.pid)))
         finally:
             p.terminate()
             try:
@@ -296,6 +302,19 @@ def main() -> None:
     for engine, conc, n, r in rows:
         print(f"| {engine} | {conc} | {n} | {r['req_s']:.1f} | {r['tok_s']:.0f} | {r['ttft50']*1e3:.1f} | "
               f"{r['ttft99']*1e3:.1f} | {r['itl50']*1e3:.2f} | {r['itl99']*1e3:.2f} | {r['accepted'] or '-'} |")
+    print("\npeak resident memory of each server: "
+          + ", ".join(f"{e} {m / 2**20:.0f} MiB" if m else f"{e} unknown" for e, m in peaks))
+
+
+def peak_rss(pid: int) -> int | None:
+    """A process's peak resident memory in bytes (VmHWM), while it runs."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 if __name__ == "__main__":

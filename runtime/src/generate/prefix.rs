@@ -13,11 +13,11 @@
 //! lookup touches the blocks it takes last first, so a prefix's first blocks outlive its
 //! later ones.
 //!
-//! The running rows keep their own contiguous cache, where attention reads a row's keys in
-//! place: a hit costs a copy of the reused entries (per layer, one gather), far less than
-//! the forward that would compute them. In a run of several ranks, rank 0 keeps the index
-//! and tells the others which pool blocks to copy; every rank holds the blocks of its own
-//! part of the model.
+//! The running rows keep their own cache (whole rows, or the blocks of a paged cache,
+//! `super::paged`): a hit costs a copy of the reused entries into the row's (per layer,
+//! one gather), far less than the forward that would compute them. In a run of several
+//! ranks, rank 0 keeps the index and tells the others which pool blocks to copy; every rank
+//! holds the blocks of its own part of the model.
 //!
 //! A speculative cache's blocks also hold the multi-token-prediction layer's entries. The
 //! layer's entry at position p reads the token at p + 1, so it belongs to the block that
