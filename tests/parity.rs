@@ -528,6 +528,64 @@ fn a_paged_cache_gives_the_logits_of_whole_rows() {
     println!("{}", report.join("\n"));
 }
 
+/// A prefix cache sharing a paged cache's blocks (SlotCache::with_shared_prefix_cache): a
+/// sequence that begins with the whole blocks an earlier row kept lists those blocks in its
+/// own table (no block taken, nothing copied) and computes the rest, with the logits of a
+/// cache that computes it all, on every fixture family; the kept blocks outlive their rows,
+/// and are given up, least recently used first, when a sequence needs the pool's blocks.
+#[test]
+fn a_shared_prefix_is_listed_in_block_tables_not_copied() {
+    use headcount_runtime::generate::{PAGE, SlotCache};
+    // Of the largest logit: as a_paged_cache_gives_the_logits_of_whole_rows.
+    const TOL: f64 = 1e-5;
+    let mut report = Vec::new();
+    for dir in model_fixtures() {
+        let model = load(&dir);
+        let vocab = model.dims.vocab as i64;
+        let (first, second) = headcount_integration::prompts_sharing_a_prefix(vocab);
+        let steps = [3i64 % vocab, 11 % vocab, 7 % vocab];
+        let mut plain = SlotCache::new(&model, 2, 64).unwrap();
+        drop(plain.extend(&model, 0, &first).unwrap());
+        let mut want = vec![plain.extend(&model, 1, &second).unwrap()];
+        for &t in &steps {
+            want.push(plain.decode(&model, &[t, t]).unwrap().get(1).unsqueeze(0));
+        }
+        // Nine usable blocks: the first sequence's 47 positions take 3.
+        let mut paged = SlotCache::paged(&model, 2, 64, 10).unwrap().with_shared_prefix_cache(&model).unwrap();
+        drop(paged.extend(&model, 0, &first).unwrap());
+        paged.keep_prefix(&model, 0, &first).unwrap();
+        assert_eq!(paged.prefix_usage(), Some((2, 9)), "{}", name(&dir));
+        // Kept blocks still held by row 0 cannot be given up: 6 are free.
+        assert_eq!(paged.blocks(), Some((6, 9)), "{}", name(&dir));
+        // Its 49 positions are 4 blocks, the first 2 shared.
+        assert_eq!(paged.blocks_for_prompt(&second, second.len()), 2, "{}", name(&dir));
+        let hit = paged.reuse_prefix(&model, 1, &second).unwrap();
+        assert_eq!(hit.reused, 2 * PAGE, "{}", name(&dir));
+        assert_eq!(paged.blocks(), Some((6, 9)), "{}: a shared block is not taken", name(&dir));
+        let mut got = vec![paged.extend(&model, 1, &second[hit.reused..]).unwrap()];
+        for &t in &steps {
+            got.push(paged.decode(&model, &[t, t]).unwrap().get(1).unsqueeze(0));
+        }
+        let diff = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f64::max);
+        let scale = want.iter().map(|w| w.abs().max().double_value(&[])).fold(0.0, f64::max);
+        report.push(format!("{}: {:.1e} of the largest logit", name(&dir), diff / scale));
+        assert!(diff <= TOL * scale, "{}: max abs diff {diff} > {TOL} x {scale}", name(&dir));
+        // Both rows end: every block is free or only kept. Two sequences of 4 blocks each
+        // need one of the 2 kept: the least recently used goes (a lookup touches a
+        // prefix's later blocks first, so the second).
+        paged.clear(&model, 0).unwrap();
+        paged.clear(&model, 1).unwrap();
+        assert_eq!(paged.blocks(), Some((9, 9)), "{}", name(&dir));
+        let long: Vec<i64> = (0..64).map(|i| (i * 5 + 2) % vocab).collect();
+        drop(paged.extend(&model, 0, &long).unwrap());
+        assert_eq!(paged.prefix_usage(), Some((2, 9)), "{}", name(&dir));
+        drop(paged.extend(&model, 1, &long).unwrap());
+        assert_eq!(paged.prefix_usage(), Some((1, 9)), "{}", name(&dir));
+        assert_eq!(paged.cached_prefix(&second), PAGE, "{}: the first block is still kept", name(&dir));
+    }
+    println!("{}", report.join("\n"));
+}
+
 /// Quantized weights (`--quantize int8|int4`): every dense fixture's logits within a stated
 /// distance of transformers' f32 logits, in f32 and bf16 activations, and in f32 the same
 /// greedy tokens (int8) or a stated share of them (int4). The distance is the codes'

@@ -114,8 +114,9 @@ pub struct ServeArgs {
     /// Turns automatic prefix caching off.
     #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
-    /// Memory of the prefix cache's blocks (`512MiB`, `2GiB`) [default: what 4 sequences of
-    /// --max-model-len positions take].
+    /// A pool of this much memory of its own for the prefix cache's blocks (`512MiB`,
+    /// `2GiB`), copied into a request's blocks on a hit [default: none; the prefix cache
+    /// keeps the KV cache's own blocks, shared by the requests that begin with them].
     #[arg(long, value_name = "SIZE", value_parser = bytes)]
     pub prefix_cache_memory: Option<u64>,
     /// --model as given (before a repo id is resolved to its folder).

@@ -507,7 +507,9 @@ fn prefill(
                 };
                 // Its first chunk's blocks, after the cached prefix it would reuse.
                 let reach = (cache.cached_prefix(next) + budget).min(next.len());
-                if !room(cache, running, cache.blocks_needed(row, reach)) {
+                let next = next.to_vec();
+                let blocks = cache.blocks_for_prompt(&next, reach);
+                if !room(cache, running, blocks) {
                     return;
                 }
                 let mut r = match queues.preempted.pop_front() {

@@ -69,8 +69,8 @@ pub struct ServeOptions {
     pub tool_call_parser: Option<tools::ToolParserChoice>,
     /// Automatic prefix caching.
     pub prefix_caching: PrefixCaching,
-    /// Bytes of the prefix cache's blocks [default: what [`PREFIX_CACHE_ROWS`] rows of the
-    /// context take].
+    /// Bytes of a pool of the prefix cache's own, whose blocks are copied into a request's
+    /// on a hit [default: none; the prefix cache keeps the paged KV cache's own blocks].
     pub prefix_cache_memory: Option<u64>,
 }
 
@@ -80,10 +80,6 @@ pub enum PrefixCaching {
     On,
     Off,
 }
-
-/// The default prefix cache holds as many positions as this many requests of the whole
-/// context.
-pub const PREFIX_CACHE_ROWS: usize = 4;
 
 impl Default for ServeOptions {
     fn default() -> Self {
@@ -283,12 +279,13 @@ fn slot_cache(model: &dyn CausalLm, opts: &ServeOptions, max_model_len: usize) -
         }
         return Ok(cache);
     }
+    let Some(bytes) = opts.prefix_cache_memory else {
+        // The prefix cache keeps the running requests' blocks where they lie.
+        return Ok(cache.with_shared_prefix_cache(model)?);
+    };
     let mtp = if opts.speculative_tokens > 0 { model.mtp_cache_bytes(1, PREFIX_BLOCK) } else { 0 };
     let block = model.cache_bytes(1, PREFIX_BLOCK).saturating_add(mtp).max(1);
-    let blocks = match opts.prefix_cache_memory {
-        Some(bytes) => least_over_ranks(model, usize::try_from(bytes / block).unwrap_or(usize::MAX))?,
-        None => (PREFIX_CACHE_ROWS * max_model_len).div_ceil(PREFIX_BLOCK),
-    };
+    let blocks = least_over_ranks(model, usize::try_from(bytes / block).unwrap_or(usize::MAX))?;
     if blocks == 0 {
         return Err(ServeError::Setup(format!(
             "--prefix-cache-memory is less than one block of {PREFIX_BLOCK} positions ({block} bytes on this rank)"

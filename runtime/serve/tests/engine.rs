@@ -272,14 +272,22 @@ fn serve_mtp_cached(
     prefix_blocks: Option<usize>,
     jobs: &[Spec],
 ) -> (Vec<Events>, String) {
-    serve_mtp_paged(k, prefill_chunk, prefix_blocks, None, jobs)
+    serve_mtp_paged(k, prefill_chunk, prefix_blocks.map_or(Prefix::Off, Prefix::Own), None, jobs)
+}
+
+/// A prefix cache: none, a pool of its own of this many blocks, or a paged cache's blocks.
+#[derive(Clone, Copy, Debug)]
+enum Prefix {
+    Off,
+    Own(usize),
+    Shared,
 }
 
 /// [`serve_mtp_cached`] on a paged cache of `pages` blocks (`None`: whole rows).
 fn serve_mtp_paged(
     k: usize,
     prefill_chunk: usize,
-    prefix_blocks: Option<usize>,
+    prefix: Prefix,
     pages: Option<usize>,
     jobs: &[Spec],
 ) -> (Vec<Events>, String) {
@@ -291,9 +299,11 @@ fn serve_mtp_paged(
         (0, Some(b)) => SlotCache::paged(&model, 3, 40, b).unwrap(),
         (k, Some(b)) => SlotCache::speculative_paged(&model, 3, 40, k, b).unwrap(),
     };
-    if let Some(b) = prefix_blocks {
-        cache = cache.with_prefix_cache(&model, b).unwrap();
-    }
+    cache = match prefix {
+        Prefix::Off => cache,
+        Prefix::Own(b) => cache.with_prefix_cache(&model, b).unwrap(),
+        Prefix::Shared => cache.with_shared_prefix_cache(&model).unwrap(),
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     let opts = EngineOptions { max_batch: 3, max_model_len: 40, prefill_chunk };
     let metrics = Arc::new(Metrics::default());
@@ -373,7 +383,8 @@ fn speculative_steps_serve_what_plain_steps_serve() {
 /// Speculative steps with automatic prefix caching: sequences that share a prompt's first
 /// block take it from the pool (all of its positions but the last, with the MTP layer's
 /// entries) and serve the tokens and log probabilities plain steps without a prefix cache
-/// serve; /metrics counts the 15 positions each reused.
+/// serve, with a pool of its own beside whole rows and with a paged cache's own blocks
+/// (shared, the last copied); /metrics counts the 15 positions each reused.
 #[test]
 fn speculative_steps_reuse_cached_prefixes_and_serve_what_plain_steps_serve() {
     let greedy = Sampling::greedy();
@@ -386,8 +397,14 @@ fn speculative_steps_reuse_cached_prefixes_and_serve_what_plain_steps_serve() {
         .map(|t| (with(t), 10, greedy.clone(), none.clone(), vec![], true))
         .collect();
     let (plain, _) = serve_mtp(0, 8, &jobs);
-    for k in [1, 2] {
-        let (spec, metrics) = serve_mtp_cached(k, 8, Some(8), &jobs);
+    let runs = [
+        (1, Prefix::Own(8), None),
+        (2, Prefix::Own(8), None),
+        (1, Prefix::Shared, Some(16)),
+        (2, Prefix::Shared, Some(16)),
+    ];
+    for (k, prefix, pages) in runs {
+        let (spec, metrics) = serve_mtp_paged(k, 8, prefix, pages, &jobs);
         for (i, (a, b)) in plain.iter().zip(&spec).enumerate() {
             assert_eq!((&a.1, a.0.len()), (&Ok(Finish::Length), 10), "sequence {i} without drafts");
             assert_eq!(a.1, b.1, "sequence {i}, {k} drafts: how it ended");
@@ -399,7 +416,7 @@ fn speculative_steps_reuse_cached_prefixes_and_serve_what_plain_steps_serve() {
             }
         }
         let hits = metrics.lines().find_map(|l| l.strip_prefix("headcount_prefix_cache_hits_total "));
-        assert_eq!(hits, Some("45"), "{k} drafts: {metrics}");
+        assert_eq!(hits, Some("45"), "{k} drafts, {prefix:?}: {metrics}");
         assert!(metrics.contains("headcount_spec_decode_accepted_tokens_total{position=\"0\"}"), "{metrics}");
     }
 }
@@ -423,7 +440,14 @@ fn a_full_paged_cache_preempts_and_serves_what_whole_rows_serve() {
         .map(|&(n, salt, max)| (prompt(n, salt), max, greedy.clone(), none.clone(), vec![], true))
         .collect();
     let (want, _) = serve_mtp(0, 8, &jobs);
-    for (k, prefix) in [(0, None), (0, Some(8)), (2, None), (2, Some(8))] {
+    for (k, prefix) in [
+        (0, Prefix::Off),
+        (0, Prefix::Own(8)),
+        (0, Prefix::Shared),
+        (2, Prefix::Off),
+        (2, Prefix::Own(8)),
+        (2, Prefix::Shared),
+    ] {
         let (got, metrics) = serve_mtp_paged(k, 8, prefix, Some(5), &jobs);
         for (i, (a, b)) in want.iter().zip(&got).enumerate() {
             assert_eq!(a.1, Ok(Finish::Length), "sequence {i} on whole rows");
@@ -440,7 +464,7 @@ fn a_full_paged_cache_preempts_and_serves_what_whole_rows_serve() {
         assert!(preempted > 0, "{k} drafts, prefix cache {prefix:?}: {metrics}");
         // A preempted request takes back the blocks it kept in the prefix cache.
         let hits = metrics.lines().find_map(|l| l.strip_prefix("headcount_prefix_cache_hits_total "));
-        assert_eq!(hits.is_some_and(|h| h != "0"), prefix.is_some(), "{metrics}");
+        assert_eq!(hits.is_some_and(|h| h != "0"), !matches!(prefix, Prefix::Off), "{prefix:?}: {metrics}");
         println!("{k} drafts, prefix cache {prefix:?}: {preempted} preemptions");
     }
 }

@@ -24,13 +24,64 @@ pub(super) struct Pages {
     tables: Vec<Vec<u32>>,
     /// Free blocks, the next one taken last.
     free: Vec<u32>,
+    /// Each block's holders: the rows whose tables list it, and the prefix cache.
+    holds: Vec<u32>,
     blocks: usize,
 }
 
 impl Pages {
     fn new(rows: usize, blocks: usize) -> Pages {
         // cannot wrap: `SlotCache::paged` keeps the blocks within u32.
-        Pages { tables: vec![Vec::new(); rows], free: (1..blocks as u32).rev().collect(), blocks }
+        let free = (1..blocks as u32).rev().collect();
+        Pages { tables: vec![Vec::new(); rows], free, holds: vec![0; blocks], blocks }
+    }
+
+    /// Holders of block `b`.
+    pub(super) fn holds(&self, b: u32) -> u32 {
+        self.holds.get(b as usize).copied().unwrap_or(0)
+    }
+
+    /// One more holder of block `b` (the prefix cache keeping it, a row sharing it).
+    pub(super) fn hold(&mut self, b: u32) {
+        if let Some(h) = self.holds.get_mut(b as usize) {
+            *h += 1;
+        }
+    }
+
+    /// One holder fewer of block `b`; free once none holds it.
+    pub(super) fn release(&mut self, b: u32) {
+        if let Some(h) = self.holds.get_mut(b as usize)
+            && *h > 0
+        {
+            *h -= 1;
+            if *h == 0 {
+                self.free.push(b);
+            }
+        }
+    }
+
+    /// Row `row`'s blocks.
+    pub(super) fn table(&self, row: usize) -> &[u32] {
+        self.tables.get(row).map_or(&[], Vec::as_slice)
+    }
+
+    /// The empty row `row` takes `blocks` (held by others too) as its first blocks.
+    pub(super) fn share(&mut self, row: usize, blocks: &[u32]) {
+        self.shrink(row, 0);
+        for &b in blocks {
+            self.hold(b);
+        }
+        self.tables[row] = blocks.to_vec();
+    }
+
+    /// Row `row`'s block `i` becomes a free block of its own: the old and the new block,
+    /// whose entries the caller copies (copy on write of a shared block).
+    pub(super) fn own(&mut self, row: usize, i: usize) -> Result<(u32, u32)> {
+        let fresh = self.free.pop().ok_or_else(|| Error::Internal("no free block to copy a shared one to".into()))?;
+        self.holds[fresh as usize] = 1;
+        let old = std::mem::replace(&mut self.tables[row][i], fresh);
+        self.release(old);
+        Ok((old, fresh))
     }
 
     /// Blocks a row can hold: all but the scratch block.
@@ -66,6 +117,9 @@ impl Pages {
             return Err(Error::Internal(format!("row {row} needs {need} blocks and {} are free", self.free.len())));
         }
         let taken = self.free.split_off(self.free.len() - need);
+        for &b in &taken {
+            self.holds[b as usize] = 1;
+        }
         self.tables[row].extend(taken.into_iter().rev());
         Ok(())
     }
@@ -75,7 +129,9 @@ impl Pages {
         let keep = positions.div_ceil(PAGE);
         if self.tables[row].len() > keep {
             let gone = self.tables[row].split_off(keep);
-            self.free.extend(gone.into_iter().rev());
+            for b in gone.into_iter().rev() {
+                self.release(b);
+            }
         }
     }
 
@@ -123,9 +179,51 @@ impl SlotCache {
         Ok(self)
     }
 
-    /// Whether the cache is paged, and then its blocks: free, and usable by rows.
+    /// Whether the cache is paged, and then its blocks: free (counting those only the prefix
+    /// cache holds, which it gives up on demand), and usable by rows.
     pub fn blocks(&self) -> Option<(usize, usize)> {
-        self.pages.as_ref().map(|p| (p.free(), p.usable()))
+        self.pages.as_ref().map(|p| (p.free() + self.evictable(), p.usable()))
+    }
+
+    /// Blocks only a prefix cache sharing the pool holds.
+    fn evictable(&self) -> usize {
+        match (&self.pages, &self.prefix) {
+            (Some(p), Some(c)) => c.shared_blocks().filter(|&b| p.holds(b) == 1).count(),
+            _ => 0,
+        }
+    }
+
+    /// Frees `n` blocks or more, giving up the prefix cache's least recently used blocks
+    /// no row holds (none of `keep`), and tells the other ranks which.
+    pub(super) fn free_blocks(&mut self, model: &dyn CausalLm, n: usize, keep: &[u32]) -> Result<()> {
+        loop {
+            let Some(p) = &self.pages else { return Ok(()) };
+            if p.free() >= n {
+                return Ok(());
+            }
+            let gone = match &mut self.prefix {
+                Some(c) => c.evict_unused(|b| p.holds(b) > 1 || keep.contains(&b)),
+                None => Vec::new(),
+            };
+            if gone.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "the KV cache has {} free blocks of {PAGE} positions, and this step needs {n}",
+                    p.free()
+                )));
+            }
+            let payload: Vec<i64> = gone.iter().map(|&b| i64::from(b)).collect();
+            super::slots::tell(model, super::slots::Op::Evict, 0, 0, &payload)?;
+            self.evicted(&payload);
+        }
+    }
+
+    /// The prefix cache gave up blocks `gone`.
+    pub(super) fn evicted(&mut self, gone: &[i64]) {
+        if let Some(p) = &mut self.pages {
+            for &b in gone {
+                p.release(u32::try_from(b).unwrap_or(u32::MAX));
+            }
+        }
     }
 
     /// Blocks row `row` must take to hold `positions` (0 in a cache that is not paged).
@@ -144,12 +242,15 @@ impl SlotCache {
         }
     }
 
-    /// Before a step that grows rows `(row, positions)`: whether the pool has their blocks.
-    pub(super) fn check_room(&self, wants: &[(usize, usize)]) -> Result<()> {
-        match &self.pages {
-            Some(p) => p.check(wants),
-            None => Ok(()),
+    /// Before a step that grows rows `(row, positions)`: whether the pool has their blocks,
+    /// free or given up by the prefix cache now (rank 0 decides, and tells the others).
+    pub(super) fn check_room(&mut self, model: &dyn CausalLm, wants: &[(usize, usize)]) -> Result<()> {
+        let Some(p) = &self.pages else { return Ok(()) };
+        if p.check(wants).is_ok() || model.parallel().rank != 0 {
+            return Ok(());
         }
+        let needed: usize = wants.iter().map(|&(r, n)| p.needed(r, n)).sum();
+        self.free_blocks(model, needed, &[])
     }
 
     /// The rows `(row, positions)` take their blocks ([`SlotCache::check_room`] first).

@@ -15,9 +15,12 @@
 //!
 //! The running rows keep their own cache (whole rows, or the blocks of a paged cache,
 //! `super::paged`): a hit costs a copy of the reused entries into the row's (per layer,
-//! one gather), far less than the forward that would compute them. In a run of several
-//! ranks, rank 0 keeps the index and tells the others which pool blocks to copy; every rank
-//! holds the blocks of its own part of the model.
+//! one gather), far less than the forward that would compute them. A paged cache's prefix
+//! cache may instead keep the rows' own blocks ([`SlotCache::with_shared_prefix_cache`]):
+//! its slots are then the pool's blocks, a hit lists them in the row's block table, and the
+//! pool gives up the least recently used blocks no row holds when rows need blocks. In a run
+//! of several ranks, rank 0 keeps the index and tells the others which blocks to copy,
+//! share or give up; every rank holds the blocks of its own part of the model.
 //!
 //! A speculative cache's blocks also hold the multi-token-prediction layer's entries. The
 //! layer's entry at position p reads the token at p + 1, so it belongs to the block that
@@ -77,9 +80,21 @@ impl PrefixIndex {
         self.entries.len()
     }
 
+    /// An index of the blocks of a paged cache's own pool (`SlotCache::with_shared_prefix_cache`):
+    /// a stored block is a row's block, kept, and its slot is its block in the pool.
+    pub(super) fn shared(blocks: usize) -> PrefixIndex {
+        PrefixIndex { entries: (0..blocks).map(|_| None).collect(), next_id: 1, ..PrefixIndex::default() }
+    }
+
     /// Blocks in use.
     pub(super) fn held(&self) -> usize {
-        self.entries.len() - self.free.len()
+        self.entries.iter().filter(|e| e.is_some()).count()
+    }
+
+    /// The slots of the blocks stored.
+    pub(super) fn stored(&self) -> impl Iterator<Item = u32> + '_ {
+        // cannot wrap: slots are below the pool's block count, a u32.
+        self.entries.iter().enumerate().filter(|(_, e)| e.is_some()).map(|(i, _)| i as u32)
     }
 
     /// The slots of the longest run of whole blocks of `tokens[..limit]` the pool holds,
@@ -136,6 +151,53 @@ impl PrefixIndex {
         new
     }
 
+    /// Stores the whole blocks of `tokens` the index lacks as the blocks `table` gives
+    /// (a row's, in position order: a shared index's slots are its pool's blocks): returns
+    /// each new block's index in `tokens` and its slot.
+    pub(super) fn insert_shared(&mut self, tokens: &[i64], table: &[u32]) -> Vec<(usize, u32)> {
+        let mut new = Vec::new();
+        let mut chain: Vec<u32> = Vec::new();
+        let mut parent: Option<u32> = None;
+        for (i, block) in tokens.chunks_exact(PREFIX_BLOCK).enumerate() {
+            let key = (parent.map_or(0, |p| self.entry(p).id), to_key(block));
+            let slot = match self.by_key.get(&key) {
+                Some(&slot) => slot,
+                None => {
+                    // A block already stored under another prefix cannot be this one.
+                    let Some(&slot) = table.get(i) else { break };
+                    if self.entries.get(slot as usize).is_none_or(Option::is_some) {
+                        break;
+                    }
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.entries[slot as usize] = Some(Entry { id, key, parent, children: Vec::new(), used: 0 });
+                    self.by_key.insert(key, slot);
+                    if let Some(p) = parent {
+                        self.entry_mut(p).children.push(slot);
+                    }
+                    new.push((i, slot));
+                    slot
+                }
+            };
+            chain.push(slot);
+            parent = Some(slot);
+        }
+        for &slot in chain.iter().rev() {
+            self.touch(slot);
+        }
+        new
+    }
+
+    /// Drops the least recently used block for which `in_use` is false, with every block
+    /// stored under it: their slots (none when every block is in use).
+    pub(super) fn evict_unused(&mut self, in_use: impl Fn(u32) -> bool) -> Vec<u32> {
+        let mut gone = Vec::new();
+        if let Some(slot) = self.lru.values().copied().find(|&s| !in_use(s)) {
+            self.evict_into(slot, &mut gone);
+        }
+        gone
+    }
+
     /// A free slot, or the least recently used block's, unless that one was used after
     /// `since` (a block of the chain being stored).
     fn take_slot(&mut self, since: u64) -> Option<u32> {
@@ -150,8 +212,15 @@ impl PrefixIndex {
         self.free.pop()
     }
 
-    /// Drops the block in `slot` and every block stored under it.
+    /// Drops the block in `slot` and every block stored under it; their slots are free.
     fn evict(&mut self, slot: u32) {
+        let mut gone = Vec::new();
+        self.evict_into(slot, &mut gone);
+        self.free.extend(gone);
+    }
+
+    /// Drops the block in `slot` and every block stored under it, their slots into `gone`.
+    fn evict_into(&mut self, slot: u32, gone: &mut Vec<u32>) {
         let Some(e) = self.entries[slot as usize].take() else { return };
         self.by_key.remove(&e.key);
         self.lru.remove(&e.used);
@@ -161,9 +230,9 @@ impl PrefixIndex {
             parent.children.retain(|&c| c != slot);
         }
         for c in e.children {
-            self.evict(c);
+            self.evict_into(c, gone);
         }
-        self.free.push(slot);
+        gone.push(slot);
     }
 
     fn touch(&mut self, slot: u32) {
@@ -193,13 +262,29 @@ fn to_key(block: &[i64]) -> [i64; PREFIX_BLOCK] {
 }
 
 /// The pool's entries (each layer `[blocks, n, PREFIX_BLOCK, D]`, the layout of a cache
-/// row) and, on rank 0, its index.
+/// row; `None` when the blocks are a paged cache's own) and, on rank 0, its index.
 pub(super) struct PrefixCache {
-    pool: KvCache,
+    pool: Option<KvCache>,
     /// A speculative cache's: the multi-token-prediction layers' entries of each block,
     /// shifted back by one position (the module's doc).
     mtp: Option<KvCache>,
     index: PrefixIndex,
+}
+
+impl PrefixCache {
+    /// The paged cache's blocks this prefix cache holds (none when it has a pool of its own).
+    pub(super) fn shared_blocks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.index.stored().filter(|_| self.pool.is_none())
+    }
+
+    /// Gives up the least recently used block `in_use` does not hold back, with the blocks
+    /// stored under it: their slots (only when the blocks are a paged cache's own).
+    pub(super) fn evict_unused(&mut self, in_use: impl Fn(u32) -> bool) -> Vec<u32> {
+        if self.pool.is_some() {
+            return Vec::new();
+        }
+        self.index.evict_unused(in_use)
+    }
 }
 
 /// What a sequence's lookup in the prefix cache found: counted by the server's metrics.
@@ -221,7 +306,23 @@ impl SlotCache {
         }
         let pool = model.new_cache(blocks, PREFIX_BLOCK)?;
         let mtp = self.drafts.is_some().then(|| model.new_mtp_cache(blocks, PREFIX_BLOCK)).transpose()?;
-        self.prefix = Some(PrefixCache { pool, mtp, index: PrefixIndex::new(blocks) });
+        self.prefix = Some(PrefixCache { pool: Some(pool), mtp, index: PrefixIndex::new(blocks) });
+        Ok(self)
+    }
+
+    /// This paged cache with a prefix cache whose blocks are the pool's own: a row's whole
+    /// blocks are kept where they lie, a sequence that begins with them lists them in its
+    /// block table (shared, not copied), and the least recently used blocks no row holds
+    /// are given up when rows need blocks. A speculative cache's blocks keep the
+    /// multi-token-prediction layers' entries in a pool of as many blocks (its memory
+    /// checked first).
+    pub fn with_shared_prefix_cache(mut self, model: &dyn CausalLm) -> Result<SlotCache> {
+        let Some(pages) = &self.pages else {
+            return Err(Error::InvalidArgument("a shared prefix cache needs a paged cache (SlotCache::paged)".into()));
+        };
+        let blocks = pages.usable() + 1;
+        let mtp = self.drafts.is_some().then(|| model.new_mtp_cache(blocks, PREFIX_BLOCK)).transpose()?;
+        self.prefix = Some(PrefixCache { pool: None, mtp, index: PrefixIndex::shared(blocks) });
         Ok(self)
     }
 
@@ -244,7 +345,10 @@ impl SlotCache {
 
     /// Blocks the prefix cache holds and has room for (`None`: no prefix cache).
     pub fn prefix_usage(&self) -> Option<(usize, usize)> {
-        self.prefix.as_ref().map(|p| (p.index.held(), p.index.blocks()))
+        self.prefix.as_ref().map(|p| match (&p.pool, &self.pages) {
+            (None, Some(pages)) => (p.index.held(), pages.usable()),
+            _ => (p.index.held(), p.index.blocks()),
+        })
     }
 
     /// Tokens of `tokens` a [`SlotCache::reuse_prefix`] would take from the prefix cache now.
@@ -254,6 +358,26 @@ impl SlotCache {
             None => 0,
         };
         self.reused_positions(blocks)
+    }
+
+    /// Blocks an empty row must take to hold the first `upto` positions of `tokens` after
+    /// [`SlotCache::reuse_prefix`]: none of the blocks it would share with the prefix cache
+    /// (but a speculative row's copy of the last), all of those it would copy (0 when the
+    /// cache is not paged).
+    pub fn blocks_for_prompt(&mut self, tokens: &[i64], upto: usize) -> usize {
+        if self.pages.is_none() {
+            return 0;
+        }
+        let all = upto.div_ceil(PREFIX_BLOCK);
+        let speculative = self.drafts.is_some();
+        match &mut self.prefix {
+            Some(p) if p.pool.is_none() => {
+                let limit = tokens.len().saturating_sub(1).min(self.capacity);
+                let shared = p.index.lookup(tokens, limit, false).len();
+                all.saturating_sub(shared) + usize::from(speculative && shared > 0)
+            }
+            _ => all,
+        }
     }
 
     /// Writes the longest prefix of `tokens` the prefix cache holds (whole blocks, and
@@ -271,7 +395,13 @@ impl SlotCache {
             return Ok(PrefixHit { queried, reused: 0 });
         }
         let payload: Vec<i64> = slots.iter().map(|&s| i64::from(s)).collect();
-        self.check_room(&[(row, slots.len() * PREFIX_BLOCK)])?;
+        if p.pool.is_some() {
+            self.check_room(model, &[(row, slots.len() * PREFIX_BLOCK)])?;
+        } else if self.drafts.is_some() && self.free_blocks(model, 1, &slots).is_err() {
+            // The row writes its last reused position again, into a copy of that block of
+            // its own; without a block for it, it computes its prompt whole.
+            return Ok(PrefixHit { queried, reused: 0 });
+        }
         tell(model, Op::LoadBlocks, row, 0, &payload)?;
         self.load_blocks(row, &payload)?;
         Ok(PrefixHit { queried, reused: self.len(row) })
@@ -289,7 +419,10 @@ impl SlotCache {
         }
         let keep = tokens.len().min(self.storable(row));
         let Some(p) = &mut self.prefix else { return Ok(()) };
-        let new = p.index.insert(&tokens[..keep]);
+        let new = match (&p.pool, &self.pages) {
+            (None, Some(pages)) => p.index.insert_shared(&tokens[..keep], pages.table(row)),
+            _ => p.index.insert(&tokens[..keep]),
+        };
         if new.is_empty() {
             return Ok(());
         }
@@ -300,13 +433,19 @@ impl SlotCache {
         self.store_blocks(row, &payload)
     }
 
-    /// Copies pool blocks `slots` into row `row`'s first positions, in order.
+    /// Copies pool blocks `slots` into row `row`'s first positions, in order; or, when the
+    /// blocks are the paged cache's own, lists them in the row's block table.
     pub(super) fn load_blocks(&mut self, row: usize, slots: &[i64]) -> Result<()> {
         let len = slots.len() * PREFIX_BLOCK;
         if len > self.capacity || row >= self.rows() {
             return Err(Error::InvalidArgument(format!("{len} positions of prefix into row {row}")));
         }
-        self.grow(&[(row, len)])?;
+        let shared = self.prefix.as_ref().is_some_and(|p| p.pool.is_none());
+        if shared {
+            self.share_blocks(row, slots)?;
+        } else {
+            self.grow(&[(row, len)])?;
+        }
         let dest = self.row_slots(row, 0, len);
         let Some(p) = &self.prefix else {
             return Err(Error::Parallel("rank 0 reuses prefix-cache blocks this rank does not have".to_owned()));
@@ -324,11 +463,13 @@ impl SlotCache {
             kv.f_select(0, row_i)?.f_narrow(1, 0, len_i - skip)?.f_copy_(&rows)?;
             Ok(())
         };
-        match &dest {
+        match (&p.pool, &dest) {
+            // The paged cache's own blocks: listed in the row's table above.
+            (None, _) => {}
             // A paged cache: the blocks are copied to the row's own, which it took above.
-            Some(dest) => {
+            (Some(pool), Some(dest)) => {
                 let mut dest = OnDevice::new(dest);
-                for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+                for (pool, kv) in pool.kv.iter().zip(&self.cache.kv) {
                     let dev = pool.device();
                     let picked = pool.f_index_select(0, index.on(dev)?)?; // [m, n, block, D]
                     let s = picked.size();
@@ -336,8 +477,8 @@ impl SlotCache {
                     let _ = kv.f_select(0, 0)?.f_index_copy_(1, dest.on(dev)?, &entries)?;
                 }
             }
-            None => {
-                for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+            (Some(pool), None) => {
+                for (pool, kv) in pool.kv.iter().zip(&self.cache.kv) {
                     load(pool, kv, &mut index, 0)?;
                 }
             }
@@ -351,6 +492,32 @@ impl SlotCache {
             }
             d.clear(row);
             self.lens[row] = len - 1;
+        }
+        Ok(())
+    }
+
+    /// The empty row `row` lists the paged cache's blocks `slots` as its first (shared with
+    /// the prefix cache and other rows). A speculative row writes the last block's last
+    /// position again, so it takes a copy of that block of its own.
+    fn share_blocks(&mut self, row: usize, slots: &[i64]) -> Result<()> {
+        let speculative = self.drafts.is_some();
+        let Some(pages) = &mut self.pages else {
+            return Err(Error::Internal("a shared prefix cache without a paged cache".into()));
+        };
+        let blocks: Vec<u32> = slots.iter().filter_map(|&s| u32::try_from(s).ok()).collect();
+        if blocks.len() != slots.len() || blocks.iter().any(|&b| b == 0 || b as usize > pages.usable()) {
+            return Err(Error::Parallel(format!("rank 0 shares blocks {slots:?} this rank's pool does not have")));
+        }
+        pages.share(row, &blocks);
+        if speculative && let Some(last) = blocks.len().checked_sub(1) {
+            let (from, to) = pages.own(row, last)?;
+            let _guard = tch::no_grad_guard();
+            let page = PREFIX_BLOCK as i64;
+            for kv in &self.cache.kv {
+                let pool = kv.f_select(0, 0)?; // [n, slots, D]
+                let src = pool.f_narrow(1, i64::from(from) * page, page)?;
+                pool.f_narrow(1, i64::from(to) * page, page)?.f_copy_(&src)?;
+            }
         }
         Ok(())
     }
@@ -371,13 +538,26 @@ impl SlotCache {
         // cannot wrap: as in `load_blocks`.
         let (nb, row_i) = (last + 1, row as i64);
         let (mut from, mut to) = (OnDevice::new(blocks), OnDevice::new(slots));
+        let main = match (&p.pool, &mut self.pages) {
+            // The paged cache's own blocks: the prefix cache holds them where they lie.
+            (None, Some(pages)) => {
+                for (&b, &slot) in blocks.iter().zip(slots) {
+                    if pages.table(row).get(b as usize).map(|&t| i64::from(t)) != Some(slot) {
+                        return Err(Error::Parallel(format!("rank 0 keeps block {slot}, not row {row}'s block {b}")));
+                    }
+                    pages.hold(slot as u32); // cannot wrap: checked against the table above
+                }
+                None
+            }
+            (pool, _) => pool.as_ref(),
+        };
         // A paged cache: the pool slots of the blocks' positions.
         let paged: Option<Vec<i64>> = self.pages.is_some().then(|| {
             let rows = blocks.iter().filter_map(|&b| self.row_slots(row, b as usize * PREFIX_BLOCK, PREFIX_BLOCK));
             rows.flatten().collect()
         });
         let mut paged = paged.as_deref().map(OnDevice::new);
-        for (pool, kv) in p.pool.kv.iter().zip(&self.cache.kv) {
+        for (pool, kv) in main.iter().flat_map(|m| m.kv.iter()).zip(&self.cache.kv) {
             let dev = pool.device();
             let picked = match &mut paged {
                 Some(at) => {

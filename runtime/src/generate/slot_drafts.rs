@@ -302,7 +302,7 @@ impl SlotCache {
             return Err(Error::TooLong { what: "a row and its drafts", len: self.lens[r] + t, max: self.capacity });
         }
         let wants: Vec<(usize, usize)> = (0..n).map(|r| (r, self.lens[r] + t)).collect();
-        self.check_room(&wants)?;
+        self.check_room(model, &wants)?;
         tell(model, Op::Verify, n, t, tokens)?;
         self.grow(&wants)?;
         let _guard = tch::no_grad_guard();

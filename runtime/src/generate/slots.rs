@@ -36,6 +36,7 @@ pub(super) enum Op {
     Accept = 12,
     LoadBlocks = 13,
     StoreBlocks = 14,
+    Evict = 15,
 }
 
 /// The rows of a running batch's cache and how many positions each holds.
@@ -171,7 +172,7 @@ impl SlotCache {
         if start + t > self.capacity() {
             return Err(Error::TooLong { what: "the sequence", len: start + t, max: self.capacity() });
         }
-        self.check_room(&[(row, start + t)])?;
+        self.check_room(model, &[(row, start + t)])?;
         tell(model, if every { Op::ExtendScored } else { Op::Extend }, row, 0, ids)?;
         self.grow(&[(row, start + t)])?;
         let _guard = tch::no_grad_guard();
@@ -220,7 +221,7 @@ impl SlotCache {
             return Err(Error::TooLong { what: "a prompt", len: longest, max: self.capacity() });
         }
         let wants: Vec<(usize, usize)> = prompts.iter().enumerate().map(|(i, p)| (first + i, p.len())).collect();
-        self.check_room(&wants)?;
+        self.check_room(model, &wants)?;
         let mut flat = Vec::with_capacity(k * longest);
         for p in prompts {
             check_ids(model, p)?;
@@ -279,7 +280,7 @@ impl SlotCache {
             });
         }
         let wants: Vec<(usize, usize)> = (0..n).map(|r| (r, self.lens[r] + 1)).collect();
-        self.check_room(&wants)?;
+        self.check_room(model, &wants)?;
         tell(model, Op::Decode, 0, 0, tokens)?;
         self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
@@ -390,6 +391,7 @@ impl SlotCache {
                 }
                 x if x == Op::LoadBlocks as i64 => self.load_blocks(a, &payload)?,
                 x if x == Op::StoreBlocks as i64 => self.store_blocks(a, &payload)?,
+                x if x == Op::Evict as i64 => self.evicted(&payload),
                 x if x == Op::Move as i64 => self.move_row(model, a, b)?,
                 x if x == Op::Clear as i64 => self.clear(model, a)?,
                 x if x == Op::Idle as i64 => {}
