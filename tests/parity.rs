@@ -576,6 +576,7 @@ fn a_shared_prefix_is_listed_in_block_tables_not_copied() {
         paged.clear(&model, 0).unwrap();
         paged.clear(&model, 1).unwrap();
         assert_eq!(paged.blocks(), Some((9, 9)), "{}", name(&dir));
+        assert_eq!(paged.usage(), (0, 9 * PAGE), "{}: kept blocks no row holds are not in use", name(&dir));
         let long: Vec<i64> = (0..64).map(|i| (i * 5 + 2) % vocab).collect();
         drop(paged.extend(&model, 0, &long).unwrap());
         assert_eq!(paged.prefix_usage(), Some((2, 9)), "{}", name(&dir));

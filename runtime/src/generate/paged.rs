@@ -234,10 +234,11 @@ impl SlotCache {
         }
     }
 
-    /// Positions the rows hold and can hold: a paged cache counts its blocks.
+    /// Positions the rows hold and can hold: a paged cache counts its blocks (a block only
+    /// the prefix cache keeps counts as free, as it is given up when rows need it).
     pub fn usage(&self) -> (usize, usize) {
         match &self.pages {
-            Some(p) => ((p.usable() - p.free()) * PAGE, p.usable() * PAGE),
+            Some(p) => ((p.usable() - p.free() - self.evictable()) * PAGE, p.usable() * PAGE),
             None => (self.lens.iter().sum(), self.rows() * self.capacity),
         }
     }
