@@ -72,7 +72,7 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Requests decoded together at most (vLLM's --max-num-seqs).
+    /// Requests decoded together at most (what vLLM calls max_num_seqs).
     #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     pub max_batch: usize,
     /// Memory of the KV cache (`512MiB`, `4GiB`): blocks of 16 positions the running
