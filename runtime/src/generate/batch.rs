@@ -131,18 +131,7 @@ impl Batch {
                 let slots = Tensor::f_arange(len, long)?;
                 let (cos, sin) = rope.tables(&self.positions(&slots)?, dtype)?;
                 let mask = if len == 1 && !self.any_pad { None } else { Some(self.mask(&slots, len, dtype)?) };
-                Ok(Step {
-                    start: 0,
-                    len,
-                    cos,
-                    sin,
-                    rot: None,
-                    mask,
-                    slot: None,
-                    rows_at: None,
-                    keep_at: None,
-                    pages: None,
-                })
+                Ok(Step::new(0, len, cos, sin, mask))
             }
             StepKind::Decode { slot } => {
                 let slots = Tensor::f_from_slice(&[slot])?.f_to_device(device)?;
@@ -150,36 +139,14 @@ impl Batch {
                 let (cos, sin, rot) = rope.step_tables(&pos, dtype, rounding)?;
                 // Without padding every key up to the slot is attended to: no mask at all.
                 let mask = if self.any_pad { Some(self.mask(&slots, slot + 1, dtype)?) } else { None };
-                Ok(Step {
-                    start: slot,
-                    len: 1,
-                    cos,
-                    sin,
-                    rot,
-                    mask,
-                    slot: None,
-                    rows_at: None,
-                    keep_at: None,
-                    pages: None,
-                })
+                Ok(Step { rot, ..Step::new(slot, 1, cos, sin, mask) })
             }
             StepKind::Extend { start, len } => {
                 let slots = Tensor::f_arange_start(start, start + len, long)?;
                 let (cos, sin) = rope.tables(&self.positions(&slots)?, dtype)?;
                 let mask =
                     if len == 1 && !self.any_pad { None } else { Some(self.mask(&slots, start + len, dtype)?) };
-                Ok(Step {
-                    start,
-                    len,
-                    cos,
-                    sin,
-                    rot: None,
-                    mask,
-                    slot: None,
-                    rows_at: None,
-                    keep_at: None,
-                    pages: None,
-                })
+                Ok(Step::new(start, len, cos, sin, mask))
             }
             StepKind::Static { slot, host_slot } => {
                 // Reads nothing from the host: a captured graph replays it at later slots.

@@ -130,13 +130,7 @@ impl PrefixIndex {
                 Some(&slot) => slot,
                 None => {
                     let Some(slot) = self.take_slot(start) else { break };
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    self.entries[slot as usize] = Some(Entry { id, key, parent, children: Vec::new(), used: 0 });
-                    self.by_key.insert(key, slot);
-                    if let Some(p) = parent {
-                        self.entry_mut(p).children.push(slot);
-                    }
+                    self.store(slot, key, parent);
                     new.push((i, slot));
                     slot
                 }
@@ -168,13 +162,7 @@ impl PrefixIndex {
                     if self.entries.get(slot as usize).is_none_or(Option::is_some) {
                         break;
                     }
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    self.entries[slot as usize] = Some(Entry { id, key, parent, children: Vec::new(), used: 0 });
-                    self.by_key.insert(key, slot);
-                    if let Some(p) = parent {
-                        self.entry_mut(p).children.push(slot);
-                    }
+                    self.store(slot, key, parent);
                     new.push((i, slot));
                     slot
                 }
@@ -186,6 +174,17 @@ impl PrefixIndex {
             self.touch(slot);
         }
         new
+    }
+
+    /// A new block in `slot` (a free one), under `parent`.
+    fn store(&mut self, slot: u32, key: (u64, [i64; PREFIX_BLOCK]), parent: Option<u32>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.entries[slot as usize] = Some(Entry { id, key, parent, children: Vec::new(), used: 0 });
+        self.by_key.insert(key, slot);
+        if let Some(p) = parent {
+            self.entry_mut(p).children.push(slot);
+        }
     }
 
     /// Drops the least recently used block for which `in_use` is false, with every block

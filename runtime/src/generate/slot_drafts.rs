@@ -135,18 +135,7 @@ impl SlotCache {
             let slots = Tensor::f_arange_start(s, end, (Kind::Int64, dev))?;
             let (cos, sin) = self.rope.tables(&slots.f_unsqueeze(0)?, kind)?;
             let mask = if m == 1 { None } else { Some(self.causal_mask(&slots, end, kind)?) };
-            let step = Step {
-                start: s,
-                len: end - s,
-                cos,
-                sin,
-                rot: None,
-                mask,
-                slot: None,
-                rows_at: None,
-                keep_at: None,
-                pages: None,
-            };
+            let step = Step::new(s, end - s, cos, sin, mask);
             let next = Tensor::f_from_slice(&tokens[1..])?.f_view([1, end - s])?.f_to_device(dev)?;
             let previous = states.as_ref().map(|h| h.f_narrow(0, 0, end - s)?.f_unsqueeze(0)).transpose()?;
             let mut view = self.drafts()?.view(row, 1)?;
@@ -178,18 +167,7 @@ impl SlotCache {
             let slots = Tensor::f_arange(len, (Kind::Int64, dev))?;
             let (cos, sin) = self.rope.tables(&slots.f_unsqueeze(0)?, kind)?;
             let mask = Some(self.causal_mask(&slots, len, kind)?);
-            let step = Step {
-                start: 0,
-                len,
-                cos,
-                sin,
-                rot: None,
-                mask,
-                slot: None,
-                rows_at: None,
-                keep_at: None,
-                pages: None,
-            };
+            let step = Step::new(0, len, cos, sin, mask);
             let mut view = self.drafts()?.view(first, prompts.len())?;
             drop(model.draft(0, &next, hidden, &step, &mut view, true)?);
         }
@@ -379,17 +357,6 @@ impl SlotCache {
             let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
             Some(m.f_unsqueeze(1)?)
         };
-        Ok(Step {
-            start: last,
-            len: t,
-            cos,
-            sin,
-            rot: None,
-            mask,
-            slot: None,
-            rows_at: Some(at),
-            keep_at: None,
-            pages: None,
-        })
+        Ok(Step { rows_at: Some(at), ..Step::new(last, t, cos, sin, mask) })
     }
 }

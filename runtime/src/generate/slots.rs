@@ -184,8 +184,7 @@ impl SlotCache {
         // One new token attends to every key up to it (no mask); several, causally.
         let mask = if t == 1 { None } else { Some(self.causal_mask(&slots, end, kind)?) };
         let pages = self.paged_step(&[row], &[start], t, start + t, dev)?;
-        let step =
-            Step { start: s, len: end - s, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None, pages };
+        let step = Step { pages, ..Step::new(s, end - s, cos, sin, mask) };
         let input = Tensor::f_from_slice(ids)?.f_view([1, end - s])?.f_to_device(dev)?;
         let mut view = self.view(row, 1)?;
         let (logits, hidden) = if self.drafts.is_some() {
@@ -246,7 +245,7 @@ impl SlotCache {
         let keep_at = Some(Tensor::f_from_slice(&last)?.f_to_device(dev)?);
         let rows: Vec<usize> = (first..first + k).collect();
         let pages = self.paged_step(&rows, &vec![0; k], longest, longest, dev)?;
-        let step = Step { start: 0, len, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at, pages };
+        let step = Step { keep_at, pages, ..Step::new(0, len, cos, sin, mask) };
         let ids = Tensor::f_from_slice(&flat)?.f_view([b, len])?.f_to_device(dev)?;
         let mut view = self.view(first, k)?;
         let (logits, hidden) = if self.drafts.is_some() {
@@ -307,8 +306,7 @@ impl SlotCache {
         };
         let rows: Vec<usize> = (0..n).collect();
         let pages = self.paged_step(&rows, &self.lens[..n], 1, last as usize + 1, dev)?; // cannot wrap: a length
-        let step =
-            Step { start: last, len: 1, cos, sin, rot, mask, slot: None, rows_at: Some(at_dev), keep_at: None, pages };
+        let step = Step { rot, rows_at: Some(at_dev), pages, ..Step::new(last, 1, cos, sin, mask) };
         let ids = Tensor::f_from_slice(tokens)?.f_view([n as i64, 1])?.f_to_device(dev)?;
         let mut view = self.view(0, n)?;
         let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;

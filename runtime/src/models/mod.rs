@@ -88,6 +88,15 @@ pub struct Step {
     pub pages: Option<PagedStep>,
 }
 
+impl Step {
+    /// A step of positions `start..start + len` over a cache of whole rows, rotated by
+    /// `cos`/`sin`, under `mask`: no rotation matrices, static slot, ragged rows, kept
+    /// positions or pages (a caller sets those it has with `Step { .., ..Step::new(..) }`).
+    pub fn new(start: i64, len: i64, cos: Tensor, sin: Tensor, mask: Option<Tensor>) -> Step {
+        Step { start, len, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None, pages: None }
+    }
+}
+
 /// Where a step over a paged cache writes and reads. The cache of each layer is then one
 /// pool of fixed-size blocks, `[1, n, slots, D]`, and a row's position p lies at the slot its
 /// block table gives.
