@@ -159,14 +159,17 @@ impl Moe {
         let shape = x.size();
         let h = *shape.last().ok_or_else(|| Error::Internal("an MoE input without dimensions".into()))?;
         let flat = x.f_reshape([-1, h])?;
-        let (chosen, weights) = self.route(&flat, m)?;
-        let out = match self.few_rows(&flat, &chosen, &weights, act)? {
-            Some(out) => out,
-            None => self.routed(&flat, &chosen, &weights, m, act)?,
+        let (out, shared_done) = match self.few_rows(&flat, m, act)? {
+            FewRows::Out { y, shared } => (y, shared),
+            FewRows::Routed(chosen, weights) => (self.routed(&flat, &chosen, &weights, m, act)?, false),
+            FewRows::No => {
+                let (chosen, weights) = self.route(&flat, m)?;
+                (self.routed(&flat, &chosen, &weights, m, act)?, false)
+            }
         };
         let out = match &self.shared {
-            Some(s) => out.f_add(&s.forward(&flat, act)?)?,
-            None => out,
+            Some(s) if !shared_done => out.f_add(&s.forward(&flat, act)?)?,
+            _ => out,
         };
         group.all_reduce_sum(&out)?;
         Ok(out.f_reshape(&shape)?)
@@ -231,130 +234,240 @@ impl Moe {
         combine.finish(&order, n, k, h)
     }
 
-    /// [`Moe::routed`] for decode's few tokens (at most [`FEW_ROWS_MAX_TOKENS`], each chosen
-    /// expert with at most the kernel's row bound, on the CPU, f32 or bf16) through the
-    /// project's kernel: the chosen experts' gate/up products in one hand-off to the
-    /// model's threads, the activation over all their rows at once, their down products in
-    /// a second hand-off, and the weighted rows combined as [`Combine`] combines them. Each
-    /// expert's products and roundings are those of the loop over experts; only the order
-    /// of an expert's rows may differ (the loop's sort is not stable), and with it how the
-    /// kernel groups them, which moves f32 sums by rounding. The libtorch calls and
-    /// hand-offs an expert are gone. `None` where this does not apply (then the loop).
-    fn few_rows(&self, flat: &Tensor, chosen: &Tensor, weights: &Tensor, act: Activation) -> Result<Option<Tensor>> {
+    /// The layer's routed and shared experts for decode's few tokens (at most
+    /// [`FEW_ROWS_MAX_TOKENS`], each chosen expert with at most the kernel's row bound, on
+    /// the CPU, f32 or bf16, SiLU or ReLU) computed here, with the project's kernel for the
+    /// products and no libtorch call between: the routing ([`route_rows`]); the chosen
+    /// experts' gate/up products, with the shared experts' where they are as wide, in one
+    /// hand-off to the model's threads; the activation; their down products in a second
+    /// hand-off; and the weighted rows combined as [`Combine`] combines them. Each product
+    /// and rounding is the loop over experts': in bf16 every result rounded where libtorch
+    /// rounds it; only the order of an expert's rows and of a token's k slots may differ,
+    /// which moves f32 sums by rounding. [`FewRows::Routed`] where the tokens' choice rules
+    /// it out (an expert with more rows than the kernel's bound), [`FewRows::No`] where it
+    /// does not apply at all.
+    fn few_rows(&self, flat: &Tensor, m: &MoeDims, act: Activation) -> Result<FewRows> {
         let kind = flat.kind();
         let (n, h) = flat.size2()?;
-        let Some(first) = self.experts.first() else { return Ok(None) };
-        if flat.device() != Device::Cpu || !matches!(kind, Kind::Float | Kind::BFloat16) || n > FEW_ROWS_MAX_TOKENS {
-            return Ok(None);
+        let Some(first) = self.experts.first() else { return Ok(FewRows::No) };
+        let activation: fn(f32) -> f32 = match act {
+            Activation::Silu => |g| g / (1.0 + (-g).exp()),
+            Activation::Relu => |g| g.max(0.0),
+            Activation::Gelu | Activation::GeluTanh => return Ok(FewRows::No),
+        };
+        if flat.device() != Device::Cpu
+            || !matches!(kind, Kind::Float | Kind::BFloat16)
+            || n > FEW_ROWS_MAX_TOKENS
+            || first.gate_up.few_rows_weights(kind).is_none()
+        {
+            return Ok(FewRows::No);
         }
-        let width = first.width;
-        let chosen = Vec::<i64>::try_from(&chosen.f_reshape([-1])?.f_to_kind(Kind::Int64)?)?;
         // cannot wrap: sizes of allocated tensors.
-        let k = chosen.len() / (n as usize).max(1);
-        let slot_weights = Vec::<f32>::try_from(&weights.f_reshape([-1])?.f_to_kind(Kind::Float)?)?;
+        let (nu, hu, wu, k) = (n as usize, h as usize, first.width as usize, m.per_token);
+        let x = rows_f32(flat)?;
+        let Some((chosen, slot_weights)) = self.route_rows(&x, nu, m)? else { return Ok(FewRows::No) };
         // This rank's (token, slot) pairs by expert, then token.
-        let local = self.first_expert as i64..(self.first_expert + self.experts.len()) as i64;
+        let local = self.first_expert..self.first_expert + self.experts.len();
         let mut slots: Vec<usize> = (0..chosen.len()).filter(|&s| local.contains(&chosen[s])).collect();
         slots.sort_by_key(|&s| (chosen[s], s));
         // Each chosen expert and its run of `slots`.
         let mut runs: Vec<(&ExpertMlp, std::ops::Range<usize>)> = Vec::new();
         for (i, &s) in slots.iter().enumerate() {
-            // cannot wrap: `local` holds the expert.
-            let e = &self.experts[(chosen[s] - local.start) as usize];
+            let e = &self.experts[chosen[s] - local.start];
             match runs.last_mut() {
                 Some((last, r)) if std::ptr::eq(*last, e) => r.end = i + 1,
                 _ => runs.push((e, i..i + 1)),
             }
         }
-        // An expert with more rows than the kernel's bound: its products go through BLAS, in the loop.
-        if runs.iter().any(|(_, r)| r.len() as i64 > crate::cpu::columns::PARALLEL_MAX_ROWS) {
-            return Ok(None);
+        let fits = |e: &ExpertMlp, rows: usize| {
+            e.width == first.width
+                && e.gate_up.shape() == [h, 2 * first.width]
+                && e.down.shape() == [first.width, h]
+                && e.gate_up.few_rows_weights(kind).is_some()
+                && e.down.few_rows_weights(kind).is_some()
+                && rows as i64 <= crate::cpu::columns::PARALLEL_MAX_ROWS
+        };
+        if runs.iter().any(|(e, r)| !fits(e, r.len())) {
+            // An expert with more rows than the kernel's bound: its products go through BLAS, in the loop.
+            let chosen: Vec<i64> = chosen.iter().map(|&e| e as i64).collect(); // cannot wrap: an expert index
+            let chosen = Tensor::f_from_slice(&chosen)?.f_view([n, k as i64])?;
+            let weights = Tensor::f_from_slice(&slot_weights)?.f_view([n, k as i64])?;
+            return Ok(FewRows::Routed(chosen, weights));
         }
-        let (mut gate_ups, mut downs) = (Vec::with_capacity(runs.len()), Vec::with_capacity(runs.len()));
-        for (e, _) in &runs {
-            let (Some(gu), Some(dn)) = (e.gate_up.few_rows_weights(kind), e.down.few_rows_weights(kind)) else {
-                return Ok(None);
-            };
-            if e.width != width || e.gate_up.shape() != [h, 2 * width] || e.down.shape() != [width, h] {
-                return Ok(None);
-            }
-            gate_ups.push(gu);
-            downs.push(dn);
-        }
-        if slots.is_empty() {
-            // No token chose this rank's experts: as the loop, zeros (f32 for f32 slots).
-            return Ok(Some(Tensor::f_zeros([n, h], (kind, Device::Cpu))?));
-        }
-        let pool = &first.gate_up.pool;
-        // cannot wrap: sizes of allocated tensors.
-        let (hu, wu, rows) = (h as usize, width as usize, slots.len());
-        let xf = flat.f_to_kind(Kind::Float)?.f_contiguous()?;
-        // SAFETY: `xf` is a contiguous CPU f32 [n, h] tensor, alive while `x` is read.
-        let x = unsafe { std::slice::from_raw_parts(xf.data_ptr() as *const f32, n as usize * hu) };
+        // The shared experts run with the routed ones where they are as wide, on every token.
+        let shared = self.shared.as_ref().filter(|s| fits(s, nu));
+        let rows = slots.len() + if shared.is_some() { nu } else { 0 };
         let mut gathered = Vec::with_capacity(rows * hu);
         for &s in &slots {
             let t = s / k;
             gathered.extend_from_slice(&x[t * hu..(t + 1) * hu]);
         }
-        let products = |input: &[f32], k: usize, out_n: usize, ws: &[kernel::Weights]| {
-            let y = Tensor::f_empty([rows as i64, out_n as i64], (Kind::Float, Device::Cpu))?;
-            {
-                // SAFETY: `y` is a fresh contiguous CPU f32 [rows, out_n] tensor that
-                // nothing else reads or writes until the products are done.
-                let mut rest = unsafe { std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, rows * out_n) };
-                let mut jobs = Vec::with_capacity(runs.len());
-                for (i, (_, r)) in runs.iter().enumerate() {
-                    let (mine, tail) = rest.split_at_mut(r.len() * out_n);
-                    rest = tail;
-                    let x = &input[r.start * k..r.end * k];
-                    jobs.push(kernel::Job { x, rows: r.len(), k, n: out_n, w: ws[i], y: mine });
-                }
-                kernel::products(&mut jobs, pool)?;
-            }
-            Ok::<_, Error>(y)
+        let mut experts: Vec<(&ExpertMlp, std::ops::Range<usize>)> = runs;
+        if let Some(s) = shared {
+            gathered.extend_from_slice(&x[..nu * hu]);
+            experts.push((s, slots.len()..rows));
+        }
+        let pool = &first.gate_up.pool;
+        // The weights are there: `fits` checked every expert.
+        let weights = |f: fn(&ExpertMlp) -> &Linear| -> Vec<kernel::Weights> {
+            experts.iter().filter_map(|(e, _)| f(e).few_rows_weights(kind)).collect()
         };
-        // The loop's rounding: each product's f32 result rounded once to the model dtype.
-        let in_kind = |t: Tensor| if kind == Kind::Float { Ok(t) } else { t.f_to_kind(kind) };
-        let gu = in_kind(products(&gathered, hu, 2 * wu, &gate_ups)?)?;
-        let mid = act.apply(&gu.f_narrow(-1, 0, width)?)?.f_mul(&gu.f_narrow(-1, width, width)?)?;
-        let midf = mid.f_to_kind(Kind::Float)?.f_contiguous()?;
-        // SAFETY: `midf` is a contiguous CPU f32 [rows, width] tensor, alive while read.
-        let mids = unsafe { std::slice::from_raw_parts(midf.data_ptr() as *const f32, rows * wu) };
-        let down = in_kind(products(mids, wu, hu, &downs)?)?;
-        let w = Tensor::f_from_slice(&slots.iter().map(|&s| slot_weights[s]).collect::<Vec<f32>>())?.f_unsqueeze(-1)?;
-        Ok(Some(if kind == Kind::Float {
-            // As `Combine::Slots`: the weighted rows in (token, slot) order, zeros for other
-            // ranks' experts, summed over each token's k slots.
-            let yw = Tensor::f_cat(&[down.f_mul(&w)?, Tensor::f_zeros([1, h], (Kind::Float, Device::Cpu))?], 0)?;
-            let mut at = vec![rows as i64; chosen.len()];
-            for (i, &s) in slots.iter().enumerate() {
-                at[s] = i as i64; // cannot wrap: a slot count
+        let products = |input: &[f32], k_in: usize, out_n: usize, ws: &[kernel::Weights]| -> Result<Vec<f32>> {
+            let mut y = vec![0f32; rows * out_n];
+            let mut rest = y.as_mut_slice();
+            let mut jobs = Vec::with_capacity(experts.len());
+            for ((_, r), &w) in experts.iter().zip(ws) {
+                let (mine, tail) = rest.split_at_mut(r.len() * out_n);
+                rest = tail;
+                jobs.push(kernel::Job {
+                    x: &input[r.start * k_in..r.end * k_in],
+                    rows: r.len(),
+                    k: k_in,
+                    n: out_n,
+                    w,
+                    y: mine,
+                });
             }
-            yw.f_index_select(0, &Tensor::f_from_slice(&at)?)?.f_view([n, k as i64, h])?.f_sum_dim_intlist(
-                1,
-                false,
-                Kind::Float,
-            )?
-        } else {
+            kernel::products(&mut jobs, pool)?;
+            Ok(y)
+        };
+        let half = kind == Kind::BFloat16;
+        // A product's f32 result as the model dtype holds it (bf16: rounded once).
+        let held = |v: f32| if half { kernel::bf16_value(kernel::bf16_round(v)) } else { v };
+        let gu = products(&gathered, hu, 2 * wu, &weights(|e| &e.gate_up))?;
+        // act(gate) * up, each rounded to the model dtype as libtorch's two operators round.
+        let mut mids = vec![0f32; rows * wu];
+        for (mid, g) in mids.chunks_exact_mut(wu).zip(gu.chunks_exact(2 * wu)) {
+            let (gate, up) = g.split_at(wu);
+            for ((o, &a), &b) in mid.iter_mut().zip(gate).zip(up) {
+                *o = held(held(activation(held(a))) * held(b));
+            }
+        }
+        let down = products(&mids, wu, hu, &weights(|e| &e.down))?;
+        let mut out = vec![0f32; nu * hu];
+        if half {
             // As `Combine::Add`: each weighted row rounded to the model dtype, then added
             // into its token's row in expert order, rounding after each addition.
-            let z = down.f_to_kind(Kind::Float)?.f_mul(&w)?.f_to_kind(kind)?.f_contiguous()?;
-            let out = Tensor::f_zeros([n, h], (kind, Device::Cpu))?;
-            // SAFETY: `z` and `out` are contiguous CPU bf16 tensors of [rows, h] and [n, h]
-            // made here; nothing else reads or writes `out` meanwhile.
-            unsafe {
-                let zs = std::slice::from_raw_parts(z.data_ptr() as *const u16, rows * hu);
-                let os = std::slice::from_raw_parts_mut(out.data_ptr() as *mut u16, n as usize * hu);
-                for (i, &s) in slots.iter().enumerate() {
-                    let t = s / k;
-                    for (o, &v) in os[t * hu..(t + 1) * hu].iter_mut().zip(&zs[i * hu..(i + 1) * hu]) {
-                        *o = kernel::bf16_round(kernel::bf16_value(*o) + kernel::bf16_value(v));
+            for (i, &s) in slots.iter().enumerate() {
+                let (t, w) = (s / k, slot_weights[s]);
+                for (o, &v) in out[t * hu..(t + 1) * hu].iter_mut().zip(&down[i * hu..(i + 1) * hu]) {
+                    *o = held(*o + held(held(v) * w));
+                }
+            }
+        } else {
+            // As `Combine::Slots`: each token's weighted rows summed in slot order, zero for
+            // another rank's experts.
+            let mut at = vec![None; chosen.len()];
+            for (i, &s) in slots.iter().enumerate() {
+                at[s] = Some(i);
+            }
+            for (t, o) in out.chunks_exact_mut(hu).enumerate() {
+                for s in t * k..(t + 1) * k {
+                    if let Some(i) = at[s] {
+                        let w = slot_weights[s];
+                        for (o, &v) in o.iter_mut().zip(&down[i * hu..(i + 1) * hu]) {
+                            *o += v * w;
+                        }
                     }
                 }
             }
-            out
-        }))
+        }
+        if shared.is_some() {
+            // The shared experts' rows, added as `forward` adds their output.
+            for (o, &v) in out.iter_mut().zip(&down[slots.len() * hu..]) {
+                *o = held(*o + held(v));
+            }
+        }
+        let y = Tensor::f_from_slice(&out)?.f_view([n, h])?;
+        let y = if half { y.f_to_kind(kind)? } else { y };
+        Ok(FewRows::Out { y, shared: shared.is_some() })
     }
+
+    /// [`Moe::route`] for `n` tokens' f32 rows `x` (`[n, H]`) computed here: the router's
+    /// product in the project's kernel, the sigmoid scores, the group-limited top k by the
+    /// scores plus the correction bias (ties to the lower expert index), and the chosen
+    /// scores normalized and scaled. Each token's chosen experts (best first) and their
+    /// weights, `n · k` each; `None` where the router is not a contiguous f32 CPU tensor.
+    fn route_rows(&self, x: &[f32], n: usize, m: &MoeDims) -> Result<Option<(Vec<usize>, Vec<f32>)>> {
+        let r = &self.router;
+        let b = &self.correction_bias;
+        let e = m.experts;
+        let plain = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float && t.is_contiguous();
+        if !plain(r) || !plain(b) || r.size() != [e as i64, (x.len() / n.max(1)) as i64] || b.numel() != e {
+            return Ok(None);
+        }
+        let h = x.len() / n.max(1);
+        // SAFETY: contiguous CPU f32 tensors of e x h and e values (checked), alive for the call.
+        let (router, bias) = unsafe {
+            (
+                std::slice::from_raw_parts(r.data_ptr() as *const f32, e * h),
+                std::slice::from_raw_parts(b.data_ptr() as *const f32, e),
+            )
+        };
+        let mut logits = vec![0f32; n * e];
+        kernel::product(x, n, h, e, kernel::Weights::F32(router), None, &mut logits, &self.experts[0].gate_up.pool)?;
+        let k = m.per_token;
+        let (groups, per) = (m.groups.max(1), e / m.groups.max(1));
+        let (mut chosen, mut weights) = (Vec::with_capacity(n * k), Vec::with_capacity(n * k));
+        let mut order: Vec<usize> = Vec::with_capacity(e);
+        for row in logits.chunks_exact(e) {
+            let scores: Vec<f32> = row.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+            let mut choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+            let best = |a: &usize, b: &usize, v: &[f32]| v[*b].total_cmp(&v[*a]).then(a.cmp(b));
+            if groups > 1 {
+                // A group's score is the sum of its two best choices; the topk_group best
+                // groups stay, the others' experts are out.
+                let group_scores: Vec<f32> = choice
+                    .chunks_exact(per)
+                    .map(|g| {
+                        let mut two = g.to_vec();
+                        two.sort_by(|a, b| b.total_cmp(a));
+                        two.iter().take(2).sum()
+                    })
+                    .collect();
+                let mut by_group: Vec<usize> = (0..groups).collect();
+                by_group.sort_by(|a, b| best(a, b, &group_scores));
+                for &g in &by_group[m.topk_group.min(groups)..] {
+                    choice[g * per..(g + 1) * per].fill(f32::NEG_INFINITY);
+                }
+            }
+            order.clear();
+            order.extend(0..e);
+            order.sort_by(|a, b| best(a, b, &choice));
+            let top = &order[..k];
+            let picked: Vec<f32> = top.iter().map(|&c| scores[c]).collect();
+            let sum = if m.norm_topk_prob { picked.iter().sum::<f32>() + 1e-20 } else { 1.0 };
+            chosen.extend_from_slice(top);
+            weights.extend(picked.iter().map(|w| w / sum * m.scaling as f32));
+        }
+        Ok(Some((chosen, weights)))
+    }
+}
+
+/// What [`Moe::few_rows`] did.
+enum FewRows {
+    /// The routed experts' output, with the shared experts' when `shared`.
+    Out { y: Tensor, shared: bool },
+    /// Only the routing: the chosen experts `[N, k]` and their weights.
+    Routed(Tensor, Tensor),
+    /// Nothing: the loop's path.
+    No,
+}
+
+/// `flat`'s rows as f32 values (`[N, H]` of f32 or bf16, on the CPU).
+fn rows_f32(flat: &Tensor) -> Result<Vec<f32>> {
+    let flat = flat.f_contiguous()?;
+    let len = flat.numel();
+    // SAFETY: a contiguous CPU tensor of `len` elements of its kind, alive for the read.
+    Ok(unsafe {
+        match flat.kind() {
+            Kind::BFloat16 => std::slice::from_raw_parts(flat.data_ptr() as *const u16, len)
+                .iter()
+                .map(|&b| kernel::bf16_value(b))
+                .collect(),
+            _ => std::slice::from_raw_parts(flat.data_ptr() as *const f32, len).to_vec(),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -369,75 +482,157 @@ mod tests {
     /// gives the loop over experts' result, in f32 (within 1e-6 of the largest value) and
     /// bf16 (within one rounding of it), whether the tokens are fewer or more than the
     /// kernel's row bound; it steps aside where an expert gets more rows than that bound.
-    #[test]
-    fn kernel_path_equals_the_loop_over_experts() {
-        let _g = tch::no_grad_guard();
-        tch::manual_seed(11);
-        let (h, width, experts, k) = (64i64, 32i64, 8usize, 2usize);
-        let pool = Arc::new(CpuPool::new(2));
-        let dims = MoeDims {
+    /// The experts of a test layer: `experts` of `width` over `h` inputs, and shared
+    /// experts of `shared` width where given, all in the kernel's layout.
+    fn layer(
+        kind: Kind,
+        h: i64,
+        width: i64,
+        experts: usize,
+        shared: Option<i64>,
+        bias: f64,
+        pool: &Arc<CpuPool>,
+    ) -> Moe {
+        let linear = |n: i64, i: i64| {
+            let w = Tensor::randn([n, i], (Kind::Float, Device::Cpu)).f_mul_scalar(0.1).unwrap().to_kind(kind);
+            Linear::new(&w, None, pool, WeightLayout::OutIn, Quantize::None).unwrap()
+        };
+        let mlp = |width: i64| ExpertMlp { gate_up: linear(2 * width, h), down: linear(h, width), width };
+        Moe {
+            // Logits of about one: larger ones saturate the sigmoid into ties at 1.0.
+            router: Tensor::randn([experts as i64, h], (Kind::Float, Device::Cpu)).f_mul_scalar(0.1).unwrap(),
+            correction_bias: Tensor::randn([experts as i64], (Kind::Float, Device::Cpu)).f_mul_scalar(bias).unwrap(),
+            first_expert: 0,
+            experts: (0..experts).map(|_| mlp(width)).collect(),
+            shared: shared.map(mlp),
+            stacked: None,
+        }
+    }
+
+    fn dims(experts: usize, width: i64, k: usize, groups: usize, topk_group: usize) -> MoeDims {
+        MoeDims {
             experts,
             width: width as usize,
             shared_width: 0,
             per_token: k,
-            groups: 1,
-            topk_group: 1,
+            groups,
+            topk_group,
             dense_layers: 0,
             sparse: Vec::new(),
             dense_first: 0,
             norm_topk_prob: true,
-            scaling: 1.0,
+            scaling: 2.5,
             qk_norm: false,
             mtp_layers: 0,
             fused_experts: false,
-        };
-        for kind in [Kind::Float, Kind::BFloat16] {
-            let linear = |n: i64, i: i64| {
-                let w = Tensor::randn([n, i], (Kind::Float, Device::Cpu)).f_mul_scalar(0.1).unwrap().to_kind(kind);
-                Linear::new(&w, None, &pool, WeightLayout::OutIn, Quantize::None).unwrap()
-            };
-            let moe = Moe {
-                router: Tensor::randn([experts as i64, h], (Kind::Float, Device::Cpu)),
-                correction_bias: Tensor::zeros([experts as i64], (Kind::Float, Device::Cpu)),
-                first_expert: 0,
-                experts: (0..experts)
-                    .map(|_| ExpertMlp { gate_up: linear(2 * width, h), down: linear(h, width), width })
-                    .collect(),
-                shared: None,
-                stacked: None,
-            };
+        }
+    }
+
+    /// Each token's chosen experts as a sorted list, from an `[N, k]` tensor.
+    fn choice_sets(chosen: &Tensor) -> Vec<Vec<i64>> {
+        let (n, k) = chosen.size2().unwrap();
+        let flat = Vec::<i64>::try_from(chosen.reshape([-1])).unwrap();
+        (0..n as usize)
+            .map(|t| {
+                let mut c = flat[t * k as usize..(t + 1) * k as usize].to_vec();
+                c.sort_unstable();
+                c
+            })
+            .collect()
+    }
+
+    /// The routing computed here chooses libtorch's experts for every token (with and
+    /// without groups) with the same weights within f32 rounding.
+    #[test]
+    fn routing_rows_here_chooses_as_libtorch() {
+        let _g = tch::no_grad_guard();
+        tch::manual_seed(5);
+        let pool = Arc::new(CpuPool::new(2));
+        for (groups, topk_group) in [(1, 1), (4, 2)] {
+            let d = dims(16, 8, 4, groups, topk_group);
+            let moe = layer(Kind::Float, 64, 8, 16, None, 0.1, &pool);
+            let x = Tensor::randn([9, 64], (Kind::Float, Device::Cpu));
+            let (chosen, weights) = moe.route(&x, &d).unwrap();
+            let (mine, my_weights) = moe.route_rows(&rows_f32(&x).unwrap(), 9, &d).unwrap().unwrap();
+            let mine_t = Tensor::from_slice(&mine.iter().map(|&e| e as i64).collect::<Vec<_>>()).view([9, 4]);
+            assert_eq!(choice_sets(&mine_t), choice_sets(&chosen), "groups {groups}");
+            // Weights by expert: libtorch's in its order, ours in ours.
+            let theirs = Vec::<i64>::try_from(chosen.reshape([-1])).unwrap();
+            let their_w = Vec::<f32>::try_from(weights.reshape([-1])).unwrap();
+            for (i, (&e, &w)) in mine.iter().zip(&my_weights).enumerate() {
+                let t = i / 4;
+                let j = (t * 4..t * 4 + 4).find(|&j| theirs[j] == e as i64).unwrap();
+                assert!(
+                    (w - their_w[j]).abs() <= 1e-6 * their_w[j].abs(),
+                    "token {t} expert {e}: {w} vs {}",
+                    their_w[j]
+                );
+            }
+        }
+    }
+
+    /// The kernel's path over a running batch's tokens (up to [`FEW_ROWS_MAX_TOKENS`])
+    /// gives the loop over experts' result plus the shared experts', in f32 (within 1e-6 of
+    /// the largest value) and bf16 (within one rounding of it), whether the tokens are
+    /// fewer or more than the kernel's row bound, with shared experts as wide as the routed
+    /// ones (run with them, where their rows, every token's, are within the bound) or not; where an expert gets more rows than that bound it gives
+    /// only the routing, and past the token bound nothing.
+    #[test]
+    fn kernel_path_equals_the_loop_over_experts() {
+        let _g = tch::no_grad_guard();
+        tch::manual_seed(11);
+        let (h, width, experts, k) = (64i64, 32i64, 16usize, 2usize);
+        let pool = Arc::new(CpuPool::new(2));
+        let d = dims(experts, width, k, 1, 1);
+        for (kind, shared) in
+            [(Kind::Float, Some(width)), (Kind::BFloat16, Some(width)), (Kind::Float, Some(16)), (Kind::BFloat16, None)]
+        {
+            let moe = layer(kind, h, width, experts, shared, 0.0, &pool);
             if !crate::cpu::few_rows::vectorized() {
                 // No vector kernel on this CPU: f32 and bf16 experts stay in libtorch.
                 let x = Tensor::randn([3, h], (Kind::Float, Device::Cpu)).to_kind(kind);
-                let (chosen, weights) = moe.route(&x, &dims).unwrap();
-                assert!(moe.few_rows(&x, &chosen, &weights, Activation::Silu).unwrap().is_none());
+                assert!(matches!(moe.few_rows(&x, &d, Activation::Silu).unwrap(), FewRows::No));
                 continue;
             }
             let mut above_bound = 0;
             for n in [3i64, 16, 40, 64] {
                 let x = Tensor::randn([n, h], (Kind::Float, Device::Cpu)).to_kind(kind);
-                let (chosen, weights) = moe.route(&x, &dims).unwrap();
+                let (chosen, weights) = moe.route(&x, &d).unwrap();
                 let most = chosen.reshape([-1]).bincount(None::<Tensor>, experts as i64).max().int64_value(&[]);
-                let got = moe.few_rows(&x, &chosen, &weights, Activation::Silu).unwrap();
-                let want = moe.routed(&x, &chosen, &weights, &dims, Activation::Silu).unwrap();
-                match got {
-                    Some(got) => {
+                let mut want = moe.routed(&x, &chosen, &weights, &d, Activation::Silu).unwrap();
+                if let Some(s) = &moe.shared {
+                    want = want.f_add(&s.forward(&x, Activation::Silu).unwrap()).unwrap();
+                }
+                match moe.few_rows(&x, &d, Activation::Silu).unwrap() {
+                    FewRows::Out { y, shared: with_shared } => {
+                        let together = shared == Some(width) && n <= crate::cpu::columns::PARALLEL_MAX_ROWS;
+                        assert_eq!(with_shared, together, "{kind:?} {n}: shared experts of {shared:?}");
+                        let got = if with_shared {
+                            y
+                        } else if let Some(s) = &moe.shared {
+                            y.f_add(&s.forward(&x, Activation::Silu).unwrap()).unwrap()
+                        } else {
+                            y
+                        };
                         above_bound += usize::from(n > crate::cpu::columns::PARALLEL_MAX_ROWS);
                         assert!(most <= crate::cpu::columns::PARALLEL_MAX_ROWS, "{kind:?} {n}: {most} rows an expert");
                         let (got, want) = (got.to_kind(Kind::Float), want.to_kind(Kind::Float));
                         let largest = want.abs().max().double_value(&[]);
-                        let d = (&got - &want).abs().max().double_value(&[]) / largest;
+                        let diff = (&got - &want).abs().max().double_value(&[]) / largest;
                         let tol = if kind == Kind::Float { 1e-6 } else { 1.0 / 128.0 };
-                        assert!(d <= tol, "{kind:?} {n} tokens: {d} of the largest value from the loop's");
+                        assert!(diff <= tol, "{kind:?} {n} tokens: {diff} of the largest value from the loop's");
                     }
-                    None => assert!(most > crate::cpu::columns::PARALLEL_MAX_ROWS, "{kind:?} {n}: not taken"),
+                    FewRows::Routed(mine, _) => {
+                        assert!(most > crate::cpu::columns::PARALLEL_MAX_ROWS, "{kind:?} {n}: not taken");
+                        assert_eq!(choice_sets(&mine), choice_sets(&chosen));
+                    }
+                    FewRows::No => panic!("{kind:?} {n}: the kernel's path refused"),
                 }
             }
             assert!(above_bound > 0, "{kind:?}: no batch above the kernel's row bound took the kernel");
             // More tokens than the bound: the loop.
             let x = Tensor::randn([FEW_ROWS_MAX_TOKENS + 1, h], (Kind::Float, Device::Cpu)).to_kind(kind);
-            let (chosen, weights) = moe.route(&x, &dims).unwrap();
-            assert!(moe.few_rows(&x, &chosen, &weights, Activation::Silu).unwrap().is_none());
+            assert!(matches!(moe.few_rows(&x, &d, Activation::Silu).unwrap(), FewRows::No));
         }
     }
 }

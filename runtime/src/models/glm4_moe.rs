@@ -68,20 +68,21 @@ fn experts(cx: &Loader, src: &mut dyn WeightSource, m: &MoeDims, p: &str) -> Res
     for e in local.clone() {
         let (gate_up, down) = if m.fused_experts {
             let (gu, dn) = expert_from_fused(cx, src, p, e, m.width, cols.clone())?;
-            (cx.linear(&gu, None)?, cx.linear(&dn, None)?)
+            (cx.linear_as(&gu, None, cx.expert_layout)?, cx.linear_as(&dn, None, cx.expert_layout)?)
         } else {
-            cx.gated(src, &format!("{p}.mlp.experts.{e}."), cols.clone())?
+            cx.gated_as(src, &format!("{p}.mlp.experts.{e}."), cols.clone(), cx.expert_layout)?
         };
         experts.push(ExpertMlp { gate_up, down, width: w as i64 });
     }
     let shared = if m.shared_width > 0 {
         let sw = plan.shared_width_per_shard;
-        let (gate_up, down) = cx.gated(src, &format!("{p}.mlp.shared_experts."), s * sw..(s + 1) * sw)?;
+        let (gate_up, down) =
+            cx.gated_as(src, &format!("{p}.mlp.shared_experts."), s * sw..(s + 1) * sw, cx.expert_layout)?;
         Some(ExpertMlp { gate_up, down, width: sw as i64 })
     } else {
         None
     };
-    let stacked = stack_experts(&mut experts, cx.kind, cx.layout, cx.dev)?;
+    let stacked = stack_experts(&mut experts, cx.kind, cx.expert_layout, cx.dev)?;
     Ok(Ffn::Moe(Moe { router, correction_bias, first_expert: local.start, experts, shared, stacked }))
 }
 

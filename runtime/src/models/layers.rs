@@ -622,6 +622,8 @@ pub(crate) struct Loader<'a> {
     pub kind: Kind,
     pub dev: Device,
     pub layout: WeightLayout,
+    /// The layout of the experts' projections ([`WeightLayout::resolve_experts`]).
+    pub expert_layout: WeightLayout,
     /// The model's CPU threads, shared by every projection.
     pub pool: std::sync::Arc<crate::cpu::CpuPool>,
     pub quantize: Quantize,
@@ -639,13 +641,13 @@ impl<'a> Loader<'a> {
         shard: usize,
         kind: Kind,
         dev: Device,
-        layout: WeightLayout,
+        (layout, expert_layout): (WeightLayout, WeightLayout),
         pool: std::sync::Arc<crate::cpu::CpuPool>,
         quantize: Quantize,
     ) -> Loader<'a> {
         let mtp = (0..dims.mtp_layers()).flat_map(|k| dims.mtp_shapes(k));
         let shapes = dims.weight_shapes().into_iter().chain(mtp).collect();
-        Loader { dims, plan, shard, kind, dev, layout, pool, quantize, codes_as_weights: false, shapes }
+        Loader { dims, plan, shard, kind, dev, layout, expert_layout, pool, quantize, codes_as_weights: false, shapes }
     }
 
     /// The checkpoint shape of `name`, by the family's description of its tensors
@@ -677,11 +679,16 @@ impl<'a> Loader<'a> {
 
     /// A projection of weight `w` (`[out, in]`) and bias `b`, laid out and stored as the model's.
     pub fn linear(&self, w: &Tensor, b: Option<Tensor>) -> Result<Linear> {
+        self.linear_as(w, b, self.layout)
+    }
+
+    /// [`Loader::linear`] in `layout`.
+    pub fn linear_as(&self, w: &Tensor, b: Option<Tensor>, layout: WeightLayout) -> Result<Linear> {
         if self.codes_as_weights && self.quantize != Quantize::None {
             let w = self.quantize.pack(w)?.dequantized(self.kind)?;
-            return Linear::new(&w, b, &self.pool, self.layout, Quantize::None);
+            return Linear::new(&w, b, &self.pool, layout, Quantize::None);
         }
-        Linear::new(w, b, &self.pool, self.layout, self.quantize)
+        Linear::new(w, b, &self.pool, layout, self.quantize)
     }
 
     /// The attention of layer prefix `p` (`model.layers.N`): this rank's heads of q_proj,
@@ -868,12 +875,23 @@ impl<'a> Loader<'a> {
     /// `{prefix}up_proj.weight`, as one projection, and `{prefix}down_proj.weight`'s
     /// matching columns.
     pub fn gated(&self, src: &mut dyn WeightSource, prefix: &str, cols: Range<usize>) -> Result<(Linear, Linear)> {
+        self.gated_as(src, prefix, cols, self.layout)
+    }
+
+    /// [`Loader::gated`] in `layout`.
+    pub fn gated_as(
+        &self,
+        src: &mut dyn WeightSource,
+        prefix: &str,
+        cols: Range<usize>,
+        layout: WeightLayout,
+    ) -> Result<(Linear, Linear)> {
         let gate = self.rows(src, &format!("{prefix}gate_proj.weight"), (cols.start, cols.len()))?;
         let up = self.rows(src, &format!("{prefix}up_proj.weight"), (cols.start, cols.len()))?;
-        let gate_up = self.linear(&Tensor::f_cat(&[gate, up], 0)?, None)?;
+        let gate_up = self.linear_as(&Tensor::f_cat(&[gate, up], 0)?, None, layout)?;
         let down =
             self.whole(src, &format!("{prefix}down_proj.weight"))?.f_narrow(1, cols.start as i64, cols.len() as i64)?;
-        Ok((gate_up, self.linear(&down, None)?))
+        Ok((gate_up, self.linear_as(&down, None, layout)?))
     }
 
     /// A dense MLP of this rank's intermediate channels.

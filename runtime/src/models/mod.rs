@@ -515,6 +515,7 @@ impl Glm {
         }
         let (kind, dev) = (opts.dtype.kind(), opts.device);
         let layout = opts.weight_layout.resolve(opts.dtype, dev);
+        let expert_layout = opts.weight_layout.resolve_experts(opts.dtype, dev);
         if opts.quantize != Quantize::None && dev != Device::Cpu {
             return Err(Error::InvalidArgument(format!(
                 "--quantize {} runs on the CPU (libtorch's int8 product); this model is placed on {dev:?}",
@@ -527,7 +528,7 @@ impl Glm {
             None => crate::cpu::CpuPool::torch_threads(),
         });
         #[cfg_attr(not(feature = "test-hooks"), allow(unused_mut))]
-        let mut cx = Loader::new(&dims, &plan, s, kind, dev, layout, pool.clone(), opts.quantize);
+        let mut cx = Loader::new(&dims, &plan, s, kind, dev, (layout, expert_layout), pool.clone(), opts.quantize);
         #[cfg(feature = "test-hooks")]
         {
             cx.codes_as_weights = opts.codes_as_weights;

@@ -276,6 +276,19 @@ impl WeightLayout {
             layout => layout,
         }
     }
+
+    /// `Auto` made concrete for a mixture of experts' weights (routed and shared): `OutIn`
+    /// on a CPU where the project's kernel is vectorized, whatever the dtype. An expert's
+    /// weights are small: the kernel runs a decode step's chosen experts in one hand-off to
+    /// the model's threads, where BLAS would run each on the calling thread, and prefill's
+    /// grouped product reads the same stacks (moe-4-layer f32 decode on an AVX2 CPU,
+    /// docs/results/2026-12-07.md). Otherwise as [`WeightLayout::resolve`].
+    pub fn resolve_experts(self, dtype: DType, device: Device) -> WeightLayout {
+        match self {
+            WeightLayout::Auto if device == Device::Cpu && kernel::vectorized() => WeightLayout::OutIn,
+            layout => layout.resolve(dtype, device),
+        }
+    }
 }
 
 named_choices!(WeightLayout, "weight layout", [("auto", Auto), ("in-out", InOut), ("out-in", OutIn)]);
