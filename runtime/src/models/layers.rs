@@ -358,13 +358,24 @@ impl LatentAttention {
         // Expanded: each head's keys and values from the cached latents.
         let latents = cached.f_narrow(3, 0, lora)?; // [B, 1, S, L]
         let s = latents.size()[2]; // cannot fire: 4 dimensions
-        let k_nope = latents.f_matmul(&self.w_k.f_transpose(1, 2)?.f_unsqueeze(0)?)?; // [B, n, S, nope]
-        let values = latents.f_matmul(&self.w_v.f_unsqueeze(0)?)?; // [B, n, S, v]
+        let k_nope = half_product(&latents, &self.w_k.f_transpose(1, 2)?.f_unsqueeze(0)?)?; // [B, n, S, nope]
+        let values = half_product(&latents, &self.w_v.f_unsqueeze(0)?)?; // [B, n, S, v]
         let k_rope = cached.f_narrow(3, lora, rope)?.f_expand([b, n, s, rope], false)?;
         let keys = Tensor::f_cat(&[k_nope, k_rope], -1)?;
         let o = attend(&q.f_transpose(1, 2)?, &keys, &values)?; // [B, n, T, v]
         Ok(o.f_transpose(1, 2)?.f_reshape([b, t, n * v])?)
     }
+}
+
+/// `a @ b`; in bf16 on a CPU whose half-precision products libtorch emulates
+/// ([`crate::nn::linear::half_gemm_is_emulated`]), through f32 and rounded once, as the
+/// bf16 product rounds its f32 sums once (the sums in another order).
+fn half_product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let kind = a.kind();
+    if kind == Kind::BFloat16 && a.device() == Device::Cpu && crate::nn::linear::half_gemm_is_emulated() {
+        return Ok(a.f_to_kind(Kind::Float)?.f_matmul(&b.f_to_kind(Kind::Float)?)?.f_to_kind(kind)?);
+    }
+    Ok(a.f_matmul(b)?)
 }
 
 impl LatentAttention {

@@ -37,7 +37,7 @@ pub enum Weight {
 /// Whether libtorch's half-precision matrix products on this CPU are emulated (no AVX-512
 /// BF16, which every CPU with AMX has too): they then run far below f32's (docs/PERFORMANCE.md), and products with
 /// many rows of a bf16 weight go through f32 instead.
-fn half_gemm_is_emulated() -> bool {
+pub(crate) fn half_gemm_is_emulated() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         !std::arch::is_x86_feature_detected!("avx512bf16")
