@@ -304,7 +304,7 @@ impl LatentAttention {
             let at = paged_attention::PagedKeys { slots, keys: (step.start + 1) as usize, lens }; // cannot wrap: a length
             let entries = paged_attention::Entries::Latent { key: (lora + rope) as usize, value: lora as usize };
             let o = paged_attention::attend(&query, cache, entries, m.scale, &at, &self.a.pool)?; // [B, n·L]
-            let o = o.f_view([b, n, lora])?.f_transpose(0, 1)?.f_bmm(&self.w_v)?; // [n, B, v]
+            let o = half_product(&o.f_view([b, n, lora])?.f_transpose(0, 1)?, &self.w_v)?; // [n, B, v]
             return Ok(o.f_transpose(0, 1)?.f_reshape([b, 1, n * v])?);
         }
         let cached = write_cache(cache, &entry, step)?; // [B, 1, S, L + R (+ index)]
@@ -352,7 +352,7 @@ impl LatentAttention {
             // weighted sum of latents; the heads are query rows against one latent "head".
             let query = self.absorbed_query(&q, &q_rot, m)?.f_unsqueeze(1)?; // [B, 1, n, L + R]
             let o = attend(&query, &cached, &cached.f_narrow(3, 0, lora)?)?; // [B, 1, n, L]
-            let o = o.f_view([b, n, lora])?.f_transpose(0, 1)?.f_bmm(&self.w_v)?; // [n, B, v]
+            let o = half_product(&o.f_view([b, n, lora])?.f_transpose(0, 1)?, &self.w_v)?; // [n, B, v]
             return Ok(o.f_transpose(0, 1)?.f_reshape([b, 1, n * v])?);
         }
         // Expanded: each head's keys and values from the cached latents.
@@ -385,7 +385,7 @@ impl LatentAttention {
     fn absorbed_query(&self, q: &Tensor, q_rot: &Tensor, m: &MlaDims) -> Result<Tensor> {
         let (b, n, nope, rope) = (q.size()[0], self.heads, m.nope as i64, m.rope as i64); // cannot fire: 4 dimensions
         let q_nope = q.f_narrow(3, 0, nope)?;
-        let q_lat = q_nope.f_view([b, n, nope])?.f_transpose(0, 1)?.f_bmm(&self.w_k)?.f_transpose(0, 1)?; // [B, n, L]
+        let q_lat = half_product(&q_nope.f_view([b, n, nope])?.f_transpose(0, 1)?, &self.w_k)?.f_transpose(0, 1)?; // [B, n, L]
         Ok(Tensor::f_cat(&[q_lat, q_rot.f_view([b, n, rope])?], -1)?)
     }
 }
