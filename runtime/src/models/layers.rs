@@ -595,6 +595,28 @@ impl Attention {
             return Ok(o.f_view([b, 1, hl * d])?);
         }
         let written = write_cache(kv_cache, &kv, step)?;
+        if t == 1
+            && b == 1
+            && step.mask.is_none()
+            && step.slot.is_none()
+            && step.rows_at.is_none()
+            && kv_cache.kind() == Kind::Float
+            && paged_attention::supports(kv_cache.kind(), kv_cache.device())
+            && kv_cache.size()[0] == 1
+            && kv_cache.is_contiguous()
+        {
+            // One f32 row's token over its whole-row cache ([1, 2 · kv, capacity, D], a pool
+            // whose slots are the positions): read in place by the paged kernel, where
+            // libtorch's attention packs every key for its products each layer and step.
+            let keys = (step.start + 1) as usize; // cannot wrap: a length
+            let slots: Vec<i64> = (0..keys as i64).collect();
+            let at = paged_attention::PagedKeys { slots: &slots, keys, lens: &[keys] };
+            let entries = paged_attention::Entries::Heads { kv: kvl as usize };
+            let scale = (d as f64).powf(-0.5);
+            let q = q.f_reshape([b, hl, d])?;
+            let o = paged_attention::attend(&q, kv_cache, entries, scale, &at, &self.qkv.linear.pool)?;
+            return Ok(o.f_view([b, 1, hl * d])?);
+        }
         let [keys, values] = array(written.f_split(kvl, 1)?)?;
         // Grouped-query attention without copying kv heads: the g query heads of each kv
         // head become g*t query rows against that head's keys.
