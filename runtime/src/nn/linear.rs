@@ -34,6 +34,12 @@ pub enum Weight {
     Quantized(Packed),
 }
 
+/// Rows up to which a bf16 product stays in the project's kernel where libtorch's
+/// half-precision products are emulated, instead of widening the weight to f32 for BLAS on
+/// every call: a running batch of a few dozen decode rows (the kernel reads each channel's
+/// weights once for all rows). Measured in bf16 on an AVX2 CPU (docs/results/2026-12-07.md).
+const EMULATED_HALF_KERNEL_MAX_ROWS: i64 = 64;
+
 /// Whether libtorch's half-precision matrix products on this CPU are emulated (no AVX-512
 /// BF16, which every CPU with AMX has too): they then run far below f32's (docs/PERFORMANCE.md), and products with
 /// many rows of a bf16 weight go through f32 instead.
@@ -181,8 +187,9 @@ impl Linear {
         }
         let rows = x.f_reshape([-1, inputs])?;
         let n = rows.size2()?.0;
-        if n > KERNEL_MAX_ROWS {
-            if kind != Kind::BFloat16 || !half_gemm_is_emulated() {
+        let emulated_half = kind == Kind::BFloat16 && half_gemm_is_emulated();
+        if n > KERNEL_MAX_ROWS && !(emulated_half && n <= EMULATED_HALF_KERNEL_MAX_ROWS) {
+            if !emulated_half {
                 return Ok(None);
             }
             let wf = w.f_to_kind(Kind::Float)?; // [in, out], the same strides
