@@ -299,3 +299,32 @@ impl WeightLayout {
 }
 
 named_choices!(WeightLayout, "weight layout", [("auto", Auto), ("in-out", InOut), ("out-in", OutIn)]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bf16 projection in the stored layout gives, for one row up to the rows of a prompt
+    /// (the kernel's few rows, the running batch's rows it keeps where bf16 products are
+    /// emulated, and BLAS past them), the f32 product of its bf16 operands rounded once:
+    /// within one bf16 step of it.
+    #[test]
+    fn bf16_products_of_every_row_count_round_the_f32_product_once() {
+        let _g = tch::no_grad_guard();
+        tch::manual_seed(8);
+        let pool = Arc::new(CpuPool::new(2));
+        let (inputs, outputs) = (96, 300);
+        let w = Tensor::randn([outputs, inputs], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        let b = Tensor::randn([outputs], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        let linear = Linear::new(&w, Some(b.copy()), &pool, WeightLayout::OutIn, Quantize::None).unwrap();
+        for rows in [1, 16, 17, 40, EMULATED_HALF_KERNEL_MAX_ROWS, EMULATED_HALF_KERNEL_MAX_ROWS + 1, 200] {
+            let x = Tensor::randn([rows, inputs], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+            let got = linear.forward(&x).unwrap();
+            assert_eq!(got.kind(), Kind::BFloat16);
+            let want = x.to_kind(Kind::Float).matmul(&w.to_kind(Kind::Float).tr()) + b.to_kind(Kind::Float);
+            // One bf16 step at each value's magnitude (2^-7 of it, rounding included).
+            let d = (got.to_kind(Kind::Float) - &want).abs() - want.abs() * (1.0 / 128.0) - 1e-6;
+            assert!(d.max().double_value(&[]) <= 0.0, "{rows} rows");
+        }
+    }
+}
