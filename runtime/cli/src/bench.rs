@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use headcount_runtime::bench::{BenchOptions, BenchReport, bench};
-use headcount_runtime::{Error, Generator, Glm, Result};
+use headcount_runtime::{Error, Generator, Glm, LoadOptions, Result};
 
 use crate::args::BenchArgs;
 use crate::ranks::join;
@@ -43,7 +43,7 @@ pub fn load(b: &BenchArgs, quiet: bool) -> Result<Glm> {
         return Err(Error::InvalidArgument("--batch, --prompt-len and --repeat must be at least 1".to_owned()));
     }
     let parallel = join(&r.parallel)?;
-    let opts = crate::generate::load_options(r, &parallel, quiet)?;
+    let opts = LoadOptions { decode_rows: b.batch, ..crate::generate::load_options(r, &parallel, quiet)? };
     match (&b.model, &b.config) {
         (Some(dir), _) => Glm::load_rank(dir, &opts, parallel),
         (None, Some(path)) => Glm::random_rank(&b.config_file(path)?, &opts, parallel, 0),

@@ -13,9 +13,10 @@ use crate::args::{LogitsArgs, RunArgs, RuntimeArgs};
 use crate::ranks::{join, rank_device};
 
 /// Loads this rank's part of the checkpoint in `dir` with `r`'s options.
-pub fn load(dir: &Path, r: &RuntimeArgs, quiet: bool) -> Result<Glm> {
+/// `rows`: the rows its decode steps carry at most (`LoadOptions::decode_rows`).
+pub fn load(dir: &Path, r: &RuntimeArgs, rows: usize, quiet: bool) -> Result<Glm> {
     let parallel = join(&r.parallel)?;
-    let opts = load_options(r, &parallel, quiet)?;
+    let opts = LoadOptions { decode_rows: rows, ..load_options(r, &parallel, quiet)? };
     Glm::load_rank(dir, &opts, parallel)
 }
 
@@ -48,7 +49,7 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
             a.model.display()
         )));
     }
-    let model = load(&a.model, &a.runtime, quiet)?;
+    let model = load(&a.model, &a.runtime, 1, quiet)?;
     let ids = match (&a.prompt, &a.ids, &codec) {
         (Some(text), _, Some(codec)) => codec.encode(text)?,
         (_, Some(ids), _) => ids.clone(),
@@ -165,7 +166,7 @@ pub fn write_logits(a: &LogitsArgs, quiet: bool) -> Result<ExitCode> {
     // Rank 0 writes the file; the others compute their part.
     let writes = RankEnv::from_env()?.is_none_or(|env| env.rank == 0);
     let partial = if writes { Some(partial_beside(out)?) } else { None };
-    let model = load(&a.model, &a.runtime, quiet)?;
+    let model = load(&a.model, &a.runtime, 1, quiet)?;
     model.parallel.agree("job", &[("logits of", format!("{ids:?}"))])?;
     let l = logits(&model, ids)?.f_to_device(tch::Device::Cpu)?;
     let Some(partial) = partial else { return Ok(ExitCode::SUCCESS) };

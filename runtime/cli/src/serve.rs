@@ -8,7 +8,7 @@ use headcount_serve::{ServeError, ServeOptions};
 use crate::args::ServeArgs;
 
 pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
-    let model = crate::generate::load(&a.model, &a.runtime, quiet)?;
+    let model = crate::generate::load(&a.model, &a.runtime, a.max_batch, quiet)?;
     let opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,

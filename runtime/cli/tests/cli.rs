@@ -303,6 +303,13 @@ fn bench_traces_and_compares_weight_layouts() {
         let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
         assert_eq!(v["weight_layout"], layout, "{dtype}");
     }
+    // Steps of several rows keep f32 weights for the kernel wherever it is vectorized (BLAS
+    // repacks a weight for every product of a few rows).
+    let several = if headcount_runtime::cpu::few_rows::vectorized() { "out-in" } else { "in-out" };
+    let o = headcount(&[&common[..], &["--batch", "4"]].concat());
+    expect(&o, 0, "decode_tokens_per_s");
+    let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    assert_eq!(v["weight_layout"], several, "f32 at batch 4");
     // A Chrome trace of the profiled generation: its products and attention are in it.
     let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
     let names: Vec<&str> = t["traceEvents"].as_array().unwrap().iter().filter_map(|e| e["name"].as_str()).collect();

@@ -332,6 +332,9 @@ pub struct LoadOptions {
     pub cpu_threads: Option<usize>,
     /// How projection weights are laid out in memory (see [`WeightLayout`]).
     pub weight_layout: WeightLayout,
+    /// The rows a decode step carries at most (a server's running batch; 1 for one
+    /// stream), which [`WeightLayout::Auto`] weighs ([`WeightLayout::resolve_rows`]).
+    pub decode_rows: usize,
     /// Where half-precision results are rounded (see [`Rounding`]).
     pub rounding: Rounding,
     /// glm4_moe: groups of the tensor-parallel ranks that hold whole experts (1: every rank
@@ -361,6 +364,7 @@ impl Default for LoadOptions {
             progress_above_bytes: Some(200 << 20),
             cpu_threads: None,
             weight_layout: WeightLayout::Auto,
+            decode_rows: 1,
             rounding: Rounding::Transformers,
             expert_parallel: 1,
             quantize: Quantize::None,
@@ -514,7 +518,7 @@ impl Glm {
             check_ranks_memory(|| "the weights".to_owned(), need, parallel.local_size, opts.dtype, advice)?;
         }
         let (kind, dev) = (opts.dtype.kind(), opts.device);
-        let layout = opts.weight_layout.resolve(opts.dtype, dev);
+        let layout = opts.weight_layout.resolve_rows(opts.dtype, dev, opts.decode_rows);
         let expert_layout = opts.weight_layout.resolve_experts(opts.dtype, dev);
         if opts.quantize != Quantize::None && dev != Device::Cpu {
             return Err(Error::InvalidArgument(format!(

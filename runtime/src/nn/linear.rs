@@ -284,6 +284,19 @@ impl WeightLayout {
         }
     }
 
+    /// [`WeightLayout::resolve`] for a model whose decode steps carry up to `rows` rows:
+    /// f32 weights where BLAS reads them faster for one row (AVX2 CPUs) are kept for the
+    /// kernel all the same when steps carry several rows, as a server's do. There BLAS
+    /// repacks the whole weight for every product of a few rows, and the kernel reads each
+    /// channel once for all of them: 12-layer f32 decode at batch 8 on an AVX2 CPU 166
+    /// against 86 tokens/s, at batch 1 36 against 43 (docs/results/2026-12-07.md).
+    pub fn resolve_rows(self, dtype: DType, device: Device, rows: usize) -> WeightLayout {
+        match self {
+            WeightLayout::Auto if device == Device::Cpu && rows > 1 && kernel::vectorized() => WeightLayout::OutIn,
+            layout => layout.resolve(dtype, device),
+        }
+    }
+
     /// `Auto` made concrete for a mixture of experts' weights (routed and shared): `OutIn`
     /// on a CPU where the project's kernel is vectorized, whatever the dtype. An expert's
     /// weights are small: the kernel runs a decode step's chosen experts in one hand-off to
