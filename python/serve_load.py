@@ -19,8 +19,8 @@ engine `headcount-speculative` serves it with --speculative-tokens, and its rows
 of drafts accepted (from /metrics). The bytes shape is tests/fixtures/glm-bytes (a random
 model with a byte-level tokenizer); with --json-schema every request asks for an answer that
 follows a small JSON schema (structured output), so a run with and one without it compare
-constrained with unconstrained throughput. With --shared-prefix N (the 4-layer shape), every
-prompt begins with the same N tokens (a system prompt), and the engine
+constrained with unconstrained throughput. With --shared-prefix N (the 4-layer shape and the
+llama.cpp peer's shapes), every prompt begins with the same N tokens (a system prompt), and the engine
 `headcount-no-prefix-cache` is headcount serve with --no-enable-prefix-caching, to compare
 with its prefix cache. --kv-cache-memory passes the same flag to headcount serve (the
 paged KV cache's memory), and each headcount row adds the server's peak resident memory.
@@ -245,8 +245,9 @@ def main() -> None:
         sys.exit(f"llama-server serves the shapes {', '.join(PEER_SHAPES)}, not {a.shape}")
     if a.quantize and a.dtype != "f32":
         sys.exit("--quantize runs on f32 activations: leave --dtype at f32")
-    if a.shared_prefix and a.shape != "4-layer":
-        sys.exit("--shared-prefix needs --shape 4-layer (the demo's context is 64 positions)")
+    if a.shared_prefix and a.shape != "4-layer" and a.shape not in PEER_SHAPES:
+        sys.exit(f"--shared-prefix needs --shape 4-layer or one of {', '.join(PEER_SHAPES)}"
+                 " (the demo's context is 64 positions)")
     global CONSTRAINED
     CONSTRAINED = a.json_schema
     levels = [int(c) for c in a.concurrency.split(",")]
@@ -274,7 +275,7 @@ def main() -> None:
     for engine in engines:
         port = free_port()
         p = start(engine, model, port, a.threads, max(levels), a.speculative_tokens, a.dtype, a.quantize, gguf,
-                  a.prompt_len + a.max_tokens + 16, a.kv_cache_memory)
+                  a.shared_prefix + a.prompt_len + a.max_tokens + 16, a.kv_cache_memory)
         try:
             warm = prompts(a.shape, 8, a.prompt_len, a.shared_prefix, salt=1)
             level(port, name, warm, 4, a.max_tokens)
