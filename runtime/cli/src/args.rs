@@ -119,6 +119,10 @@ pub struct ServeArgs {
     /// keeps the KV cache's own blocks, shared by the requests that begin with them].
     #[arg(long, value_name = "SIZE", value_parser = bytes)]
     pub prefix_cache_memory: Option<u64>,
+    /// Finished responses of the Responses API kept for previous_response_id and
+    /// GET /v1/responses/{id}, least recently used out (0: none kept).
+    #[arg(long, value_name = "N", default_value_t = headcount_serve::openai_responses::DEFAULT_STORE)]
+    pub responses_store: usize,
     /// --model as given (before a repo id is resolved to its folder).
     #[arg(skip)]
     pub model_name: String,

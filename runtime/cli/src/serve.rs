@@ -29,6 +29,7 @@ pub fn run(a: &ServeArgs, quiet: bool) -> Result<ExitCode> {
             headcount_serve::PrefixCaching::On
         },
         prefix_cache_memory: a.prefix_cache_memory,
+        responses_store: a.responses_store,
     };
     match headcount_serve::serve(model, &a.model, &opts) {
         Ok(()) => Ok(ExitCode::SUCCESS),

@@ -397,3 +397,27 @@ fn the_openai_client_parses_structured_answers() {
     let status = python_script("python/structured_test.py", &["--url", &server.url, "--model", "bytes"], &[], 120);
     assert!(status.success(), "python/structured_test.py failed: {status}");
 }
+
+/// The agent APIs through their official clients (python/agents_test.py): the anthropic SDK
+/// on `/v1/messages` (whole, streamed through its helper, a forced tool_use following its
+/// schema, count_tokens), the openai SDK on `/v1/responses` (whole, streamed, a forced call,
+/// json_schema, previous_response_id) and an openai-agents Agent that must call its tool.
+#[test]
+fn the_agent_clients_speak_messages_and_responses() {
+    let dir = root().join("tests/fixtures/glm-bytes").display().to_string();
+    let server = start(
+        &[
+            "--model",
+            &dir,
+            "--served-model-name",
+            "bytes",
+            "--tool-call-parser",
+            "glm45",
+            "--reasoning-parser",
+            "glm45",
+        ],
+        &[],
+    );
+    let status = python_script("python/agents_test.py", &["--url", &server.url, "--model", "bytes"], &[], 240);
+    assert!(status.success(), "python/agents_test.py failed: {status}");
+}

@@ -102,11 +102,17 @@ impl Penalties {
 }
 
 /// What a job produces, in order: its prompt's log probabilities if asked (positions 1 to
-/// the end, over one or several events), tokens, then one `Done` or `Failed`.
+/// the end, over one or several events), tokens, then one `Done` or `Failed`. `Reused` comes
+/// before the first token when the prefix cache held the prompt's first tokens.
 #[derive(Debug)]
 pub enum Event {
     Prompt(Vec<TokenLogprobs>),
-    Token { id: i64, logprobs: Option<TokenLogprobs> },
+    /// Prompt tokens whose cache entries came from the prefix cache (not prefilled again).
+    Reused(usize),
+    Token {
+        id: i64,
+        logprobs: Option<TokenLogprobs>,
+    },
     Done(Finish),
     Failed(String),
 }
@@ -529,6 +535,10 @@ fn prefill(
                         Ok(hit) => {
                             metrics.prefix_lookup(hit.queried, hit.reused);
                             r.prefilled = hit.reused;
+                            // A resumed row's reuse was counted when it first started.
+                            if hit.reused > 0 && r.resume.is_none() {
+                                r.job.send(Event::Reused(hit.reused));
+                            }
                         }
                         Err(e) => {
                             r.job.send(Event::Failed(format!("the prefill failed: {e}")));

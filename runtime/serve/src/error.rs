@@ -15,12 +15,18 @@ pub enum ApiError {
     Body(String),
     /// 404: no route answers this method and path.
     #[error(
-        "{method} {path} is not a route of this server: it serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize, POST /detokenize, GET /tokenizer_info, GET /version, GET /health and GET /metrics"
+        "{method} {path} is not a route of this server: it serves POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET /v1/responses/{{id}}, POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /tokenize, POST /detokenize, GET /tokenizer_info, GET /version, GET /health and GET /metrics"
     )]
     NoRoute { method: String, path: String },
     /// 404: `GET /v1/models/{id}` of a model this server does not serve.
     #[error("the model {id:?} does not exist: this server serves {served:?}")]
     NoModel { id: String, served: String },
+    /// 404: a stored response asked for by id (`GET /v1/responses/{id}`,
+    /// `previous_response_id`) that the store does not hold.
+    #[error(
+        "no response {id:?} is stored here: it is unknown, was made with store false, or the store (--responses-store) has given it up"
+    )]
+    NotStored { id: String },
     /// 404: a tokenizer route, and the checkpoint has no tokenizer.json.
     #[error("{route}: this model has no tokenizer.json, so the server has no tokenizer to offer")]
     NoTokenizer { route: &'static str },
@@ -62,7 +68,10 @@ impl ApiError {
     pub fn status(&self) -> u16 {
         match self {
             ApiError::Invalid { .. } | ApiError::Body(_) => 400,
-            ApiError::NoRoute { .. } | ApiError::NoModel { .. } | ApiError::NoTokenizer { .. } => 404,
+            ApiError::NoRoute { .. }
+            | ApiError::NoModel { .. }
+            | ApiError::NoTokenizer { .. }
+            | ApiError::NotStored { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::Origin { .. } => 403,
             ApiError::Unreadable { status, .. } => *status,
@@ -75,7 +84,10 @@ impl ApiError {
     /// OpenAI's `type` of the error.
     pub fn kind(&self) -> &'static str {
         match self {
-            ApiError::NoRoute { .. } | ApiError::NoModel { .. } | ApiError::NoTokenizer { .. } => "not_found_error",
+            ApiError::NoRoute { .. }
+            | ApiError::NoModel { .. }
+            | ApiError::NoTokenizer { .. }
+            | ApiError::NotStored { .. } => "not_found_error",
             ApiError::QueueFull { .. } => "rate_limit_exceeded",
             ApiError::ShuttingDown | ApiError::Server(_) => "server_error",
             _ => "invalid_request_error",
@@ -87,6 +99,7 @@ impl ApiError {
         match self {
             ApiError::Invalid { param, .. } => Some(param),
             ApiError::NoModel { .. } => Some("model"),
+            ApiError::NotStored { .. } => Some("previous_response_id"),
             _ => None,
         }
     }

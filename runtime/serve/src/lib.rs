@@ -8,10 +8,13 @@
 //!
 //! [`SlotCache`]: headcount_runtime::generate::SlotCache
 
+pub mod anthropic_messages;
+pub mod conversation;
 pub mod engine;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod openai_responses;
 pub mod reasoning;
 pub mod request;
 pub mod structured;
@@ -69,6 +72,9 @@ pub struct ServeOptions {
     pub tool_call_parser: Option<tools::ToolParserChoice>,
     /// Automatic prefix caching.
     pub prefix_caching: PrefixCaching,
+    /// Finished responses of the Responses API kept for `previous_response_id` and
+    /// `GET /v1/responses/{id}` (least recently used out; 0 keeps none).
+    pub responses_store: usize,
     /// Bytes of a pool of the prefix cache's own, whose blocks are copied into a request's
     /// on a hit [default: none; the prefix cache keeps the paged KV cache's own blocks].
     pub prefix_cache_memory: Option<u64>,
@@ -99,6 +105,7 @@ impl Default for ServeOptions {
             tool_call_parser: None,
             prefix_caching: PrefixCaching::On,
             prefix_cache_memory: None,
+            responses_store: openai_responses::DEFAULT_STORE,
         }
     }
 }
@@ -212,7 +219,7 @@ pub fn serve<M: CausalLm + 'static>(model: M, dir: &Path, opts: &ServeOptions) -
                 }
             }
         };
-        axum::serve(listener, http::router(state.clone()))
+        axum::serve(listener, http::router_with(state.clone(), opts.responses_store))
             .with_graceful_shutdown(shutdown)
             .await
             .map_err(|e| ServeError::Setup(format!("the HTTP server failed: {e}")))

@@ -73,21 +73,21 @@ fn optional<'de, D: Deserializer<'de>, T>(
     }
 }
 
-fn text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+pub(crate) fn text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     optional(d, |v| match v {
         Value::String(s) => Ok(s),
         v => Err(wrong(format!("{HERE} must be a string, not {}", type_name(&v)))),
     })
 }
 
-fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+pub(crate) fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
     optional(d, |v| match v {
         Value::Bool(b) => Ok(b),
         v => Err(wrong(format!("{HERE} must be true or false, not {}", shown(&v)))),
     })
 }
 
-fn number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+pub(crate) fn number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
     optional(d, |v| match v.as_f64() {
         Some(x) if v.is_number() => Ok(x),
         _ => Err(wrong(format!("{HERE} must be a number, not {}", type_name(&v)))),
@@ -95,7 +95,7 @@ fn number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
 }
 
 /// An integer; a float with no fraction (`3.0`) is one.
-fn int<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+pub(crate) fn int<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     optional(d, |v| match (v.as_i64(), v.as_f64()) {
         (Some(i), _) => Ok(i),
         (None, Some(f)) if f.fract() == 0.0 && f.abs() < 9e15 => Ok(f as i64),
@@ -103,7 +103,7 @@ fn int<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     })
 }
 
-fn object<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Map<String, Value>>, D::Error> {
+pub(crate) fn object<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Map<String, Value>>, D::Error> {
     optional(d, |v| match v {
         Value::Object(m) => Ok(m),
         v => Err(wrong(format!("{HERE} must be an object, not {}", type_name(&v)))),
@@ -132,7 +132,7 @@ fn ids<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<i64>>, D::Error> {
 }
 
 /// `stop`: a string, or a list of non-empty strings.
-fn stop<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+pub(crate) fn stop<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
     optional(d, |v| match v {
         Value::String(s) => Ok(vec![s]),
         Value::Array(items) => items
@@ -443,6 +443,22 @@ pub struct GenerateRequest<R: Route> {
     pub include_stop_str_in_output: Option<bool>,
     #[serde(default, deserialize_with = "flag")]
     pub store: Option<bool>,
+    /// vLLM's: the conversation's last (assistant) message is continued, not answered.
+    #[serde(default, deserialize_with = "flag")]
+    pub continue_final_message: Option<bool>,
+    /// vLLM's: `false` leaves the reasoning out of the answer.
+    #[serde(default, deserialize_with = "flag")]
+    pub include_reasoning: Option<bool>,
+    /// SGLang's fields, which routers send at their neutral values (`true`, `true`, `false`,
+    /// `false`): any other is refused by the route.
+    #[serde(default, deserialize_with = "flag")]
+    pub separate_reasoning: Option<bool>,
+    #[serde(default, deserialize_with = "flag")]
+    pub stream_reasoning: Option<bool>,
+    #[serde(default, deserialize_with = "flag")]
+    pub no_stop_trim: Option<bool>,
+    #[serde(default, deserialize_with = "flag")]
+    pub return_hidden_states: Option<bool>,
     /// OpenAI's end-user id: taken, and not used.
     #[serde(default)]
     pub user: Option<IgnoredAny>,
@@ -498,6 +514,34 @@ fn token_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Value>>, D::
         Value::Array(items) => Ok(items),
         _ => Err(wrong(format!("{HERE} must be a list of token ids"))),
     })
+}
+
+/// Refuses a key of the object at `at` that is not among `keys` (a null key counts as
+/// absent), naming its path and what the object has.
+pub fn only_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Result<(), ApiError> {
+    match o.iter().find(|(k, v)| !v.is_null() && !keys.contains(&k.as_str())) {
+        Some((k, _)) => Err(ApiError::invalid(
+            format!("{at}.{k}"),
+            format!("{at}.{k} is not read by this server: it reads {}", keys.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The object at `at`, or a refusal naming it.
+pub fn object_at<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
+    v.as_object().ok_or_else(|| ApiError::invalid(at, format!("{at} must be an object, not {}", type_name(v))))
+}
+
+/// The string at `key` of `o` (`at` its path), required.
+pub fn string_at<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
+    match o.get(key) {
+        Some(Value::String(s)) => Ok(s),
+        None | Some(Value::Null) => Err(ApiError::invalid(format!("{at}.{key}"), format!("{at}.{key} is required"))),
+        Some(v) => {
+            Err(ApiError::invalid(format!("{at}.{key}"), format!("{at}.{key} must be a string, not {}", type_name(v))))
+        }
+    }
 }
 
 /// The fields `T` reads, as its derived `Deserialize` declares them.

@@ -80,19 +80,58 @@ impl Grammars {
 }
 
 /// The JSON schema a request's `response_format` asks for: `None` for `{"type": "text"}`,
-/// any JSON object for `json_object`, the given schema for `json_schema`; or which part of
-/// it is wrong.
+/// any JSON object for `json_object` (or the object's `schema` where it has one, the form
+/// Together and Fireworks take), the given schema for `json_schema`; or which part of it is
+/// wrong. A key the format does not have is refused, not ignored.
 pub fn schema_of(format: &Value) -> Result<Option<Value>, (String, String)> {
-    let bad = |key: &str, why: &str| Err((format!("response_format{key}"), format!("response_format{key} {why}")));
-    match format.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(json!({"type": "object"}))),
-        Some("json_schema") => match format.get("json_schema").and_then(|j| j.get("schema")) {
-            Some(s @ Value::Object(_)) => Ok(Some(s.clone())),
-            Some(Value::Bool(true)) => Ok(Some(json!({}))),
+    schema_at(format, "response_format")
+}
+
+/// [`schema_of`] of a format at `at` (`text.format` on the Responses API, whose `json_schema`
+/// format holds `name` and `schema` itself).
+pub fn schema_at(format: &Value, at: &str) -> Result<Option<Value>, (String, String)> {
+    let bad = |key: &str, why: &str| Err((format!("{at}{key}"), format!("{at}{key} {why}")));
+    let Value::Object(o) = format else { return bad("", "must be an object with a type") };
+    let kind = o.get("type").and_then(Value::as_str);
+    let flat = at != "response_format";
+    let keys: &[&str] = match kind {
+        Some("text") => &["type"],
+        Some("json_object") => &["type", "schema"],
+        Some("json_schema") if flat => &["type", "name", "schema", "strict", "description"],
+        Some("json_schema") => &["type", "json_schema"],
+        _ => return bad(".type", "must be \"text\", \"json_object\" or \"json_schema\""),
+    };
+    if let Some(k) = o.iter().find(|(k, v)| !v.is_null() && !keys.contains(&k.as_str())).map(|(k, _)| k) {
+        return bad(
+            &format!(".{k}"),
+            &format!("is not read by this server: a {} format has {}", kind.unwrap_or_default(), keys.join(", ")),
+        );
+    }
+    let schema = |v: Option<&Value>, key: &str| match v {
+        Some(s @ Value::Object(_)) => Ok(Some(s.clone())),
+        Some(Value::Bool(true)) => Ok(Some(json!({}))),
+        _ => bad(key, "must be a JSON schema object"),
+    };
+    match kind {
+        Some("json_object") => match o.get("schema") {
+            None | Some(Value::Null) => Ok(Some(json!({"type": "object"}))),
+            s => schema(s, ".schema"),
+        },
+        Some("json_schema") if flat => schema(o.get("schema"), ".schema"),
+        Some("json_schema") => match o.get("json_schema") {
+            Some(Value::Object(j)) => {
+                const KEYS: [&str; 4] = ["name", "schema", "strict", "description"];
+                if let Some(k) = j.iter().find(|(k, v)| !v.is_null() && !KEYS.contains(&k.as_str())).map(|(k, _)| k) {
+                    return bad(
+                        &format!(".json_schema.{k}"),
+                        &format!("is not read by this server: json_schema has {}", KEYS.join(", ")),
+                    );
+                }
+                schema(j.get("schema"), ".json_schema.schema")
+            }
             _ => bad(".json_schema.schema", "must be a JSON schema object"),
         },
-        _ => bad(".type", "must be \"text\", \"json_object\" or \"json_schema\""),
+        _ => Ok(None),
     }
 }
 
@@ -182,6 +221,14 @@ mod tests {
         assert_eq!(schema_of(&json!({"type": "xml"})).unwrap_err().0, "response_format.type");
         let missing = schema_of(&json!({"type": "json_schema", "json_schema": {"name": "x"}})).unwrap_err();
         assert_eq!(missing.0, "response_format.json_schema.schema");
+        // json_object with a schema (Together's and Fireworks' form) is that schema.
+        let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        assert_eq!(schema_of(&json!({"type": "json_object", "schema": s})), Ok(Some(s.clone())));
+        assert_eq!(schema_of(&json!({"type": "json_object", "schema": 3})).unwrap_err().0, "response_format.schema");
+        assert_eq!(schema_of(&json!({"type": "text", "x": 1})).unwrap_err().0, "response_format.x");
+        // The Responses API's text.format holds name and schema itself.
+        let flat = json!({"type": "json_schema", "name": "x", "schema": s, "strict": true});
+        assert_eq!(schema_at(&flat, "text.format"), Ok(Some(s)));
     }
 
     /// On the byte-level fixture tokenizer: a schema's matcher allows only what can start its

@@ -13,11 +13,13 @@ pub struct TextStream {
     sent: usize,
     stops: Vec<String>,
     stopped: bool,
+    /// The stop string that ended the text.
+    matched: Option<usize>,
 }
 
 impl TextStream {
     pub fn new(stops: Vec<String>) -> TextStream {
-        TextStream { decoder: StreamDecoder::new(), text: String::new(), sent: 0, stops, stopped: false }
+        TextStream { decoder: StreamDecoder::new(), text: String::new(), sent: 0, stops, stopped: false, matched: None }
     }
 
     /// Adds a token; returns the text that became final and whether a stop string ended
@@ -31,7 +33,8 @@ impl TextStream {
             return Ok((String::new(), false));
         }
         self.text.push_str(&piece);
-        if let Some(at) = self.first_stop() {
+        if let Some((at, which)) = self.first_stop() {
+            self.matched = Some(which);
             let out = self.text[self.sent..at].to_owned();
             self.text.truncate(at);
             self.sent = at;
@@ -45,6 +48,11 @@ impl TextStream {
         Ok((out, false))
     }
 
+    /// The stop string that ended the text, if one did.
+    pub fn stop_string(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
+    }
+
     /// The text held back at the end (no stop string completed it).
     pub fn finish(&mut self) -> String {
         let out = self.text[self.sent..].to_owned();
@@ -53,19 +61,20 @@ impl TextStream {
     }
 
     /// Where the earliest stop string starts in the text not yet handed out (searching
-    /// from where one could still begin).
-    fn first_stop(&self) -> Option<usize> {
+    /// from where one could still begin), and which it is.
+    fn first_stop(&self) -> Option<(usize, usize)> {
         self.stops
             .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| {
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .filter_map(|(which, s)| {
                 let mut from = self.sent.saturating_sub(s.len());
                 while !self.text.is_char_boundary(from) {
                     from -= 1;
                 }
-                self.text[from..].find(s.as_str()).map(|i| from + i)
+                self.text[from..].find(s.as_str()).map(|i| (from + i, which))
             })
-            .filter(|&at| at >= self.sent)
+            .filter(|&(at, _)| at >= self.sent)
             .min()
     }
 

@@ -79,8 +79,11 @@ impl ToolParserChoice {
 pub struct ToolCall {
     pub id: String,
     pub name: String,
-    /// The arguments as a JSON object's text.
+    /// The arguments as a JSON object's text; for a call the answer ended inside (cut by
+    /// `max_tokens`), the text as it stands, without a closing brace.
     pub arguments: String,
+    /// Whether `</tool_call>` closed the call.
+    pub complete: bool,
 }
 
 /// What a piece of text added to the calls: a call's start (its index, id and name), or
@@ -162,24 +165,33 @@ impl ToolSplit {
         if self.single { &self.calls[..self.calls.len().min(1)] } else { &self.calls }
     }
 
-    /// `deltas` without those of calls past the first where only it is returned.
-    fn kept(&self, mut deltas: Vec<ToolDelta>) -> Vec<ToolDelta> {
+    /// `pieces` without the deltas of calls past the first where only it is returned.
+    fn kept(&self, mut pieces: Vec<Piece>) -> Vec<Piece> {
         if self.single {
-            deltas.retain(|d| matches!(d, ToolDelta::Start { index: 0, .. } | ToolDelta::Arguments { index: 0, .. }));
+            pieces.retain(|p| match p {
+                Piece::Text(_) => true,
+                Piece::Call(d) => {
+                    matches!(d, ToolDelta::Start { index: 0, .. } | ToolDelta::Arguments { index: 0, .. })
+                }
+            });
         }
-        deltas
+        pieces
     }
 
     /// Adds the next piece of final text: the content and the call deltas it completes.
     pub fn push(&mut self, piece: &str) -> (String, Vec<ToolDelta>) {
+        split_pieces(self.push_in_order(piece))
+    }
+
+    /// [`Self::push`] as content and call deltas in the order the text has them.
+    pub fn push_in_order(&mut self, piece: &str) -> Vec<Piece> {
         self.held.push_str(piece);
-        let mut content = String::new();
-        let mut deltas = Vec::new();
+        let mut out = Vec::new();
         loop {
             let progressed = match self.part {
                 Part::Text => match self.held.find(OPEN) {
                     Some(at) => {
-                        content.push_str(&self.held[..at]);
+                        out.push(Piece::Text(self.held[..at].to_owned()));
                         self.held.drain(..at + OPEN.len());
                         self.part = Part::Name;
                         self.name.clear();
@@ -189,7 +201,7 @@ impl ToolSplit {
                         // Keep back a tail that could begin `<tool_call>`.
                         let keep = partial_tail(&self.held, OPEN);
                         let cut = self.held.len() - keep;
-                        content.push_str(&self.held[..cut]);
+                        out.push(Piece::Text(self.held[..cut].to_owned()));
                         self.held.drain(..cut);
                         false
                     }
@@ -202,7 +214,7 @@ impl ToolSplit {
                             self.held.drain(..at);
                             let index = self.calls.len();
                             let id = format!("{}{index}", self.id_prefix);
-                            deltas.push(ToolDelta::Start { index, id, name: self.name.clone() });
+                            out.push(Piece::Call(ToolDelta::Start { index, id, name: self.name.clone() }));
                             self.args.clear();
                             self.part = Part::Args;
                             true
@@ -220,7 +232,7 @@ impl ToolSplit {
                         true
                     } else if rest.starts_with(CLOSE) {
                         self.held.drain(..skipped + CLOSE.len());
-                        deltas.push(self.close_call());
+                        out.push(Piece::Call(self.close_call()));
                         true
                     } else if !rest.is_empty() && !KEY.starts_with(rest) && !CLOSE.starts_with(rest) {
                         // Not a tag where one must be: the text stays in the call (a value
@@ -250,7 +262,7 @@ impl ToolSplit {
                     } else if !rest.is_empty() && !VALUE.starts_with(rest) {
                         // A key without a value: an empty string.
                         let text = self.argument("");
-                        deltas.push(ToolDelta::Arguments { index: self.calls.len(), text });
+                        out.push(Piece::Call(ToolDelta::Arguments { index: self.calls.len(), text }));
                         self.part = Part::Args;
                         true
                     } else {
@@ -262,7 +274,7 @@ impl ToolSplit {
                         let raw = self.held[..at].to_owned();
                         self.held.drain(..at + VALUE_END.len());
                         let text = self.argument(&raw);
-                        deltas.push(ToolDelta::Arguments { index: self.calls.len(), text });
+                        out.push(Piece::Call(ToolDelta::Arguments { index: self.calls.len(), text }));
                         self.part = Part::Args;
                         true
                     }
@@ -273,12 +285,18 @@ impl ToolSplit {
                 break;
             }
         }
-        (content, self.kept(deltas))
+        self.kept(out)
     }
 
-    /// The answer ended: text held back is content; a call left open ends there, with the
-    /// arguments read so far.
+    /// The answer ended: text held back is content; a call left open is returned as it
+    /// stands: its arguments' text so far, not closed, so that no client takes a cut call for
+    /// a whole one.
     pub fn finish(&mut self) -> (String, Vec<ToolDelta>) {
+        split_pieces(self.finish_in_order())
+    }
+
+    /// [`Self::finish`] in the order of the text.
+    pub fn finish_in_order(&mut self) -> Vec<Piece> {
         let mut deltas = Vec::new();
         let content = match self.part {
             Part::Text => std::mem::take(&mut self.held),
@@ -299,9 +317,18 @@ impl ToolSplit {
             }
         };
         if self.part != Part::Text {
-            deltas.push(self.close_call());
+            let index = self.calls.len();
+            self.calls.push(ToolCall {
+                id: format!("{}{index}", self.id_prefix),
+                name: std::mem::take(&mut self.name),
+                arguments: std::mem::take(&mut self.args),
+                complete: false,
+            });
+            self.part = Part::Text;
         }
-        (content, self.kept(deltas))
+        let mut out = vec![Piece::Text(content)];
+        out.extend(deltas.into_iter().map(Piece::Call));
+        self.kept(out)
     }
 
     /// Ends the current call: its arguments' closing brace (`{}` when it has none), and the
@@ -314,6 +341,7 @@ impl ToolSplit {
             id: format!("{}{index}", self.id_prefix),
             name: std::mem::take(&mut self.name),
             arguments: std::mem::take(&mut self.args),
+            complete: true,
         });
         self.part = Part::Text;
         ToolDelta::Arguments { index, text }
@@ -339,10 +367,35 @@ impl ToolSplit {
     }
 }
 
+/// Text outside calls, or a call's delta.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Piece {
+    Text(String),
+    Call(ToolDelta),
+}
+
+/// Pieces as the content they hold and the deltas.
+fn split_pieces(pieces: Vec<Piece>) -> (String, Vec<ToolDelta>) {
+    let mut content = String::new();
+    let mut deltas = Vec::new();
+    for p in pieces {
+        match p {
+            Piece::Text(t) => content.push_str(&t),
+            Piece::Call(d) => deltas.push(d),
+        }
+    }
+    (content, deltas)
+}
+
 /// How many bytes at the end of `text` are a proper prefix of `marker` (held back until the
 /// next piece says whether the marker follows).
 fn partial_tail(text: &str, marker: &str) -> usize {
-    (1..marker.len()).rev().find(|&n| text.len() >= n && marker.starts_with(&text[text.len() - n..])).unwrap_or(0)
+    (1..marker.len())
+        .rev()
+        .find(|&n| {
+            text.len() >= n && text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -389,6 +442,10 @@ mod tests {
         assert_eq!((calls[1].name.as_str(), calls[1].arguments.as_str()), ("now", "{}"));
         // No call: all content, markers' look-alikes included.
         assert_eq!(whole("a < b <tool and <tool_cal"), ("a < b <tool and <tool_cal".to_owned(), vec![]));
+        // Text ending inside a character of several bytes (a random model's answer).
+        assert_eq!(whole("\u{4f60}\u{597d}"), ("\u{4f60}\u{597d}".to_owned(), vec![]));
+        let mut s = ToolSplit::new(&tools(), "call_");
+        assert_eq!(s.push("\u{4f60}\u{4b3e}").0, "\u{4f60}\u{4b3e}");
     }
 
     /// Streamed in two pieces split at every byte boundary, and one character at a time: the
@@ -451,13 +508,18 @@ mod tests {
         assert!(!indices.is_empty() && indices.iter().all(|&i| i == 0), "{indices:?}");
     }
 
+    /// A call cut off (by max_tokens) is returned as it stands: never a closed object that
+    /// looks whole while it lacks the arguments it never reached.
     #[test]
-    fn a_call_cut_off_ends_with_what_was_read() {
+    fn a_call_cut_off_is_returned_as_it_stands() {
         let (_, calls) = whole("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_k");
         assert_eq!(calls.len(), 1);
-        assert_eq!(serde_json::from_str::<Value>(&calls[0].arguments).unwrap(), json!({"city": "Oslo"}));
+        assert_eq!((calls[0].arguments.as_str(), calls[0].complete), (r#"{"city": "Oslo""#, false));
+        assert!(serde_json::from_str::<Value>(&calls[0].arguments).is_err());
         let (_, calls) = whole("<tool_call>now");
-        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("now", "{}"));
+        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str(), calls[0].complete), ("now", "", false));
+        let (_, calls) = whole("<tool_call>now</tool_call>");
+        assert_eq!((calls[0].arguments.as_str(), calls[0].complete), ("{}", true));
     }
 
     #[test]

@@ -44,7 +44,7 @@ fn drain(mut rx: UnboundedReceiver<(usize, Event)>) -> (Vec<i64>, Result<Finish,
     loop {
         match rx.blocking_recv().map(|(_, e)| e) {
             Some(Event::Token { id, .. }) => tokens.push(id),
-            Some(Event::Prompt(_)) => {}
+            Some(Event::Prompt(_) | Event::Reused(_)) => {}
             Some(Event::Done(f)) => return (tokens, Ok(f)),
             Some(Event::Failed(msg)) => return (tokens, Err(msg)),
             None => return (tokens, Err("the engine dropped the sequence".into())),
@@ -250,7 +250,7 @@ fn events(mut rx: UnboundedReceiver<(usize, Event)>) -> Events {
     loop {
         match rx.blocking_recv().map(|(_, e)| e) {
             Some(Event::Token { id, logprobs }) => tokens.push((id, logprobs.map(|l| l.logprob))),
-            Some(Event::Prompt(_)) => {}
+            Some(Event::Prompt(_) | Event::Reused(_)) => {}
             Some(Event::Done(f)) => return (tokens, Ok(f)),
             Some(Event::Failed(msg)) => return (tokens, Err(msg)),
             None => return (tokens, Err("the engine dropped the sequence".into())),
@@ -627,7 +627,7 @@ fn answer(mut rx: UnboundedReceiver<(usize, Event)>) -> (Vec<i64>, Vec<f32>) {
                 tokens.push(id);
                 logprobs.push(lp.expect("log probabilities were asked").logprob);
             }
-            Some(Event::Prompt(_)) => {}
+            Some(Event::Prompt(_) | Event::Reused(_)) => {}
             Some(Event::Done(f)) => {
                 assert_eq!(f, Finish::Length);
                 return (tokens, logprobs);

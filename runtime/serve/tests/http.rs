@@ -58,6 +58,18 @@ fn scripted_with(
     tool_parser: Option<ToolParser>,
     script: Vec<i64>,
 ) -> (axum::Router, Asked) {
+    scripted_over(dir, origins, reasoning, tool_parser, script, 16)
+}
+
+/// [`scripted_with`] over a vocabulary of `vocab` ids.
+fn scripted_over(
+    dir: &Path,
+    origins: &[&str],
+    reasoning: Option<ReasoningParser>,
+    tool_parser: Option<ToolParser>,
+    script: Vec<i64>,
+    vocab: i64,
+) -> (axum::Router, Asked) {
     let (jobs, rx): (Sender<Job>, Receiver<Job>) = channel();
     let (asked_tx, asked) = channel();
     std::thread::spawn(move || {
@@ -103,7 +115,7 @@ fn scripted_with(
         model_name: "demo".into(),
         max_model_len: 64,
         max_queue: 16,
-        vocab: 16,
+        vocab,
         eos: vec![2],
         defaults: Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0, min_p: 0.0 },
         metrics: Arc::new(Metrics::default()),
@@ -380,7 +392,7 @@ fn every_route_answers_errors_as_openai_error_objects() {
     runtime().block_on(async {
         for (method, path, status) in [
             ("POST", "/v1/embeddings", 404),
-            ("POST", "/v1/responses", 404),
+            ("POST", "/v1/audio/speech", 404),
             ("GET", "/", 404),
             ("GET", "/v1/completions", 405),
             ("DELETE", "/v1/models", 405),
@@ -728,4 +740,406 @@ fn glm_tool_calls_come_back_as_openai_tool_calls() {
         assert_eq!(status, 400, "{text}");
         assert!(text.contains("\"param\":\"tool_choice\"") && text.contains("structured output"), "{text}");
     }
+}
+
+/// A checkpoint whose tokenizer has GLM's reasoning and tool-call markers as tokens, and a
+/// chat template that writes the tools' names and the messages' contents; with the ids of
+/// its words.
+fn agent_checkpoint() -> (tempfile::TempDir, impl Fn(&str) -> i64) {
+    let words = [
+        "<pad>",
+        "<bos>",
+        "<eos>",
+        "<unk>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+        "get_weather",
+        "city",
+        "Oslo",
+        "\n",
+        "plan",
+        "Let me check.",
+        "3",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let token = |id: usize, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+               "normalized": false, "special": id < 4})
+    };
+    let vocab: serde_json::Map<String, Value> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "normalizer": null, "post_processor": null,
+        "added_tokens": (0..12).map(|i| token(i, words[i])).collect::<Vec<_>>(),
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": vocab},
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let template = "{{ bos_token }}{% for t in tools %}{{ t.function.name }}{% endfor %}\
+                    {% for m in messages %}{{ m.content }}{% endfor %}";
+    let config = json!({"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": template});
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    (dir, move |w: &str| words.iter().position(|x| *x == w).unwrap() as i64)
+}
+
+/// What the scripted model answers the agent APIs: reasoning, text, then a GLM-4.5 call.
+const AGENT_ANSWER: [&str; 17] = [
+    "<think>",
+    "plan",
+    "</think>",
+    "Let me check.",
+    "<tool_call>",
+    "get_weather",
+    "\n",
+    "<arg_key>",
+    "city",
+    "</arg_key>",
+    "\n",
+    "<arg_value>",
+    "Oslo",
+    "</arg_value>",
+    "\n",
+    "</tool_call>",
+    "<eos>",
+];
+
+/// The named server-sent events of a stream: each event's name and data.
+fn named_events(text: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut name = String::new();
+    for line in text.lines() {
+        if let Some(n) = line.strip_prefix("event: ") {
+            name = n.to_owned();
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            out.push((std::mem::take(&mut name), serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}"))));
+        }
+    }
+    out
+}
+
+/// Anthropic's Messages API: thinking, text and tool_use blocks whole and streamed (with
+/// Claude Code's `?beta=true` and headers), `stop_reason` `tool_use` and `max_tokens` (a call
+/// cut short is never whole), count_tokens equal to the message's input tokens, and errors
+/// in Anthropic's shape naming the field.
+#[test]
+fn anthropic_messages_answer_blocks_whole_and_streamed() {
+    let (dir, id) = agent_checkpoint();
+    let script: Vec<i64> = AGENT_ANSWER.iter().map(|w| id(w)).collect();
+    let n = script.len();
+    let (app, asked) =
+        scripted_over(dir.path(), &[], Some(ReasoningParser::Glm45), Some(ToolParser::Glm45), script, 32);
+    let tools = json!([{"name": "get_weather", "description": "the weather",
+                        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let body = |extra: Value| {
+        let mut b = json!({"model": "demo", "max_tokens": n, "tools": tools,
+                           "messages": [{"role": "user", "content": "3"}]});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let headers = [("anthropic-version", "2023-06-01"), ("anthropic-beta", "interleaved-thinking-2025-05-14")];
+    runtime().block_on(async {
+        let (status, _, text) = call(&app, "POST", "/v1/messages", &headers, body(json!({}))).await;
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let prompt = asked.recv().unwrap().0;
+        assert_eq!(
+            (&v["type"], &v["role"], &v["stop_reason"]),
+            (&json!("message"), &json!("assistant"), &json!("tool_use"))
+        );
+        let content = v["content"].as_array().unwrap();
+        assert_eq!(content.len(), 3, "{v}");
+        assert_eq!((&content[0]["type"], &content[0]["thinking"]), (&json!("thinking"), &json!("plan")));
+        assert!(content[0]["signature"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+        assert_eq!(content[1], json!({"type": "text", "text": "Let me check."}));
+        assert_eq!((&content[2]["type"], &content[2]["name"]), (&json!("tool_use"), &json!("get_weather")));
+        assert_eq!(content[2]["input"], json!({"city": "Oslo"}));
+        assert_eq!(v["usage"]["input_tokens"], json!(prompt.len()));
+        assert_eq!(v["usage"]["output_tokens"], json!(n));
+
+        // The same, streamed, at Claude Code's path.
+        let (status, headers_out, text) =
+            call(&app, "POST", "/v1/messages?beta=true", &headers, body(json!({"stream": true}))).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(headers_out["content-type"], "text/event-stream");
+        let events = named_events(&text);
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names[..2], ["message_start", "ping"]);
+        assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
+        assert!(events.iter().all(|(n, d)| d["type"] == json!(n)), "{text}");
+        let starts: Vec<&Value> = events
+            .iter()
+            .filter(|(n, _)| n == "content_block_start")
+            .map(|(_, d)| &d["content_block"]["type"])
+            .collect();
+        assert_eq!(starts, [&json!("thinking"), &json!("text"), &json!("tool_use")]);
+        let joined = |kind: &str, field: &str| -> String {
+            events
+                .iter()
+                .filter(|(n, d)| n == "content_block_delta" && d["delta"]["type"] == kind)
+                .map(|(_, d)| d["delta"][field].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(joined("thinking_delta", "thinking"), "plan");
+        assert_eq!(joined("signature_delta", "signature"), content[0]["signature"].as_str().unwrap());
+        assert_eq!(joined("text_delta", "text"), "Let me check.");
+        let input: Value = serde_json::from_str(&joined("input_json_delta", "partial_json")).unwrap();
+        assert_eq!(input, json!({"city": "Oslo"}));
+        let delta = &events[events.len() - 2].1;
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+        assert_eq!(delta["usage"]["output_tokens"], json!(n));
+        asked.recv().unwrap();
+
+        // Cut inside the call by max_tokens: the call is not given as a whole one.
+        let (status, _, text) = call(&app, "POST", "/v1/messages", &[], body(json!({"max_tokens": 10}))).await;
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["stop_reason"], "max_tokens", "{v}");
+        asked.recv().unwrap();
+
+        // count_tokens: the tokens of the prompt the message was answered to.
+        let (status, v) = post(
+            &app,
+            "/v1/messages/count_tokens",
+            json!({"model": "demo", "tools": tools,
+                                        "messages": [{"role": "user", "content": "3"}]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v, json!({"input_tokens": prompt.len()}));
+
+        // A second turn: the call's result goes back; one naming no call is refused.
+        let turn = |result_id: &str| {
+            body(json!({"messages": [
+                {"role": "user", "content": "3"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "plan", "signature": "s"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": result_id, "content": "3"}]}]}))
+        };
+        let (status, v) = post(&app, "/v1/messages", turn("toolu_1")).await;
+        assert_eq!(status, 200, "{v}");
+        asked.recv().unwrap();
+        let (status, v) = post(&app, "/v1/messages", turn("toolu_9")).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("messages[2].content[0].tool_use_id"), "{v}");
+        // Errors are Anthropic's objects: a missing max_tokens, a body that is not JSON.
+        let (status, v) =
+            post(&app, "/v1/messages", json!({"model": "demo", "messages": [{"role": "user", "content": "3"}]})).await;
+        assert_eq!((status, &v["error"]["type"]), (400, &json!("invalid_request_error")), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("max_tokens"), "{v}");
+        let (status, _, text) = call(&app, "POST", "/v1/messages", &[], json!("not an object")).await;
+        assert_eq!(status, 400, "{text}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["type"], "error", "{text}");
+        let (status, v) = post(&app, "/v1/messages", body(json!({"model": "other"}))).await;
+        assert_eq!((status, &v["type"]), (400, &json!("error")), "{v}");
+    });
+}
+
+/// OpenAI's Responses API: reasoning, message and function_call items whole and as the
+/// typed stream events, a cut call `incomplete`, the store (`GET /v1/responses/{id}`,
+/// `previous_response_id` continuing the conversation, `store: false` keeping nothing), and
+/// OpenAI error objects naming the field.
+#[test]
+fn responses_answer_items_whole_streamed_and_stored() {
+    let (dir, id) = agent_checkpoint();
+    let script: Vec<i64> = AGENT_ANSWER.iter().map(|w| id(w)).collect();
+    let n = script.len();
+    let (app, asked) =
+        scripted_over(dir.path(), &[], Some(ReasoningParser::Glm45), Some(ToolParser::Glm45), script, 32);
+    let tools = json!([{"type": "function", "name": "get_weather",
+                        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let body = |extra: Value| {
+        let mut b = json!({"model": "demo", "max_output_tokens": n, "tools": tools, "input": "3"});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    runtime().block_on(async {
+        let (status, v) = post(&app, "/v1/responses", body(json!({"metadata": {"k": "v"}}))).await;
+        assert_eq!(status, 200, "{v}");
+        let first = asked.recv().unwrap().0;
+        assert_eq!((&v["object"], &v["status"]), (&json!("response"), &json!("completed")), "{v}");
+        let out = v["output"].as_array().unwrap();
+        let kinds: Vec<&Value> = out.iter().map(|i| &i["type"]).collect();
+        assert_eq!(kinds, [&json!("reasoning"), &json!("message"), &json!("function_call")], "{v}");
+        assert_eq!(out[0]["content"], json!([{"type": "reasoning_text", "text": "plan"}]));
+        assert_eq!(out[1]["content"][0]["text"], "Let me check.");
+        assert_eq!((&out[2]["name"], &out[2]["status"]), (&json!("get_weather"), &json!("completed")));
+        assert_eq!(
+            serde_json::from_str::<Value>(out[2]["arguments"].as_str().unwrap()).unwrap(),
+            json!({"city": "Oslo"})
+        );
+        assert_eq!(v["output_text"], "Let me check.");
+        assert_eq!(v["metadata"], json!({"k": "v"}));
+        assert_eq!(v["usage"]["input_tokens"], json!(first.len()));
+        assert_eq!(v["usage"]["output_tokens"], json!(n));
+        // Stored: retrieved as it was answered.
+        let (status, _, text) =
+            call(&app, "GET", &format!("/v1/responses/{}", v["id"].as_str().unwrap()), &[], Value::Null).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), v);
+
+        // previous_response_id: the earlier input and output lead the new prompt.
+        let (status, v2) = post(
+            &app,
+            "/v1/responses",
+            body(json!({"previous_response_id": v["id"], "input": [
+            {"type": "function_call_output", "call_id": out[2]["call_id"], "output": "3"}]})),
+        )
+        .await;
+        assert_eq!(status, 200, "{v2}");
+        let second = asked.recv().unwrap().0;
+        assert_eq!(second[..first.len()], first[..], "the first prompt leads the second");
+        assert!(second.len() >= first.len() + "Let me check.".len(), "{first:?} {second:?}");
+        assert_eq!(v2["previous_response_id"], v["id"]);
+
+        // Streamed: the typed events, numbered in order.
+        let (status, _, text) =
+            call(&app, "POST", "/v1/responses", &[], body(json!({"stream": true, "store": false}))).await;
+        assert_eq!(status, 200, "{text}");
+        asked.recv().unwrap();
+        let events = named_events(&text);
+        for (i, (name, d)) in events.iter().enumerate() {
+            assert_eq!(
+                (d["type"].as_str(), d["sequence_number"].as_u64()),
+                (Some(name.as_str()), Some(i as u64)),
+                "{text}"
+            );
+        }
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names[..3], ["response.created", "response.in_progress", "response.output_item.added"]);
+        assert_eq!(names.last(), Some(&"response.completed"));
+        let joined = |kind: &str| -> String {
+            events.iter().filter(|(n, _)| n == kind).map(|(_, d)| d["delta"].as_str().unwrap().to_owned()).collect()
+        };
+        assert_eq!(joined("response.reasoning_text.delta"), "plan");
+        assert_eq!(joined("response.output_text.delta"), "Let me check.");
+        assert_eq!(joined("response.function_call_arguments.delta"), out[2]["arguments"].as_str().unwrap());
+        let done = &events.last().unwrap().1["response"];
+        assert_eq!(done["output"].as_array().unwrap().len(), 3, "{done}");
+        // store false: nothing to retrieve.
+        let (status, _, text) =
+            call(&app, "GET", &format!("/v1/responses/{}", done["id"].as_str().unwrap()), &[], Value::Null).await;
+        assert_eq!(status, 404, "{text}");
+        assert!(text.contains("not_found_error"), "{text}");
+
+        // Cut inside the call: incomplete, the call's arguments as they stood.
+        let (status, v) = post(&app, "/v1/responses", body(json!({"max_output_tokens": 10}))).await;
+        assert_eq!(status, 200, "{v}");
+        asked.recv().unwrap();
+        assert_eq!(
+            (&v["status"], &v["incomplete_details"]),
+            (&json!("incomplete"), &json!({"reason": "max_output_tokens"}))
+        );
+        let call = v["output"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!((&call["type"], &call["status"]), (&json!("function_call"), &json!("incomplete")), "{v}");
+        assert!(serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).is_err(), "{v}");
+
+        // Refusals name the field, in OpenAI's error object.
+        for (extra, param) in [
+            (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
+            (json!({"input": [{"type": "item_reference", "id": "x"}]}), "input[0].type"),
+            (
+                json!({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}),
+                "input[0].call_id",
+            ),
+            (json!({"text": {"format": {"type": "json_schema", "name": "x"}}}), "text.format.schema"),
+            (json!({"previous_response_id": "resp_none"}), "previous_response_id"),
+        ] {
+            let (status, v) = post(&app, "/v1/responses", body(extra.clone())).await;
+            assert!(status == 400 || status == 404, "{extra}: {v}");
+            assert_eq!(v["error"]["param"], param, "{extra}: {v}");
+        }
+    });
+}
+
+/// The fields a router in front of several servers (vllm-router) sends with every request,
+/// at their neutral values, are taken on both routes; any other value is refused naming the
+/// field; `continue_final_message` continues the last assistant message (the template's
+/// generation prompt is not written) and `include_reasoning: false` leaves the reasoning out.
+#[test]
+fn router_fields_are_taken_at_their_neutral_values_and_honoured() {
+    const THINK: i64 = 4;
+    const END: i64 = 5;
+    const PLAN: i64 = 6;
+    const ANSWER: i64 = 7;
+    let dir = thinking_checkpoint();
+    let (app, asked) = scripted(dir.path(), &[], Some(ReasoningParser::Glm45), vec![THINK, PLAN, END, ANSWER]);
+    let neutral = json!({"no_stop_trim": false, "return_hidden_states": false, "continue_final_message": false,
+                         "separate_reasoning": true, "stream_reasoning": true, "include_reasoning": true,
+                         "skip_special_tokens": true, "ignore_eos": false});
+    runtime().block_on(async {
+        for (path, mut body) in [
+            ("/v1/completions", json!({"prompt": "plan", "max_tokens": 4})),
+            ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "plan"}], "max_tokens": 4})),
+        ] {
+            body.as_object_mut().unwrap().extend(neutral.as_object().unwrap().clone());
+            let (status, v) = post(&app, path, body.clone()).await;
+            assert_eq!(status, 200, "{path}: {v}");
+            asked.recv().unwrap();
+            for (key, value) in [
+                ("no_stop_trim", json!(true)),
+                ("return_hidden_states", json!(true)),
+                ("separate_reasoning", json!(false)),
+                ("stream_reasoning", json!(false)),
+            ] {
+                let mut b = body.clone();
+                b[key] = value;
+                let (status, v) = post(&app, path, b).await;
+                assert_eq!((status, v["error"]["param"].as_str()), (400, Some(key)), "{path}: {v}");
+            }
+        }
+        // include_reasoning false: the content alone.
+        let chat =
+            json!({"messages": [{"role": "user", "content": "plan"}], "max_tokens": 4, "include_reasoning": false});
+        let (status, v) = post(&app, "/v1/chat/completions", chat).await;
+        assert_eq!(status, 200, "{v}");
+        asked.recv().unwrap();
+        let m = &v["choices"][0]["message"];
+        assert_eq!(m["content"], "46", "{v}");
+        assert!(m.get("reasoning_content").is_none() && m.get("reasoning").is_none(), "{v}");
+        // continue_final_message: the prompt ends with the assistant's text, without the
+        // <think> the template's generation prompt would add.
+        let turn = json!([{"role": "user", "content": "plan"}, {"role": "assistant", "content": "46"}]);
+        let think = json!({"think": true});
+        let (status, v) = post(
+            &app,
+            "/v1/chat/completions",
+            json!({"messages": turn, "max_tokens": 1,
+                                "chat_template_kwargs": think}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let answered = asked.recv().unwrap().0;
+        assert_eq!(answered.last(), Some(&THINK));
+        let (status, v) = post(
+            &app,
+            "/v1/chat/completions",
+            json!({"messages": turn, "max_tokens": 1,
+                                "chat_template_kwargs": think, "continue_final_message": true,
+                                "add_generation_prompt": false}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let continued = asked.recv().unwrap().0;
+        assert_eq!(continued[..], answered[..answered.len() - 1]);
+        let (status, v) = post(
+            &app,
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "plan"}],
+                                "continue_final_message": true}),
+        )
+        .await;
+        assert_eq!((status, v["error"]["param"].as_str()), (400, Some("continue_final_message")), "{v}");
+        let (status, v) =
+            post(&app, "/v1/completions", json!({"prompt": "plan", "continue_final_message": true})).await;
+        assert_eq!((status, v["error"]["param"].as_str()), (400, Some("continue_final_message")), "{v}");
+    });
 }

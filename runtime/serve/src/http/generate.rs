@@ -12,12 +12,12 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::sse::KeepAlive;
 use axum::response::{IntoResponse, Response};
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::plan::plan;
+use super::plan::{Plan, plan};
 use super::reader::Reader;
 use super::{AppState, error_response, unreadable};
-use crate::engine::Job;
+use crate::engine::{Event, Job};
 use crate::error::ApiError;
 use crate::request::Endpoint;
 
@@ -40,18 +40,43 @@ fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
         Ok(p) => p,
         Err(e) => return Reply::Now(error_response(&e, &s.metrics)),
     };
+    let (rx, cancels) = match submit(&s, &plan) {
+        Ok(q) => q,
+        Err(e) => return Reply::Now(error_response(&e, &s.metrics)),
+    };
+    let id = format!(
+        "{}-{}",
+        if ep == Endpoint::Chat { "chatcmpl" } else { "cmpl" },
+        s.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    let reader = Reader::new(s.clone(), &plan, rx, cancels, ep, id);
+    if plan.stream {
+        let sse = axum::response::Sse::new(reader.stream()).keep_alive(KeepAlive::default());
+        s.metrics.ok.fetch_add(1, Ordering::Relaxed);
+        Reply::Now(sse.into_response())
+    } else {
+        Reply::Later(reader)
+    }
+}
+
+/// A request's choices in the engine: their events, and each choice's cancel flag.
+pub(crate) type Queued = (UnboundedReceiver<(usize, Event)>, Vec<Arc<AtomicBool>>);
+
+/// Queues a plan's choices to the engine: the receiver of their events and each choice's
+/// cancel flag; or why they cannot be queued (shutting down, the queue full).
+pub(crate) fn submit(s: &AppState, plan: &Plan) -> Result<Queued, ApiError> {
     let choices = plan.prompts.len() * plan.n;
     if !s.accepting.load(Ordering::Relaxed) {
-        return Reply::Now(error_response(&ApiError::ShuttingDown, &s.metrics));
+        return Err(ApiError::ShuttingDown);
     }
     let (tx, rx) = unbounded_channel();
     let mut cancels: Vec<Arc<AtomicBool>> = Vec::with_capacity(choices);
     {
         let Ok(jobs) = s.jobs.lock() else {
-            return Reply::Now(error_response(&ApiError::server("the engine is gone"), &s.metrics));
+            return Err(ApiError::server("the engine is gone"));
         };
         let Some(jobs) = jobs.as_ref() else {
-            return Reply::Now(error_response(&ApiError::ShuttingDown, &s.metrics));
+            return Err(ApiError::ShuttingDown);
         };
         for c in 0..choices {
             if !s.metrics.try_enqueue(s.max_queue) {
@@ -59,7 +84,7 @@ fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
                 for flag in &cancels {
                     flag.store(true, Ordering::Relaxed);
                 }
-                return Reply::Now(error_response(&ApiError::QueueFull { waiting: s.max_queue }, &s.metrics));
+                return Err(ApiError::QueueFull { waiting: s.max_queue });
             }
             let p = c / plan.n;
             let mut sampling = plan.sampling.clone();
@@ -82,24 +107,12 @@ fn respond(s: Arc<AppState>, bytes: Bytes, ep: Endpoint) -> Reply {
             };
             if jobs.send(job).is_err() {
                 s.metrics.dequeued(1);
-                return Reply::Now(error_response(&ApiError::server("the engine stopped"), &s.metrics));
+                return Err(ApiError::server("the engine stopped"));
             }
         }
     }
     drop(tx);
-    let id = format!(
-        "{}-{}",
-        if ep == Endpoint::Chat { "chatcmpl" } else { "cmpl" },
-        s.next_id.fetch_add(1, Ordering::Relaxed)
-    );
-    let reader = Reader::new(s.clone(), &plan, rx, cancels, ep, id);
-    if plan.stream {
-        let sse = axum::response::Sse::new(reader.stream()).keep_alive(KeepAlive::default());
-        s.metrics.ok.fetch_add(1, Ordering::Relaxed);
-        Reply::Now(sse.into_response())
-    } else {
-        Reply::Later(reader)
-    }
+    Ok((rx, cancels))
 }
 
 /// A response now, or a non-streaming answer still to be read from the engine.

@@ -4,9 +4,9 @@
 //! tokenizer's routes ([`tokenize`]); here, the state they share, the router, CORS, health
 //! and metrics, and how an [`ApiError`] is answered.
 
-mod generate;
+pub(crate) mod generate;
 mod models;
-mod plan;
+pub(crate) mod plan;
 mod reader;
 pub mod tokenize;
 
@@ -63,7 +63,7 @@ pub struct AppState {
 
 impl AppState {
     /// The tokenizer's grammars, or why there are none (400, `param`).
-    fn grammars(&self, param: &str) -> Result<&crate::structured::Grammars, ApiError> {
+    pub(crate) fn grammars(&self, param: &str) -> Result<&crate::structured::Grammars, ApiError> {
         let g = self.grammars.get_or_init(|| {
             crate::structured::Grammars::from_dir(&self.checkpoint, self.vocab.max(0) as usize, &self.eos)
         });
@@ -72,7 +72,7 @@ impl AppState {
     }
 
     /// A matcher of answers valid against `schema`, or why there is none (400, `param`).
-    fn grammar(&self, schema: &Value, param: &str) -> Result<llguidance::Matcher, ApiError> {
+    pub(crate) fn grammar(&self, schema: &Value, param: &str) -> Result<llguidance::Matcher, ApiError> {
         self.grammars(param)?
             .matcher(schema)
             .map_err(|e| ApiError::invalid(param, format!("{param}: the schema is refused: {e}")))
@@ -80,7 +80,11 @@ impl AppState {
 
     /// A matcher of answers that are one call of the request's `tools` (the one named
     /// `only`), as the tool-call parser reads them.
-    fn forced_call(&self, tools: Option<&Value>, only: Option<&str>) -> Result<llguidance::Matcher, ApiError> {
+    pub(crate) fn forced_call(
+        &self,
+        tools: Option<&Value>,
+        only: Option<&str>,
+    ) -> Result<llguidance::Matcher, ApiError> {
         let param = "tool_choice";
         // cannot fire: a forced tool_choice passes check_fields only with a parser.
         let parser = self.tool_parser.ok_or_else(|| ApiError::invalid(param, "tool calls are not parsed here"))?;
@@ -95,10 +99,21 @@ impl AppState {
     }
 }
 
+/// The routes, with a store of [`crate::openai_responses::DEFAULT_STORE`] responses.
 pub fn router(state: Arc<AppState>) -> Router {
+    router_with(state, crate::openai_responses::DEFAULT_STORE)
+}
+
+/// The routes, with a store of `responses` finished responses (`--responses-store`).
+pub fn router_with(state: Arc<AppState>, responses: usize) -> Router {
+    let store = Arc::new(crate::openai_responses::ResponseStore::new(responses));
     Router::new()
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/responses", post(crate::openai_responses::create))
+        .route("/v1/responses/{id}", get(crate::openai_responses::get))
+        .route("/v1/messages", post(crate::anthropic_messages::messages))
+        .route("/v1/messages/count_tokens", post(crate::anthropic_messages::count_tokens))
         .route("/v1/models", get(models::models))
         .route("/v1/models/{*id}", get(models::model))
         .route("/health", get(health))
@@ -110,6 +125,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), cors))
+        .layer(axum::Extension(store))
         .with_state(state)
 }
 
@@ -189,7 +205,7 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
 }
 
 /// Refuses a request that names a model other than the one served.
-fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         Some(m) if m != s.model_name => Err(ApiError::invalid(
             "model",

@@ -10,6 +10,7 @@ use headcount_runtime::{Sampling, TextCodec};
 use serde_json::{Map, Value};
 
 use super::{AppState, check_model};
+use crate::conversation::{self, Conversation, Format};
 use crate::engine::Penalties;
 use crate::error::ApiError;
 use crate::reasoning::ReasoningSplit;
@@ -23,39 +24,41 @@ const MAX_CHOICES: usize = 64;
 const MAX_TOP_LOGPROBS: i64 = 20;
 
 /// A validated request: its prompts and how to generate.
-pub(super) struct Plan {
-    pub(super) prompts: Vec<Vec<i64>>,
+pub(crate) struct Plan {
+    pub(crate) prompts: Vec<Vec<i64>>,
     /// Text of each prompt, for `echo`.
-    pub(super) echo: Vec<Option<String>>,
-    pub(super) n: usize,
-    pub(super) max_tokens: Vec<usize>,
-    pub(super) sampling: Sampling,
-    pub(super) stop: Vec<String>,
-    pub(super) stop_ids: Vec<i64>,
-    pub(super) logprobs: Option<usize>,
-    pub(super) penalties: Penalties,
+    pub(crate) echo: Vec<Option<String>>,
+    pub(crate) n: usize,
+    pub(crate) max_tokens: Vec<usize>,
+    pub(crate) sampling: Sampling,
+    pub(crate) stop: Vec<String>,
+    pub(crate) stop_ids: Vec<i64>,
+    pub(crate) logprobs: Option<usize>,
+    pub(crate) penalties: Penalties,
     /// Completions' `echo` with `logprobs`: the prompt's tokens lead `logprobs`.
-    pub(super) echo_logprobs: bool,
+    pub(crate) echo_logprobs: bool,
     /// vLLM's `prompt_logprobs`: this many most likely tokens at each prompt position.
-    pub(super) prompt_logprobs: Option<usize>,
-    pub(super) stream: bool,
-    pub(super) include_usage: bool,
+    pub(crate) prompt_logprobs: Option<usize>,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
     /// vLLM's `stream_options.continuous_usage_stats`: every chunk carries the usage so far.
-    pub(super) continuous_usage: bool,
+    pub(crate) continuous_usage: bool,
     /// Chat with a reasoning parser: whether the rendered prompt leaves the answer inside a
     /// `<think>` block.
-    pub(super) reasoning_opened: Option<bool>,
+    pub(crate) reasoning_opened: Option<bool>,
+    /// vLLM's `include_reasoning: false`: the reasoning is split out and left out.
+    pub(crate) hide_reasoning: bool,
     /// Chat with a tool-call parser, tools and a `tool_choice` other than `none`: the tools.
-    pub(super) tools: Option<Value>,
+    pub(crate) tools: Option<Value>,
     /// `parallel_tool_calls: false`: only an answer's first call is returned.
-    pub(super) first_call_only: bool,
+    pub(crate) first_call_only: bool,
     /// Structured output: the grammar each choice's answer follows, at its start.
-    pub(super) constraint: Option<llguidance::Matcher>,
+    pub(crate) constraint: Option<llguidance::Matcher>,
 }
 
 impl Plan {
     /// The most likely tokens the engine scores at each prompt position, if any.
-    pub(super) fn prompt_top(&self) -> Option<usize> {
+    pub(crate) fn prompt_top(&self) -> Option<usize> {
         let echo = self.logprobs.filter(|_| self.echo_logprobs);
         match (echo, self.prompt_logprobs) {
             (None, None) => None,
@@ -67,7 +70,7 @@ impl Plan {
 /// The prompt text a chat renders to through the checkpoint's template: its messages (text
 /// parts joined), the request's tools, `chat_template_kwargs` and `add_generation_prompt`
 /// (`bytes`: the request, whose values the template is given as they are written).
-pub(super) fn render_chat(
+pub(crate) fn render_chat(
     s: &AppState,
     messages: Option<&Messages>,
     kwargs: Option<&Map<String, Value>>,
@@ -96,17 +99,23 @@ pub(super) fn render_chat(
 }
 
 /// Reads and checks a request of route `ep`.
-pub(super) fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
+pub(crate) fn plan(s: &AppState, bytes: &[u8], ep: Endpoint) -> Result<Plan, ApiError> {
     match ep {
-        Endpoint::Completions => plan_of(s, bytes, read::<Completions>(bytes, s.tool_parser.is_some())?),
-        Endpoint::Chat => plan_of(s, bytes, read::<Chat>(bytes, s.tool_parser.is_some())?),
+        Endpoint::Completions => {
+            plan_of(s, bytes, read::<Completions>(bytes, s.tool_parser.is_some(), s.reasoning.is_some())?)
+        }
+        Endpoint::Chat => plan_of(s, bytes, read::<Chat>(bytes, s.tool_parser.is_some(), s.reasoning.is_some())?),
     }
 }
 
 /// The body of route `R`, refusing what the server would otherwise ignore: a field it does
 /// not read, and a field it reads only at its neutral value (`tool_choice`, `suffix`, ...),
 /// each refusal naming the field and what is accepted.
-fn read<R: Route>(bytes: &[u8], tool_calls_parsed: bool) -> Result<GenerateRequest<R>, ApiError> {
+fn read<R: Route>(
+    bytes: &[u8],
+    tool_calls_parsed: bool,
+    reasoning_parsed: bool,
+) -> Result<GenerateRequest<R>, ApiError> {
     let b: GenerateRequest<R> = parse(bytes, R::NOT_READ, |key, _| {
         ApiError::invalid(key, format!("{key} is not a field of {} that this server reads: leave it out", R::PATH))
     })?;
@@ -165,6 +174,36 @@ fn read<R: Route>(bytes: &[u8], tool_calls_parsed: bool) -> Result<GenerateReque
     if b.store == Some(true) {
         return refuse("store", "true is not supported by this server: nothing is stored");
     }
+    if b.separate_reasoning == Some(false) {
+        return refuse(
+            "separate_reasoning",
+            "false is not supported: use include_reasoning false to leave reasoning out",
+        );
+    }
+    if b.stream_reasoning == Some(false) {
+        return refuse("stream_reasoning", "false is not supported by this server: reasoning streams as it is written");
+    }
+    if b.no_stop_trim == Some(true) {
+        return refuse("no_stop_trim", "true is not supported by this server: the text ends before a stop string");
+    }
+    if b.return_hidden_states == Some(true) {
+        return refuse("return_hidden_states", "true is not supported by this server: it returns text and tokens only");
+    }
+    if R::ENDPOINT == Endpoint::Completions && b.continue_final_message == Some(true) {
+        return refuse("continue_final_message", "is a chat field: a completion continues its prompt already");
+    }
+    if R::ENDPOINT == Endpoint::Completions && b.include_reasoning == Some(false) {
+        return refuse("include_reasoning", "false is a chat field: completions do not split reasoning out");
+    }
+    if b.include_reasoning == Some(false) && !reasoning_parsed {
+        return refuse(
+            "include_reasoning",
+            "false needs reasoning told from content (start the server with --reasoning-parser)",
+        );
+    }
+    if b.continue_final_message == Some(true) && b.add_generation_prompt == Some(true) {
+        return refuse("continue_final_message", "and add_generation_prompt cannot both be true");
+    }
     Ok(b)
 }
 
@@ -202,6 +241,213 @@ fn logit_bias(o: Option<&Map<String, Value>>, vocab: i64) -> Result<Vec<(i64, f6
         }
     }
     Ok(out)
+}
+
+/// The sampling a request asks for, each value checked (the checkpoint's defaults where it
+/// gives none); an unseeded request draws its own seed.
+pub(crate) fn sampling_of(
+    s: &AppState,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    min_p: f64,
+    seed: Option<i64>,
+) -> Result<Sampling, ApiError> {
+    let temperature = temperature.unwrap_or(s.defaults.temperature);
+    if !temperature.is_finite() || temperature < 0.0 {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature must be a number >= 0 (0 = greedy), not {temperature}"),
+        ));
+    }
+    let top_p = top_p.unwrap_or(s.defaults.top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid("top_p", format!("top_p must be in (0, 1], not {top_p}")));
+    }
+    let top_k = match top_k {
+        None => s.defaults.top_k,
+        Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => k as usize,
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                format!("top_k must be -1 or 0 (all tokens) or a positive count, not {k}"),
+            ));
+        }
+    };
+    Ok(Sampling {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed: seed.map(|x| x as u64).unwrap_or_else(|| {
+            // An unseeded request draws its own seed.
+            let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+            t ^ s.next_id.load(Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        }),
+    })
+}
+
+/// Refuses a prompt (the value of field `key`) with an id outside the vocabulary or no room
+/// left in the context for a new token.
+fn check_ids(s: &AppState, p: &[i64], key: &str) -> Result<(), ApiError> {
+    if let Some(pos) = p.iter().position(|&t| t < 0 || t >= s.vocab) {
+        return Err(ApiError::invalid(
+            key,
+            format!("token id {} at position {pos} is outside the vocabulary (0 to {})", p[pos], s.vocab - 1),
+        ));
+    }
+    if p.len() >= s.max_model_len {
+        return Err(ApiError::invalid(
+            key,
+            format!(
+                "the prompt has {} tokens, and this server's context is {} (--max-model-len): it leaves no room for a new token",
+                p.len(),
+                s.max_model_len
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The rendered `text` cut right after the final message's `content`, as transformers'
+/// `continue_final_message` cuts it: the template's end-of-turn after the message goes, so
+/// the model continues the message (`key` names the field that asked).
+pub(crate) fn continue_final(text: &str, content: &str, key: &str) -> Result<String, ApiError> {
+    let content = content.trim();
+    if content.is_empty() {
+        return Err(ApiError::invalid(key, format!("{key}: the final message is empty: there is nothing to continue")));
+    }
+    match text.rfind(content) {
+        Some(at) => Ok(text[..at + content.len()].to_owned()),
+        None => Err(ApiError::invalid(
+            key,
+            format!("{key}: the chat template does not write the final message's text, so it cannot be continued"),
+        )),
+    }
+}
+
+/// What a wire format calls the fields a conversation's plan may refuse.
+pub(crate) struct Wire {
+    /// The route (`/v1/messages`).
+    pub(crate) path: &'static str,
+    pub(crate) messages: &'static str,
+    pub(crate) max_tokens: &'static str,
+    pub(crate) format: &'static str,
+}
+
+/// A conversation's prompt text through the checkpoint's chat template.
+pub(crate) fn render_conversation(s: &AppState, c: &Conversation, w: &Wire) -> Result<String, ApiError> {
+    let template = s.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            w.messages,
+            format!("this model has no chat template (tokenizer_config.json chat_template or chat_template.jinja), which {} needs: use /v1/completions", w.path),
+        )
+    })?;
+    let messages = minijinja::Value::from_serialize(c.template_messages());
+    let tools = (!c.tools.is_empty()).then(|| minijinja::Value::from_serialize(c.tools_json()));
+    let mut extra = BTreeMap::new();
+    if let Some(on) = c.thinking {
+        extra.insert("enable_thinking".to_owned(), minijinja::Value::from(on));
+    }
+    // A conversation that ends with the assistant's message continues it (Anthropic's
+    // prefill).
+    let last = c.messages.last().filter(|m| m.role == conversation::Role::Assistant);
+    let text = template
+        .render(&messages, tools.as_ref(), last.is_none(), &extra)
+        .map_err(|e| ApiError::invalid(w.messages, e))?;
+    match last {
+        None => Ok(text),
+        Some(m) => {
+            let content: String = m
+                .blocks
+                .iter()
+                .filter_map(|b| match b {
+                    conversation::Block::Text(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            continue_final(&text, &content, w.messages)
+        }
+    }
+}
+
+/// A conversation's prompt as token ids, checked against the vocabulary and the context;
+/// with the rendered text.
+pub(crate) fn conversation_ids(s: &AppState, c: &Conversation, w: &Wire) -> Result<(Vec<i64>, String), ApiError> {
+    let codec = s.codec.as_deref().ok_or_else(|| {
+        ApiError::invalid(w.messages, format!("this model has no tokenizer.json, which {} needs", w.path))
+    })?;
+    let text = render_conversation(s, c, w)?;
+    let ids = codec.encode_plain(&text).map_err(|e| ApiError::invalid(w.messages, e.to_string()))?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid(w.messages, "the conversation renders to an empty prompt"));
+    }
+    check_ids(s, &ids, w.messages)?;
+    Ok((ids, text))
+}
+
+/// A conversation planned against this server: one choice, and whether `max_tokens` was
+/// lowered to what the context leaves (the answer may then end at the context's end).
+pub(crate) fn plan_conversation(s: &AppState, c: &Conversation, w: &Wire) -> Result<(Plan, bool), ApiError> {
+    check_model(s, c.model.as_deref())?;
+    let (ids, text) = conversation_ids(s, c, w)?;
+    let room = s.max_model_len - ids.len();
+    let max_tokens = c.max_tokens.map_or(room, |m| m.min(room));
+    let cut_by_context = c.max_tokens.is_some_and(|m| m > room);
+    if c.max_tokens == Some(0) {
+        return Err(ApiError::invalid(w.max_tokens, format!("{} must be at least 1", w.max_tokens)));
+    }
+    let top_k = c.top_k.map(|k| k as i64);
+    let sampling = sampling_of(s, c.temperature, c.top_p, top_k, 0.0, None)?;
+    let mut constraint = match &c.format {
+        Format::Text => None,
+        Format::Json(schema) => Some(s.grammar(schema, w.format)?),
+    };
+    let tools = c.tools_json();
+    let forced = match &c.tool_choice {
+        conversation::ToolChoice::Required => Some(None),
+        conversation::ToolChoice::Named(name) => Some(Some(name.as_str())),
+        conversation::ToolChoice::Auto | conversation::ToolChoice::None => None,
+    };
+    if let Some(only) = forced {
+        if constraint.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("tool_choice forces a call and {} a JSON answer: give one of them", w.format),
+            ));
+        }
+        constraint = Some(s.forced_call(Some(&tools), only)?);
+    }
+    let parsed_tools =
+        (s.tool_parser.is_some() && !c.tools.is_empty() && c.tool_choice != conversation::ToolChoice::None)
+            .then_some(tools);
+    let mut stop_ids = s.eos.clone();
+    stop_ids.dedup();
+    Ok((
+        Plan {
+            prompts: vec![ids],
+            echo: vec![None],
+            n: 1,
+            max_tokens: vec![max_tokens],
+            sampling,
+            stop: c.stop.clone(),
+            stop_ids,
+            logprobs: None,
+            penalties: Penalties::default(),
+            echo_logprobs: false,
+            prompt_logprobs: None,
+            stream: c.stream,
+            include_usage: false,
+            continuous_usage: false,
+            reasoning_opened: s.reasoning.map(|_| ReasoningSplit::opened_by(&text)),
+            hide_reasoning: false,
+            tools: parsed_tools,
+            first_call_only: !c.parallel_tool_calls,
+            constraint,
+        },
+        cut_by_context,
+    ))
 }
 
 fn plan_of<R: Route>(s: &AppState, bytes: &[u8], b: GenerateRequest<R>) -> Result<Plan, ApiError> {
@@ -252,8 +498,23 @@ fn plan_of<R: Route>(s: &AppState, bytes: &[u8], b: GenerateRequest<R>) -> Resul
         }
         Endpoint::Chat => {
             let c = codec.ok_or_else(|| no_tokenizer("messages"))?;
-            let text =
-                render_chat(s, b.messages.as_ref(), b.chat_template_kwargs.as_ref(), b.add_generation_prompt, bytes)?;
+            let continuing = b.continue_final_message == Some(true);
+            let gen_prompt = if continuing { Some(false) } else { b.add_generation_prompt };
+            let mut text = render_chat(s, b.messages.as_ref(), b.chat_template_kwargs.as_ref(), gen_prompt, bytes)?;
+            if continuing {
+                let last = b.messages.as_ref().and_then(|m| m.0.last());
+                let content = last
+                    .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+                    .and_then(|m| m.get("content"))
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "continue_final_message",
+                            "continue_final_message needs the last message to be the assistant's, with text content",
+                        )
+                    })?;
+                text = continue_final(&text, content, "continue_final_message")?;
+            }
             let v = encode(c, &text, "messages")?;
             reasoning_opened = s.reasoning.map(|_| ReasoningSplit::opened_by(&text));
             if v.is_empty() {
@@ -264,22 +525,7 @@ fn plan_of<R: Route>(s: &AppState, bytes: &[u8], b: GenerateRequest<R>) -> Resul
     };
     let prompt_key = if ep == Endpoint::Chat { "messages" } else { "prompt" };
     for p in &ids {
-        if let Some(pos) = p.iter().position(|&t| t < 0 || t >= s.vocab) {
-            return Err(ApiError::invalid(
-                prompt_key,
-                format!("token id {} at position {pos} is outside the vocabulary (0 to {})", p[pos], s.vocab - 1),
-            ));
-        }
-        if p.len() >= s.max_model_len {
-            return Err(ApiError::invalid(
-                prompt_key,
-                format!(
-                    "the prompt has {} tokens, and this server's context is {} (--max-model-len): it leaves no room for a new token",
-                    p.len(),
-                    s.max_model_len
-                ),
-            ));
-        }
+        check_ids(s, p, prompt_key)?;
     }
     let echo_asked = ep == Endpoint::Completions && b.echo.unwrap_or(false);
     let max_key =
@@ -329,28 +575,11 @@ fn plan_of<R: Route>(s: &AppState, bytes: &[u8], b: GenerateRequest<R>) -> Resul
             ),
         ));
     }
-    let temperature = b.temperature.unwrap_or(s.defaults.temperature);
-    if !temperature.is_finite() || temperature < 0.0 {
-        return Err(ApiError::invalid(
-            "temperature",
-            format!("temperature must be a number >= 0 (0 = greedy), not {temperature}"),
-        ));
+    let min_p = b.min_p.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::invalid("min_p", format!("min_p must be in [0, 1] (0: off), not {min_p}")));
     }
-    let top_p = b.top_p.unwrap_or(s.defaults.top_p);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid("top_p", format!("top_p must be in (0, 1], not {top_p}")));
-    }
-    let top_k = match b.top_k {
-        None => s.defaults.top_k,
-        Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 => k as usize,
-        Some(k) => {
-            return Err(ApiError::invalid(
-                "top_k",
-                format!("top_k must be -1 or 0 (all tokens) or a positive count, not {k}"),
-            ));
-        }
-    };
+    let sampling = sampling_of(s, b.temperature, b.top_p, b.top_k, min_p, b.seed)?;
     // OpenAI's range for presence and frequency, vLLM's for repetition.
     let penalty = |key: &str, v: Option<f64>, neutral: f64, ok: fn(f64) -> bool, legal: &str| match v {
         None => Ok(neutral),
@@ -372,22 +601,6 @@ fn plan_of<R: Route>(s: &AppState, bytes: &[u8], b: GenerateRequest<R>) -> Resul
         repetition: penalty("repetition_penalty", b.repetition_penalty, 1.0, |v| v > 0.0, "a number above 0 (1: off)")?,
         min_tokens: min_tokens as usize,
         logit_bias: logit_bias(b.logit_bias.as_ref(), s.vocab)?,
-    };
-    let min_p = b.min_p.unwrap_or(0.0);
-    if !(0.0..=1.0).contains(&min_p) {
-        return Err(ApiError::invalid("min_p", format!("min_p must be in [0, 1] (0: off), not {min_p}")));
-    }
-    let seed = b.seed;
-    let sampling = Sampling {
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        seed: seed.map(|x| x as u64).unwrap_or_else(|| {
-            // An unseeded request draws its own seed.
-            let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-            t ^ s.next_id.load(Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        }),
     };
     let stop = b.stop.clone().unwrap_or_default();
     let mut stop_ids = b.stop_token_ids.clone().unwrap_or_default();
@@ -476,6 +689,7 @@ fn plan_of<R: Route>(s: &AppState, bytes: &[u8], b: GenerateRequest<R>) -> Resul
         include_usage,
         continuous_usage,
         reasoning_opened,
+        hide_reasoning: b.include_reasoning == Some(false),
         tools,
         first_call_only: b.parallel_tool_calls == Some(false),
         constraint,

@@ -32,6 +32,8 @@ struct Choice {
     /// With a reasoning parser: the answer's split, and its reasoning so far.
     split: Option<ReasoningSplit>,
     reasoning: String,
+    /// `include_reasoning: false`: the reasoning split out is dropped.
+    hide_reasoning: bool,
     /// With a tool-call parser and tools: the calls read from the content.
     tools: Option<ToolSplit>,
     /// The echoed prompt, until a stream has sent it.
@@ -81,6 +83,7 @@ impl Choice {
                 (c, d)
             }
         };
+        let r = if self.hide_reasoning { String::new() } else { r };
         self.reasoning.push_str(&r);
         self.all.push_str(&c);
         (r, c, calls)
@@ -142,6 +145,7 @@ impl Reader {
                     all: echo.clone().unwrap_or_default(),
                     split: plan.reasoning_opened.map(ReasoningSplit::new),
                     reasoning: String::new(),
+                    hide_reasoning: plan.hide_reasoning,
                     tools: plan.tools.as_ref().map(|t| {
                         let split = ToolSplit::new(t, &format!("call_{}_{c}_", id_number(&id)));
                         if plan.first_call_only { split.first_call_only() } else { split }
@@ -233,6 +237,7 @@ impl Reader {
                 });
                 Ok(Some(added))
             }
+            Event::Reused(_) => Ok(None),
             Event::Failed(msg) => Err(msg),
         }
     }
@@ -300,7 +305,7 @@ impl Reader {
                                 message["content"] = Value::Null;
                             }
                         }
-                        if c.split.is_some() {
+                        if c.split.is_some() && !c.hide_reasoning {
                             let r = if c.reasoning.is_empty() { Value::Null } else { json!(c.reasoning) };
                             message["reasoning_content"] = r.clone();
                             message["reasoning"] = r;
@@ -411,7 +416,7 @@ impl Reader {
                                 phase = Phase::Done;
                                 continue;
                             };
-                            let prompt_event = matches!(e, Event::Prompt(_));
+                            let prompt_event = matches!(e, Event::Prompt(_) | Event::Reused(_));
                             // The echoed prompt (with its entries) goes first, in a chunk of
                             // its own, once the prompt is all scored.
                             if !prompt_event
