@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{demo, exits_within, get, python_script, root, start};
+use common::{demo, exits_within, get, output_within, python_script, root, start};
 use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, TextCodec, generate};
 
 /// What the library generates for each prompt alone: the answers the server must give.
@@ -420,4 +420,103 @@ fn the_agent_clients_speak_messages_and_responses() {
     );
     let status = python_script("python/agents_test.py", &["--url", &server.url, "--model", "bytes"], &[], 240);
     assert!(status.success(), "python/agents_test.py failed: {status}");
+}
+
+/// The agent programs themselves, offline against `headcount serve` (tests/agent-clis, from
+/// the npm registry): Claude Code in print mode on the Messages API and `codex exec` on the
+/// Responses API each finish their task with a result, not an error. The model is the
+/// byte-level random one with a context long enough for their prompts (a copy of
+/// tests/fixtures/glm-bytes whose max_position_embeddings is 65536).
+#[test]
+fn claude_code_and_codex_finish_against_headcount_serve() {
+    let model = tempfile::tempdir().unwrap();
+    let fixture = root().join("tests/fixtures/glm-bytes");
+    for f in std::fs::read_dir(&fixture).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, model.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let config = model.path().join("config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["max_position_embeddings"] = serde_json::json!(65536);
+    std::fs::write(&config, c.to_string()).unwrap();
+    let dir = model.path().display().to_string();
+    let server = start(
+        &[
+            "--model",
+            &dir,
+            "--served-model-name",
+            "bytes",
+            "--max-model-len",
+            "65536",
+            "--max-batch",
+            "2",
+            "--tool-call-parser",
+            "glm45",
+            "--reasoning-parser",
+            "glm45",
+        ],
+        &[],
+    );
+    let bin = root().join("tests/agent-clis/node_modules/.bin");
+    assert!(
+        bin.join("claude").exists() && bin.join("codex").exists(),
+        "{} lacks claude and codex: run scripts/setup --test",
+        bin.display()
+    );
+    let home = tempfile::tempdir().unwrap();
+
+    // Claude Code: ANTHROPIC_BASE_URL, no traffic but the model's.
+    let (status, stdout, _) = output_within(
+        Command::new(bin.join("claude"))
+            .args(["-p", "Say hi.", "--output-format", "json"])
+            .current_dir(home.path())
+            .env("HOME", home.path())
+            .env("ANTHROPIC_BASE_URL", &server.url)
+            .env("ANTHROPIC_API_KEY", "none")
+            .env("ANTHROPIC_MODEL", "bytes")
+            .env("ANTHROPIC_SMALL_FAST_MODEL", "bytes")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("DISABLE_AUTOUPDATER", "1"),
+        300,
+        "claude",
+    );
+    assert!(status.success(), "claude -p failed: {status}");
+    let result: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("claude -p --output-format json printed no JSON ({e}): {stdout}"));
+    assert_eq!(
+        (&result["is_error"], &result["subtype"]),
+        (&serde_json::json!(false), &serde_json::json!("success")),
+        "{result}"
+    );
+    assert!(result["usage"]["input_tokens"].as_u64().is_some_and(|n| n > 1000), "{result}");
+    assert!(result["usage"]["output_tokens"].as_u64().is_some_and(|n| n > 0), "{result}");
+
+    // Codex: a model provider on the Responses API (no web search or sub-agent tools, which
+    // are OpenAI's servers' to run).
+    let codex_home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        codex_home.path().join("config.toml"),
+        format!(
+            "model = \"bytes\"\nmodel_provider = \"headcount\"\nweb_search = \"disabled\"\n\n[agents]\nenabled = false\n\n\
+             [model_providers.headcount]\nname = \"headcount\"\nbase_url = \"{}/v1\"\nwire_api = \"responses\"\n",
+            server.url
+        ),
+    )
+    .unwrap();
+    let (status, stdout, stderr) = output_within(
+        Command::new(bin.join("codex"))
+            .args(["exec", "--skip-git-repo-check", "Say hi."])
+            .current_dir(home.path())
+            .env("HOME", home.path())
+            .env("CODEX_HOME", codex_home.path())
+            .env("OPENAI_API_KEY", "none"),
+        300,
+        "codex",
+    );
+    assert!(status.success(), "codex exec failed: {status}");
+    assert!(!stderr.contains("ERROR:"), "{stderr}");
+    assert!(!stdout.trim().is_empty(), "codex exec printed no answer");
+    let metrics = get(&server.url, "/metrics");
+    let ok = metrics.lines().find_map(|l| l.strip_prefix("headcount_requests_total{outcome=\"ok\"} "));
+    assert!(ok.is_some_and(|n| n.parse::<u64>().unwrap_or(0) >= 2), "{metrics}");
 }

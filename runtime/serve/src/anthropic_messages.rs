@@ -68,6 +68,9 @@ struct MessagesRequest {
     /// `{"format": {"type": "json_schema", "schema": ...}}`: structured output.
     #[serde(default)]
     output_config: Option<Value>,
+    /// `{"edits": [...]}`: `clear_thinking_20251015` is honoured.
+    #[serde(default)]
+    context_management: Option<Value>,
     /// The top-level cache mark: the prefix cache needs none.
     #[serde(default, deserialize_with = "object")]
     cache_control: Option<Map<String, Value>>,
@@ -79,6 +82,69 @@ struct MessagesRequest {
 /// The fields of `/v1/messages` that `count_tokens` does not read.
 const NOT_COUNTED: &[&str] =
     &["max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "stream", "service_tier"];
+
+/// `context_management`'s edits applied to the conversation: `clear_thinking_20251015`
+/// clears the thinking of all but the last assistant turns it keeps (`keep`: `"all"`, or
+/// `{"type": "thinking_turns", "value": N}`); other edits are refused.
+fn manage_context(v: &Value, c: &mut Conversation) -> Result<(), ApiError> {
+    let o = object_at(v, "context_management")?;
+    only_keys(o, &["edits"], "context_management")?;
+    let edits = match o.get("edits") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Array(e)) => e,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "context_management.edits",
+                format!("context_management.edits must be a list, not {}", type_name(v)),
+            ));
+        }
+    };
+    for (i, e) in edits.iter().enumerate() {
+        let at = format!("context_management.edits[{i}]");
+        let eo = object_at(e, &at)?;
+        match string_at(eo, "type", &at)? {
+            "clear_thinking_20251015" => {
+                only_keys(eo, &["type", "keep"], &at)?;
+                let keep = match eo.get("keep") {
+                    None | Some(Value::Null) => 1,
+                    Some(Value::String(k)) if k == "all" => usize::MAX,
+                    Some(Value::Object(k))
+                        if k.get("type").and_then(Value::as_str) == Some("thinking_turns")
+                            && k.get("value").and_then(Value::as_u64).is_some() =>
+                    {
+                        k.get("value").and_then(Value::as_u64).unwrap_or(1) as usize
+                    }
+                    Some(k) => {
+                        return Err(ApiError::invalid(
+                            format!("{at}.keep"),
+                            format!(
+                                "{at}.keep {} is not \"all\" or {{\"type\": \"thinking_turns\", \"value\": N}}",
+                                shown(k)
+                            ),
+                        ));
+                    }
+                };
+                let turns = c.messages.iter().filter(|m| m.role == Role::Assistant).count();
+                let mut seen = 0;
+                for m in c.messages.iter_mut().filter(|m| m.role == Role::Assistant) {
+                    seen += 1;
+                    if turns - seen >= keep {
+                        m.blocks.retain(|b| !matches!(b, Block::Reasoning(_)));
+                    }
+                }
+            }
+            t => {
+                return Err(ApiError::invalid(
+                    format!("{at}.type"),
+                    format!(
+                        "{at}.type {t:?} is not supported: this server clears thinking (clear_thinking_20251015) only"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Refuses what Anthropic's API would: a body that is not a message request, naming the field.
 fn read(bytes: &[u8], counting: bool) -> Result<Conversation, ApiError> {
@@ -164,7 +230,14 @@ fn read(bytes: &[u8], counting: bool) -> Result<Conversation, ApiError> {
         conversation.thinking = read_thinking(t, max_tokens)?;
     }
     if let Some(o) = &b.output_config {
-        conversation.format = read_output_config(o)?;
+        let (format, effort_thinking) = read_output_config(o)?;
+        conversation.format = format;
+        if conversation.thinking.is_none() {
+            conversation.thinking = effort_thinking;
+        }
+    }
+    if let Some(m) = &b.context_management {
+        manage_context(m, &mut conversation)?;
     }
     Ok(conversation)
 }
@@ -201,10 +274,11 @@ fn read_message(m: &Value, at: &str, before: &Conversation) -> Result<Message, A
     let role = match string_at(o, "role", at)? {
         "user" => Role::User,
         "assistant" => Role::Assistant,
+        "system" => Role::System,
         r => {
             return Err(ApiError::invalid(
                 format!("{at}.role"),
-                format!("{at}.role {r:?} is not \"user\" or \"assistant\" (the system prompt is the system field)"),
+                format!("{at}.role {r:?} is not one of \"user\", \"assistant\", \"system\""),
             ));
         }
     };
@@ -490,13 +564,25 @@ fn display(o: &Map<String, Value>) -> Result<(), ApiError> {
     }
 }
 
-/// `output_config`: `format` (a JSON schema the answer follows); `effort` is refused (GLM
-/// has no effort levels: use `thinking`).
-fn read_output_config(v: &Value) -> Result<Format, ApiError> {
+/// `output_config`: `format` (a JSON schema the answer follows) and `effort`: GLM has one
+/// effort, its thinking; `low` turns thinking off where `thinking` does not say, the others
+/// (`medium`, `high`, `xhigh`, `max`) leave it as the template has it.
+fn read_output_config(v: &Value) -> Result<(Format, Option<bool>), ApiError> {
     let o = object_at(v, "output_config")?;
-    only_keys(o, &["format"], "output_config")?;
-    match o.get("format") {
-        None | Some(Value::Null) => Ok(Format::Text),
+    only_keys(o, &["format", "effort"], "output_config")?;
+    let thinking = match o.get("effort") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) if e == "low" => Some(false),
+        Some(Value::String(e)) if ["medium", "high", "xhigh", "max"].contains(&e.as_str()) => None,
+        Some(e) => {
+            return Err(ApiError::invalid(
+                "output_config.effort",
+                format!("output_config.effort {} is not one of low, medium, high, xhigh, max", shown(e)),
+            ));
+        }
+    };
+    let format = match o.get("format") {
+        None | Some(Value::Null) => Format::Text,
         Some(f) => {
             let fo = object_at(f, "output_config.format")?;
             only_keys(fo, &["type", "schema"], "output_config.format")?;
@@ -507,14 +593,17 @@ fn read_output_config(v: &Value) -> Result<Format, ApiError> {
                 ));
             }
             match fo.get("schema") {
-                Some(s @ Value::Object(_)) => Ok(Format::Json(s.clone())),
-                _ => Err(ApiError::invalid(
-                    "output_config.format.schema",
-                    "output_config.format.schema must be a JSON schema object",
-                )),
+                Some(s @ Value::Object(_)) => Format::Json(s.clone()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "output_config.format.schema",
+                        "output_config.format.schema must be a JSON schema object",
+                    ));
+                }
             }
         }
-    }
+    };
+    Ok((format, thinking))
 }
 
 /// An error as Anthropic's API writes it, with its status.
@@ -821,6 +910,38 @@ mod tests {
         assert_eq!((c.tool_choice, c.parallel_tool_calls), (ToolChoice::Required, false));
         assert_eq!((c.thinking, c.max_tokens, c.stream), (Some(true), Some(2048), true));
         assert_eq!(c.stop, ["END"]);
+    }
+
+    /// What Claude Code sends: adaptive thinking, an effort, a context edit keeping all
+    /// thinking, and a system message among the messages.
+    #[test]
+    fn claude_code_s_request_reads() {
+        let turn = |keep: Value| {
+            json!({"model": "m", "max_tokens": 32000, "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+                   "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": keep}]},
+                   "messages": [{"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": [{"type": "thinking", "thinking": "a", "signature": "s"},
+                                                                  {"type": "text", "text": "hello"}]},
+                                {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+                                {"role": "assistant", "content": [{"type": "thinking", "thinking": "b", "signature": "s"},
+                                                                  {"type": "text", "text": "ok"}]},
+                                {"role": "user", "content": "go on"}]})
+        };
+        let c = read(&body(turn(json!("all"))), false).unwrap();
+        assert_eq!((c.thinking, c.messages[2].role), (None, Role::System));
+        let thinking = |c: &Conversation| {
+            c.messages.iter().flat_map(|m| &m.blocks).filter(|b| matches!(b, Block::Reasoning(_))).count()
+        };
+        assert_eq!(thinking(&c), 2);
+        let c = read(&body(turn(json!({"type": "thinking_turns", "value": 1}))), false).unwrap();
+        assert_eq!(thinking(&c), 1, "the last turn's thinking is kept");
+        assert_eq!(c.messages[3].blocks[0], Block::Reasoning("b".into()));
+        let mut low = turn(json!("all"));
+        low["output_config"] = json!({"effort": "low"});
+        assert_eq!(read(&body(low), false).unwrap().thinking, Some(false));
+        let mut other = turn(json!("all"));
+        other["context_management"] = json!({"edits": [{"type": "clear_tool_uses_20250919"}]});
+        assert_eq!(refusal(other).0, "context_management.edits[0].type");
     }
 
     #[test]

@@ -88,6 +88,9 @@ struct ResponsesRequest {
     prompt_cache_key: Option<String>,
     #[serde(default)]
     user: Option<IgnoredAny>,
+    /// Codex's ids of its thread and turn: taken, and not used.
+    #[serde(default, deserialize_with = "object")]
+    client_metadata: Option<Map<String, Value>>,
     #[serde(default)]
     safety_identifier: Option<IgnoredAny>,
     /// `auto` or `default`: one tier here.
@@ -118,7 +121,7 @@ fn read(bytes: &[u8], store: &ResponseStore) -> Result<Read, ApiError> {
     let b: ResponsesRequest = parse(bytes, &[], |key, _| {
         ApiError::invalid(key, format!("{key} is not a field of /v1/responses that this server reads: leave it out"))
     })?;
-    let _ = (&b.prompt_cache_key, &b.user, &b.safety_identifier);
+    let _ = (&b.prompt_cache_key, &b.user, &b.safety_identifier, &b.client_metadata);
     if let Some(t) = b.service_tier.as_deref()
         && t != "auto"
         && t != "default"

@@ -106,3 +106,42 @@ pub fn get(url: &str, path: &str) -> String {
     s.read_to_string(&mut text).unwrap();
     text.split_once("\r\n\r\n").unwrap().1.to_owned()
 }
+
+/// Runs `cmd` (stdin closed) to its end, killing it past `secs` seconds; its status and
+/// its output (stdout, then stderr), which also goes to the test's.
+pub fn output_within(cmd: &mut Command, secs: u64, what: &str) -> (ExitStatus, String, String) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = out.read_to_string(&mut text);
+        text
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = err.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (reader.join().unwrap(), err_reader.join().unwrap());
+    eprintln!("[{what} stdout] {stdout}\n[{what} stderr] {stderr}");
+    (status, stdout, stderr)
+}
