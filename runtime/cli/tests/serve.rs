@@ -520,3 +520,56 @@ fn claude_code_and_codex_finish_against_headcount_serve() {
     let ok = metrics.lines().find_map(|l| l.strip_prefix("headcount_requests_total{outcome=\"ok\"} "));
     assert!(ok.is_some_and(|n| n.parse::<u64>().unwrap_or(0) >= 2), "{metrics}");
 }
+
+/// A process killed when dropped (the router).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two replicas of the demo behind vLLM's router (`vllm-router`, pinned in
+/// python/requirements-test.txt) with its cache-aware policy, as docs/SERVING.md says to run
+/// them (python/router_test.py): the router's requests, with their extension fields at
+/// neutral values, answered as one server answers them; one replica killed mid-run, and the
+/// requests after it answered by the other.
+#[test]
+fn replicas_behind_vllm_router_answer_as_one_server() {
+    let demo = demo().display().to_string();
+    let args = ["--model", demo.as_str(), "--served-model-name", "addition"];
+    let (one, two) = (start(&args, &[]), start(&args, &[]));
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let (port, metrics_port) = (free(), free());
+    // Retries, a circuit breaker opening at the first failure, and a health check a second.
+    let flags = "--policy cache_aware --balance-abs-threshold 2 --cb-failure-threshold 1 --retry-max-retries 3 \
+                 --retry-initial-backoff-ms 50 --health-check-interval-secs 1 --health-failure-threshold 1";
+    let router = Killed(
+        Command::new(root().join(".venv/bin/vllm-router"))
+            .args(["--host", "127.0.0.1", "--port", &port, "--prometheus-host", "127.0.0.1", "--prometheus-port"])
+            .arg(&metrics_port)
+            .args(flags.split_whitespace())
+            .args(["--worker-urls", &one.url, &two.url])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start .venv/bin/vllm-router (scripts/setup --test installs it)"),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(url.trim_start_matches("http://")).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(60), "vllm-router did not listen within 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = two.child.id().to_string();
+    let status = python_script(
+        "python/router_test.py",
+        &["--router", &url, "--replica", &one.url, "--replica", &two.url, "--kill-pid", &pid, "--model", "addition"],
+        &[],
+        240,
+    );
+    drop(router);
+    assert!(status.success(), "python/router_test.py failed: {status}");
+}
