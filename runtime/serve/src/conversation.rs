@@ -701,6 +701,39 @@ mod tests {
         }
     }
 
+    /// GLM-4.7's calls (the name and the first tag together, no newlines), a call with no
+    /// arguments, a string argument holding markup and an integer kept an integer, read the
+    /// same whole and a character at a time.
+    #[test]
+    fn glm47_calls_with_markup_integers_and_no_arguments() {
+        let mut s = settings(true, true);
+        s.tools = Some(json!([
+            {"type": "function", "function": {"name": "write", "parameters": {"type": "object",
+              "properties": {"html": {"type": "string"}, "size": {"type": "integer"}, "id": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}},
+        ]));
+        let text = "<think>plan</think><tool_call>write<arg_key>html</arg_key><arg_value><b>bold</b> & \"q\"</arg_value>\
+                    <arg_key>size</arg_key><arg_value>12</arg_value><arg_key>id</arg_key><arg_value>007</arg_value>\
+                    </tool_call><tool_call>now</tool_call>";
+        let want = vec![
+            Part::Reasoning("plan".into()),
+            Part::Call {
+                id: "call_0".into(),
+                name: "write".into(),
+                arguments: r#"{"html": "<b>bold</b> & \"q\"", "size": 12, "id": "007"}"#.into(),
+                complete: true,
+            },
+            Part::Call { id: "call_1".into(), name: "now".into(), arguments: "{}".into(), complete: true },
+        ];
+        for pieces in [1, 5, text.chars().count()] {
+            let settings = AnswerSettings { tools: s.tools.clone(), ..settings(true, true) };
+            assert_eq!(collected(events(text, pieces, settings, Finish::Stop)).parts, want, "{pieces} pieces");
+        }
+        let Part::Call { arguments, .. } = &want[1] else { unreachable!() };
+        let args: Value = serde_json::from_str(arguments).unwrap();
+        assert_eq!(args["size"], json!(12));
+    }
+
     #[test]
     fn a_call_inside_think_is_reasoning_and_a_cut_call_is_not_complete() {
         let text = "<think>maybe <tool_call>now</tool_call></think>ok";
