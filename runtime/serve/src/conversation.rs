@@ -277,6 +277,89 @@ pub struct AnswerSettings {
     pub call_id_prefix: String,
 }
 
+/// An answer's final text split, piece by piece, by the reasoning parser (GLM's `<think>`
+/// block) and then the tool-call parser (GLM's calls in the content), into reasoning,
+/// content and call deltas in the order the text has them: the one place every wire format's
+/// answers are split.
+pub struct Splitter {
+    reasoning: Option<ReasoningSplit>,
+    tools: Option<ToolSplit>,
+}
+
+/// A piece of an answer's text after the parsers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Split {
+    Reasoning(String),
+    Content(String),
+    Call(ToolDelta),
+}
+
+impl Splitter {
+    /// A splitter with a reasoning parser where `reasoning_opened` says whether the prompt
+    /// leaves the answer inside `<think>`, and a tool-call parser where `tools` (OpenAI's
+    /// list) are given, its calls' ids made from `call_id_prefix`.
+    pub fn new(
+        reasoning_opened: Option<bool>,
+        tools: Option<&Value>,
+        first_call_only: bool,
+        call_id_prefix: &str,
+    ) -> Splitter {
+        Splitter {
+            reasoning: reasoning_opened.map(ReasoningSplit::new),
+            tools: tools.map(|t| {
+                let split = ToolSplit::new(t, call_id_prefix);
+                if first_call_only { split.first_call_only() } else { split }
+            }),
+        }
+    }
+
+    /// Whether reasoning is split out (a reasoning parser).
+    pub fn splits_reasoning(&self) -> bool {
+        self.reasoning.is_some()
+    }
+
+    /// The calls read so far (complete or, at the end, cut).
+    pub fn calls(&self) -> &[crate::tools::ToolCall] {
+        self.tools.as_ref().map_or(&[], |t| t.calls())
+    }
+
+    /// The pieces newly final text adds (`last`: the text's end: what the parsers hold back
+    /// comes out).
+    pub fn push(&mut self, text: &str, last: bool) -> Vec<Split> {
+        let (mut reasoning, mut content) = match &mut self.reasoning {
+            None => (String::new(), text.to_owned()),
+            Some(split) => split.push(text),
+        };
+        if last && let Some(split) = &mut self.reasoning {
+            let (r, c) = split.finish();
+            reasoning.push_str(&r);
+            content.push_str(&c);
+        }
+        let mut out = Vec::new();
+        if !reasoning.is_empty() {
+            out.push(Split::Reasoning(reasoning));
+        }
+        let Some(tools) = &mut self.tools else {
+            if !content.is_empty() {
+                out.push(Split::Content(content));
+            }
+            return out;
+        };
+        let mut pieces = tools.push_in_order(&content);
+        if last {
+            pieces.extend(tools.finish_in_order());
+        }
+        for p in pieces {
+            match p {
+                Piece::Text(t) if t.is_empty() => {}
+                Piece::Text(t) => out.push(Split::Content(t)),
+                Piece::Call(d) => out.push(Split::Call(d)),
+            }
+        }
+        out
+    }
+}
+
 /// One answer read from the engine's events into [`AnswerEvent`]s: its text through the stop
 /// strings, the reasoning split and the tool-call parser. Whitespace between blocks (GLM
 /// writes a newline after `</think>` and around its calls) opens no text block: a text run's
@@ -284,8 +367,7 @@ pub struct AnswerSettings {
 pub struct Answer {
     codec: Option<Arc<TextCodec>>,
     text: TextStream,
-    split: Option<ReasoningSplit>,
-    tools: Option<ToolSplit>,
+    splitter: Splitter,
     cut_by_context: bool,
     usage: Usage,
     /// Whitespace held at the start of a text run.
@@ -299,15 +381,16 @@ pub struct Answer {
 
 impl Answer {
     pub fn new(codec: Option<Arc<TextCodec>>, settings: AnswerSettings) -> Answer {
-        let tools = settings.tools.as_ref().map(|t| {
-            let split = ToolSplit::new(t, &settings.call_id_prefix);
-            if settings.first_call_only { split.first_call_only() } else { split }
-        });
+        let splitter = Splitter::new(
+            settings.reasoning_opened,
+            settings.tools.as_ref(),
+            settings.first_call_only,
+            &settings.call_id_prefix,
+        );
         Answer {
             codec,
             text: TextStream::new(settings.stop),
-            split: settings.reasoning_opened.map(ReasoningSplit::new),
-            tools,
+            splitter,
             cut_by_context: settings.cut_by_context,
             usage: Usage { input_tokens: settings.input_tokens, ..Usage::default() },
             held: String::new(),
@@ -353,9 +436,7 @@ impl Answer {
                 let rest = self.text.finish();
                 self.take(&rest, true, &mut out);
                 let reason = match f {
-                    Finish::Stop if self.tools.as_ref().is_some_and(|t| t.calls().iter().any(|c| c.complete)) => {
-                        FinishReason::ToolCalls
-                    }
+                    Finish::Stop if self.splitter.calls().iter().any(|c| c.complete) => FinishReason::ToolCalls,
                     Finish::Stop => FinishReason::EndTurn,
                     Finish::Length if self.cut_by_context => FinishReason::Context,
                     Finish::Length => FinishReason::Length,
@@ -367,48 +448,30 @@ impl Answer {
         Ok((out, false))
     }
 
-    /// Final text through the reasoning split and the tool-call parser (`last`: the text's
-    /// end).
+    /// Final text through the parsers (`last`: the text's end).
     fn take(&mut self, piece: &str, last: bool, out: &mut Vec<AnswerEvent>) {
-        let (mut reasoning, mut content) = match &mut self.split {
-            None => (String::new(), piece.to_owned()),
-            Some(split) => split.push(piece),
-        };
-        if last && let Some(split) = &mut self.split {
-            let (r, c) = split.finish();
-            reasoning.push_str(&r);
-            content.push_str(&c);
-        }
-        if !reasoning.is_empty() {
-            self.in_text = false;
-            self.held.clear();
-            out.push(AnswerEvent::Reasoning(reasoning));
-        }
-        let Some(tools) = &mut self.tools else {
-            self.text_run(&content, out);
-            return;
-        };
-        let mut pieces = tools.push_in_order(&content);
-        if last {
-            pieces.extend(tools.finish_in_order());
-        }
-        for p in pieces {
+        for p in self.splitter.push(piece, last) {
             match p {
-                Piece::Text(t) => self.text_run(&t, out),
-                Piece::Call(ToolDelta::Start { index, id, name }) => {
+                Split::Reasoning(r) => {
+                    self.in_text = false;
+                    self.held.clear();
+                    out.push(AnswerEvent::Reasoning(r));
+                }
+                Split::Content(t) => self.text_run(&t, out),
+                Split::Call(ToolDelta::Start { index, id, name }) => {
                     self.close_call(out);
                     self.in_text = false;
                     self.held.clear();
                     self.open = Some(index);
                     out.push(AnswerEvent::ToolStart { index, id, name });
                 }
-                Piece::Call(ToolDelta::Arguments { index, text }) => {
+                Split::Call(ToolDelta::Arguments { index, text }) => {
                     out.push(AnswerEvent::ToolArguments { index, text })
                 }
             }
             // The parser lists a call among its calls once it is over.
             if let Some(index) = self.open
-                && self.tools.as_ref().is_some_and(|t| t.calls().len() > index)
+                && self.splitter.calls().len() > index
             {
                 self.close_call(out);
             }
@@ -418,7 +481,7 @@ impl Answer {
     /// Ends the open call, complete or as the answer left it.
     fn close_call(&mut self, out: &mut Vec<AnswerEvent>) {
         if let Some(index) = self.open.take() {
-            let complete = self.tools.as_ref().and_then(|t| t.calls().get(index)).is_some_and(|c| c.complete);
+            let complete = self.splitter.calls().get(index).is_some_and(|c| c.complete);
             out.push(AnswerEvent::ToolEnd { index, complete });
         }
     }

@@ -17,25 +17,24 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::AppState;
 use super::plan::Plan;
+use crate::conversation::{Split, Splitter};
 use crate::engine::{Event, Finish, TokenLogprobs};
 use crate::error::ApiError;
-use crate::reasoning::ReasoningSplit;
 use crate::request::Endpoint;
 use crate::text::TextStream;
-use crate::tools::{ToolDelta, ToolSplit};
+use crate::tools::ToolDelta;
 
 struct Choice {
     text: TextStream,
     /// All text so far, the echoed prompt first (non-streaming answers); with a reasoning
     /// parser, the content only.
     all: String,
-    /// With a reasoning parser: the answer's split, and its reasoning so far.
-    split: Option<ReasoningSplit>,
+    /// The answer's parsers (reasoning split, tool calls); with a reasoning parser, its
+    /// reasoning so far.
+    split: Splitter,
     reasoning: String,
     /// `include_reasoning: false`: the reasoning split out is dropped.
     hide_reasoning: bool,
-    /// With a tool-call parser and tools: the calls read from the content.
-    tools: Option<ToolSplit>,
     /// The echoed prompt, until a stream has sent it.
     echo: Option<String>,
     /// Its bytes: the text offset of the first generated token.
@@ -55,34 +54,17 @@ struct Choice {
 }
 
 impl Choice {
-    /// Adds newly final text (`last`: the answer's end): to the content, through the
-    /// reasoning split to the reasoning and the content, and from the content to tool calls.
-    /// Returns the reasoning, content and tool-call deltas added.
+    /// Adds newly final text (`last`: the answer's end) through the answer's parsers
+    /// (`crate::conversation::Splitter`): the reasoning, content and tool-call deltas added.
     fn take(&mut self, piece: &str, last: bool) -> Added {
-        let (r, c) = match &mut self.split {
-            None => (String::new(), piece.to_owned()),
-            Some(split) => {
-                let (mut r, mut c) = split.push(piece);
-                if last {
-                    let (r2, c2) = split.finish();
-                    r.push_str(&r2);
-                    c.push_str(&c2);
-                }
-                (r, c)
+        let (mut r, mut c, mut calls) = (String::new(), String::new(), Vec::new());
+        for p in self.split.push(piece, last) {
+            match p {
+                Split::Reasoning(t) => r.push_str(&t),
+                Split::Content(t) => c.push_str(&t),
+                Split::Call(d) => calls.push(d),
             }
-        };
-        let (c, calls) = match &mut self.tools {
-            None => (c, Vec::new()),
-            Some(tools) => {
-                let (mut c, mut d) = tools.push(&c);
-                if last {
-                    let (c2, d2) = tools.finish();
-                    c.push_str(&c2);
-                    d.extend(d2);
-                }
-                (c, d)
-            }
-        };
+        }
         let r = if self.hide_reasoning { String::new() } else { r };
         self.reasoning.push_str(&r);
         self.all.push_str(&c);
@@ -91,7 +73,7 @@ impl Choice {
 
     /// Whether the answer made tool calls.
     fn called(&self) -> bool {
-        self.tools.as_ref().is_some_and(|t| !t.calls().is_empty())
+        !self.split.calls().is_empty()
     }
 }
 
@@ -143,13 +125,14 @@ impl Reader {
                     text: TextStream::new(plan.stop.clone()),
                     offset,
                     all: echo.clone().unwrap_or_default(),
-                    split: plan.reasoning_opened.map(ReasoningSplit::new),
+                    split: Splitter::new(
+                        plan.reasoning_opened,
+                        plan.tools.as_ref(),
+                        plan.first_call_only,
+                        &format!("call_{}_{c}_", id_number(&id)),
+                    ),
                     reasoning: String::new(),
                     hide_reasoning: plan.hide_reasoning,
-                    tools: plan.tools.as_ref().map(|t| {
-                        let split = ToolSplit::new(t, &format!("call_{}_{c}_", id_number(&id)));
-                        if plan.first_call_only { split.first_call_only() } else { split }
-                    }),
                     echo_len: echo.as_ref().map_or(0, String::len),
                     echo,
                     tokens: 0,
@@ -291,8 +274,9 @@ impl Reader {
                     }
                     Endpoint::Chat => {
                         let mut message = json!({"role": "assistant", "content": c.all});
-                        if let Some(tools) = c.tools.as_ref().filter(|t| !t.calls().is_empty()) {
-                            let calls: Vec<Value> = tools
+                        if !c.split.calls().is_empty() {
+                            let calls: Vec<Value> = c
+                                .split
                                 .calls()
                                 .iter()
                                 .map(|t| {
@@ -305,7 +289,7 @@ impl Reader {
                                 message["content"] = Value::Null;
                             }
                         }
-                        if c.split.is_some() && !c.hide_reasoning {
+                        if c.split.splits_reasoning() && !c.hide_reasoning {
                             let r = if c.reasoning.is_empty() { Value::Null } else { json!(c.reasoning) };
                             message["reasoning_content"] = r.clone();
                             message["reasoning"] = r;
