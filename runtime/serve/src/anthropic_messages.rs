@@ -615,7 +615,11 @@ pub fn error_response(e: &ApiError, s: &AppState) -> Response {
     };
     counter.fetch_add(1, Ordering::Relaxed);
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, axum::Json(error_json(e.status(), &e.to_string()))).into_response()
+    let mut r = (status, axum::Json(error_json(e.status(), &e.to_string()))).into_response();
+    if e.status() == 429 {
+        r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+    }
+    r
 }
 
 /// Anthropic's error object for `status`.
@@ -977,19 +981,7 @@ mod tests {
     fn a_stream_writes_anthropic_s_events_in_order() {
         let mut w = Writer::new("msg_1".into(), "glm".into(), 7);
         let mut out = w.start();
-        for e in [
-            AnswerEvent::Reasoning("think".into()),
-            AnswerEvent::Text("Let me".into()),
-            AnswerEvent::Text(" check.".into()),
-            AnswerEvent::ToolStart { index: 0, id: "toolu_0".into(), name: "get_weather".into() },
-            AnswerEvent::ToolArguments { index: 0, text: "{\"city\": \"Oslo\"".into() },
-            AnswerEvent::ToolArguments { index: 0, text: "}".into() },
-            AnswerEvent::ToolEnd { index: 0, complete: true },
-            AnswerEvent::Finish {
-                reason: FinishReason::ToolCalls,
-                usage: Usage { input_tokens: 7, output_tokens: 20, cached_tokens: 3 },
-            },
-        ] {
+        for e in crate::conversation::sample_events() {
             out.extend(w.event(e));
         }
         let names: Vec<&str> = out.iter().map(|e| e.name).collect();
@@ -1026,7 +1018,7 @@ mod tests {
         assert_eq!(out[8].data["delta"], json!({"type": "text_delta", "text": " check."}));
         assert_eq!(
             out[10].data["content_block"],
-            json!({"type": "tool_use", "id": "toolu_0", "name": "get_weather", "input": {}})
+            json!({"type": "tool_use", "id": "call_0", "name": "get_weather", "input": {}})
         );
         assert_eq!(out[11].data["delta"], json!({"type": "input_json_delta", "partial_json": "{\"city\": \"Oslo\""}));
         assert_eq!(out[13].data, json!({"type": "content_block_stop", "index": 2}));

@@ -684,6 +684,25 @@ pub fn signature(text: &str) -> String {
     format!("{h:016x}")
 }
 
+/// One answer's events, replayed through each adapter's stream writer by its tests:
+/// reasoning, text in two deltas, a call with its arguments in two deltas, the finish.
+#[cfg(test)]
+pub(crate) fn sample_events() -> Vec<AnswerEvent> {
+    vec![
+        AnswerEvent::Reasoning("think".into()),
+        AnswerEvent::Text("Let me".into()),
+        AnswerEvent::Text(" check.".into()),
+        AnswerEvent::ToolStart { index: 0, id: "call_0".into(), name: "get_weather".into() },
+        AnswerEvent::ToolArguments { index: 0, text: "{\"city\": \"Oslo\"".into() },
+        AnswerEvent::ToolArguments { index: 0, text: "}".into() },
+        AnswerEvent::ToolEnd { index: 0, complete: true },
+        AnswerEvent::Finish {
+            reason: FinishReason::ToolCalls,
+            usage: Usage { input_tokens: 7, output_tokens: 20, cached_tokens: 3 },
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

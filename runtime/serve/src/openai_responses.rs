@@ -1049,17 +1049,7 @@ mod tests {
         };
         let mut w = Writer { head, seq: 0, items: Vec::new(), open: None };
         let mut out = w.start();
-        for e in [
-            AnswerEvent::Reasoning("think".into()),
-            AnswerEvent::Text("Hi".into()),
-            AnswerEvent::ToolStart { index: 0, id: "call_0".into(), name: "now".into() },
-            AnswerEvent::ToolArguments { index: 0, text: "{}".into() },
-            AnswerEvent::ToolEnd { index: 0, complete: true },
-            AnswerEvent::Finish {
-                reason: FinishReason::ToolCalls,
-                usage: Usage { input_tokens: 3, output_tokens: 9, cached_tokens: 0 },
-            },
-        ] {
+        for e in crate::conversation::sample_events() {
             out.extend(w.event(e));
         }
         let names: Vec<&str> = out.iter().map(|e| e.name).collect();
@@ -1077,10 +1067,12 @@ mod tests {
                 "response.output_item.added",
                 "response.content_part.added",
                 "response.output_text.delta",
+                "response.output_text.delta",
                 "response.output_text.done",
                 "response.content_part.done",
                 "response.output_item.done",
                 "response.output_item.added",
+                "response.function_call_arguments.delta",
                 "response.function_call_arguments.delta",
                 "response.function_call_arguments.done",
                 "response.output_item.done",
@@ -1095,9 +1087,10 @@ mod tests {
         assert_eq!(
             done["output"][2],
             json!({"type": "function_call", "id": "fc_000001_2", "call_id": "call_0",
-                                             "name": "now", "arguments": "{}", "status": "completed"})
+                                             "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}", "status": "completed"})
         );
-        assert_eq!(done["output_text"], "Hi");
-        assert_eq!(done["usage"]["total_tokens"], 12);
+        assert_eq!(done["output_text"], "Let me check.");
+        assert_eq!(done["usage"]["total_tokens"], 27);
+        assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 3);
     }
 }

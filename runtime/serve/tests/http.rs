@@ -585,7 +585,6 @@ fn tokenizer_routes_answer_as_vllm_and_name_bad_fields() {
 /// A checkpoint folder whose tokenizer writes GLM's tool-call tags and a few words (one id
 /// each), and a chat template that renders the tools it is given.
 fn tool_checkpoint() -> (tempfile::TempDir, Vec<&'static str>) {
-    let dir = tempfile::tempdir().unwrap();
     let words = vec![
         "<pad>",
         "<bos>",
@@ -606,6 +605,16 @@ fn tool_checkpoint() -> (tempfile::TempDir, Vec<&'static str>) {
         "\n",
         "Let me check.",
     ];
+    let template = "{{ bos_token }}{% for t in tools %}{{ t.function.name }}{% endfor %}\
+                    {% for m in messages %}{{ m.content }}{% endfor %}";
+    (word_checkpoint(&words, 10, template), words)
+}
+
+/// A checkpoint folder whose word-level tokenizer reads one character a token (a word of
+/// `words` is read whole only among the first `added`, its added tokens; the first four are
+/// special) and decodes each id to its word, with `template` as its chat template.
+fn word_checkpoint(words: &[&str], added: usize, template: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
     let token = |id: usize, content: &str| {
         json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
                "normalized": false, "special": id < 4})
@@ -614,17 +623,15 @@ fn tool_checkpoint() -> (tempfile::TempDir, Vec<&'static str>) {
         words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
     let tokenizer = json!({
         "version": "1.0", "truncation": null, "padding": null, "normalizer": null, "post_processor": null,
-        "added_tokens": (0..10).map(|i| token(i, words[i])).collect::<Vec<_>>(),
+        "added_tokens": (0..added).map(|i| token(i, words[i])).collect::<Vec<_>>(),
         "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
         "decoder": {"type": "Fuse"},
         "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": vocab},
     });
     std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let template = "{{ bos_token }}{% for t in tools %}{{ t.function.name }}{% endfor %}\
-                    {% for m in messages %}{{ m.content }}{% endfor %}";
     let config = json!({"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": template});
     std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
-    (dir, words)
+    dir
 }
 
 /// GLM-4.5 tool calls read into OpenAI `tool_calls`, whole and streamed: text before the
@@ -767,25 +774,9 @@ fn agent_checkpoint() -> (tempfile::TempDir, impl Fn(&str) -> i64) {
         "Let me check.",
         "3",
     ];
-    let dir = tempfile::tempdir().unwrap();
-    let token = |id: usize, content: &str| {
-        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
-               "normalized": false, "special": id < 4})
-    };
-    let vocab: serde_json::Map<String, Value> =
-        words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
-    let tokenizer = json!({
-        "version": "1.0", "truncation": null, "padding": null, "normalizer": null, "post_processor": null,
-        "added_tokens": (0..12).map(|i| token(i, words[i])).collect::<Vec<_>>(),
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
-        "decoder": {"type": "Fuse"},
-        "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": vocab},
-    });
-    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
     let template = "{{ bos_token }}{% for t in tools %}{{ t.function.name }}{% endfor %}\
                     {% for m in messages %}{{ m.content }}{% endfor %}";
-    let config = json!({"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": template});
-    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let dir = word_checkpoint(&words, 12, template);
     (dir, move |w: &str| words.iter().position(|x| *x == w).unwrap() as i64)
 }
 
