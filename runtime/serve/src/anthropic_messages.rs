@@ -20,12 +20,12 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::conversation::{
-    Answer, AnswerEvent, AnswerSettings, AnswerStream, Block, Collected, Conversation, FinishReason, Format, Message,
-    Part, Role, StreamWriter, Tool, ToolChoice, Usage, WireEvent, signature, sse,
+    AnswerEvent, Block, Collected, Conversation, FinishReason, Format, Message, Part, Role, StreamWriter, Tool,
+    ToolChoice, Usage, WireEvent, signature, sse,
 };
 use crate::error::ApiError;
-use crate::http::generate::submit;
-use crate::http::plan::{Wire, conversation_ids, plan_conversation};
+use crate::http::generate::{Conversing, converse};
+use crate::http::plan::{Wire, conversation_ids};
 use crate::http::{AppState, check_model};
 use crate::request::{int, number, object, object_at, only_keys, parse, shown, stop, string_at, text, type_name};
 
@@ -649,35 +649,17 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesR
         Ok(c) => c,
         Err(e) => return error_response(&e, &s),
     };
-    let (plan, cut_by_context) = match plan_conversation(&s, &conversation, &WIRE) {
-        Ok(p) => p,
+    let Conversing { answer, n, input_tokens } = match converse(&s, &conversation, &WIRE, "toolu") {
+        Ok(c) => c,
         Err(e) => return error_response(&e, &s),
     };
-    let (rx, mut cancels) = match submit(&s, &plan) {
-        Ok(q) => q,
-        Err(e) => return error_response(&e, &s),
-    };
-    let n = s.next_id.fetch_add(1, Ordering::Relaxed);
-    let answer = Answer::new(
-        s.codec.clone(),
-        AnswerSettings {
-            stop: plan.stop.clone(),
-            reasoning_opened: plan.reasoning_opened,
-            tools: plan.tools.clone(),
-            first_call_only: plan.first_call_only,
-            cut_by_context,
-            input_tokens: plan.prompts[0].len(),
-            call_id_prefix: format!("toolu_{n:06}_"),
-        },
-    );
-    let stream = AnswerStream::new(rx, cancels.remove(0), answer);
     let id = format!("msg_{n:06}");
     if conversation.stream {
         s.metrics.ok.fetch_add(1, Ordering::Relaxed);
-        let w = Writer::new(id, s.model_name.clone(), plan.prompts[0].len());
-        return axum::response::Sse::new(sse(stream, w)).keep_alive(KeepAlive::default()).into_response();
+        let w = Writer::new(id, s.model_name.clone(), input_tokens);
+        return axum::response::Sse::new(sse(answer, w)).keep_alive(KeepAlive::default()).into_response();
     }
-    match stream.collect().await {
+    match answer.collect().await {
         Ok(c) => {
             s.metrics.ok.fetch_add(1, Ordering::Relaxed);
             axum::Json(message_json(&id, &s.model_name, &c)).into_response()

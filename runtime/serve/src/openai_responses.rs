@@ -24,12 +24,12 @@ use serde::de::IgnoredAny;
 use serde_json::{Map, Value, json};
 
 use crate::conversation::{
-    Answer, AnswerEvent, AnswerSettings, AnswerStream, Block, Collected, Conversation, FinishReason, Format, Message,
-    Part, Role, StreamWriter, Tool, ToolChoice, Usage, WireEvent, sse,
+    AnswerEvent, Block, Collected, Conversation, FinishReason, Format, Message, Part, Role, StreamWriter, Tool,
+    ToolChoice, Usage, WireEvent, sse,
 };
 use crate::error::ApiError;
-use crate::http::generate::submit;
-use crate::http::plan::{Wire, plan_conversation};
+use crate::http::generate::{Conversing, converse};
+use crate::http::plan::Wire;
 use crate::http::{AppState, error_response, unreadable};
 use crate::request::{flag, int, number, object, object_at, only_keys, parse, shown, string_at, text, type_name};
 use crate::structured::schema_at;
@@ -584,28 +584,10 @@ pub async fn create(
         Ok(r) => r,
         Err(e) => return error_response(&e, &s.metrics),
     };
-    let (plan, cut_by_context) = match plan_conversation(&s, &r.conversation, &WIRE) {
-        Ok(p) => p,
+    let Conversing { answer, n, .. } = match converse(&s, &r.conversation, &WIRE, "call") {
+        Ok(c) => c,
         Err(e) => return error_response(&e, &s.metrics),
     };
-    let (rx, mut cancels) = match submit(&s, &plan) {
-        Ok(q) => q,
-        Err(e) => return error_response(&e, &s.metrics),
-    };
-    let n = s.next_id.fetch_add(1, Ordering::Relaxed);
-    let answer = Answer::new(
-        s.codec.clone(),
-        AnswerSettings {
-            stop: plan.stop.clone(),
-            reasoning_opened: plan.reasoning_opened,
-            tools: plan.tools.clone(),
-            first_call_only: plan.first_call_only,
-            cut_by_context,
-            input_tokens: plan.prompts[0].len(),
-            call_id_prefix: format!("call_{n:06}_"),
-        },
-    );
-    let stream = AnswerStream::new(rx, cancels.remove(0), answer);
     let head = Head {
         id: format!("resp_{n:06}"),
         n,
@@ -619,9 +601,9 @@ pub async fn create(
     if r.conversation.stream {
         s.metrics.ok.fetch_add(1, Ordering::Relaxed);
         let w = Writer { head, seq: 0, items: Vec::new(), open: None };
-        return axum::response::Sse::new(sse(stream, w)).keep_alive(KeepAlive::default()).into_response();
+        return axum::response::Sse::new(sse(answer, w)).keep_alive(KeepAlive::default()).into_response();
     }
-    match stream.collect().await {
+    match answer.collect().await {
         Ok(c) => {
             s.metrics.ok.fetch_add(1, Ordering::Relaxed);
             let items = items_of(&head, &c);

@@ -14,9 +14,10 @@ use axum::response::sse::KeepAlive;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::plan::{Plan, plan};
+use super::plan::{Plan, Wire, plan, plan_conversation};
 use super::reader::Reader;
 use super::{AppState, error_response, unreadable};
+use crate::conversation::{Answer, AnswerSettings, AnswerStream, Conversation};
 use crate::engine::{Event, Job};
 use crate::error::ApiError;
 use crate::request::Endpoint;
@@ -113,6 +114,35 @@ pub(crate) fn submit(s: &AppState, plan: &Plan) -> Result<Queued, ApiError> {
     }
     drop(tx);
     Ok((rx, cancels))
+}
+
+/// A conversation planned against this server and queued: its answer's events to read, the
+/// request's number (for its ids) and its prompt's tokens. The calls' ids are `{calls}_N_i`.
+pub(crate) fn converse(s: &AppState, c: &Conversation, w: &Wire, calls: &str) -> Result<Conversing, ApiError> {
+    let (plan, cut_by_context) = plan_conversation(s, c, w)?;
+    let (rx, mut cancels) = submit(s, &plan)?;
+    let n = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let input_tokens = plan.prompts[0].len();
+    let answer = Answer::new(
+        s.codec.clone(),
+        AnswerSettings {
+            stop: plan.stop.clone(),
+            reasoning_opened: plan.reasoning_opened,
+            tools: plan.tools.clone(),
+            first_call_only: plan.first_call_only,
+            cut_by_context,
+            input_tokens,
+            call_id_prefix: format!("{calls}_{n:06}_"),
+        },
+    );
+    Ok(Conversing { answer: AnswerStream::new(rx, cancels.remove(0), answer), n, input_tokens })
+}
+
+/// A conversation's answer on its way (see [`converse`]).
+pub(crate) struct Conversing {
+    pub(crate) answer: AnswerStream,
+    pub(crate) n: u64,
+    pub(crate) input_tokens: usize,
 }
 
 /// A response now, or a non-streaming answer still to be read from the engine.
