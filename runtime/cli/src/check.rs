@@ -347,10 +347,10 @@ fn memory_table(config: &Config, limit_gib: u64, elt: u64, context: u64) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let dtype = headcount_spec::memory::dtype_name(elt);
     println!(
-        "memory a rank in {dtype}: {:.1}B parameters ({:.1}B active a token), KV cache {} KiB a token; {limit_gib} GiB a device, one sequence of {context} tokens",
+        "memory a rank in {dtype}: {:.1}B parameters ({:.1}B active a token), KV cache {} a token; {limit_gib} GiB a device, one sequence of {context} tokens",
         memory::parameter_count(&spec) as f64 / 1e9,
         memory::active_parameter_count(&spec) as f64 / 1e9,
-        memory::cache_bytes_per_token(&spec, elt) / 1024,
+        bytes_text(memory::cache_bytes_per_token(&spec, elt)),
     );
     let pps: Vec<u64> = [1u64, 2, 4, 8, 16].into_iter().filter(|&p| p <= config.num_hidden_layers).collect();
     let header: Vec<String> = pps.iter().map(|p| format!("{:>16}", format!("pp {p}"))).collect();

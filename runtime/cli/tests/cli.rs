@@ -485,7 +485,7 @@ fn check_glm_4_7_flash() {
     expect(&o, 0, "legal tensor_parallel sizes: 1, 2, 4\n");
     expect(&o, 0, "legal expert_parallel sizes: 1, 2, 4, 8, 16, 32, 64");
     let o = headcount(&["check", &flash, "--memory", "80GiB", "--context", "32768"]);
-    expect(&o, 0, "29.9B parameters (3.9B active a token), KV cache 52 KiB a token");
+    expect(&o, 0, "29.9B parameters (3.9B active a token), KV cache 52.9 KiB a token");
     let o = headcount(&["check", &flash, "--engine", "vllm", "--tp", "4"]);
     expect(
         &o,
@@ -519,14 +519,14 @@ fn check_glm_5() {
     expect(&o, 0, "legal tensor_parallel sizes: 1, 2, 4, 8, 16, 32, 64\n");
     // 78 x (576 + 128) x 2 bytes = 107.25 KiB.
     let o = headcount(&["check", &glm5, "--memory", "141GiB", "--context", "131072"]);
-    expect(&o, 0, "743.9B parameters (41.8B active a token), KV cache 107 KiB a token");
+    expect(&o, 0, "743.9B parameters (41.8B active a token), KV cache 107.2 KiB a token");
     for file in ["glm-5.2", "glm-5.2-schedule-only"] {
         let o = headcount(&["check", &fixture(&format!("dsa-configs/{file}.json"))]);
         expect(&o, 0, "21 of 78 layers run their own (the others reuse the previous full layer's pick");
     }
     // 78 x 576 x 2 + 21 x 128 x 2 = 95,232 bytes.
     let o = headcount(&["check", &fixture("dsa-configs/glm-5.2.json"), "--memory", "141GiB"]);
-    expect(&o, 0, "KV cache 93 KiB a token");
+    expect(&o, 0, "KV cache 93.0 KiB a token");
     let o = headcount(&["check", &glm5, "--engine", "vllm", "--tp", "8"]);
     expect(
         &o,
@@ -558,7 +558,7 @@ fn check_glm_5() {
 fn check_prints_memory_a_rank() {
     let glm45 = fixture("moe-configs/glm-4.5.json");
     let o = headcount(&["check", &glm45, "--memory", "80GiB", "--dtype", "bf16", "--context", "131072"]);
-    expect(&o, 0, "352.8B parameters (33.6B active a token), KV cache 368 KiB a token");
+    expect(&o, 0, "352.8B parameters (33.6B active a token), KV cache 368.0 KiB a token");
     expect(&o, 0, "tp   8     88.0 GiB no   45.3 GiB fits");
     // A layout asked for gets a verdict: tp 4 does not fit (exit 1, with the smallest
     // layouts that do), tp 16 does.
