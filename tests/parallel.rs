@@ -6,7 +6,7 @@
 //! Each test runs itself again as its ranks (`as_ranks`); the asserts run in every rank.
 
 use headcount_integration::{as_ranks, join, load, max_abs_diff, model_fixtures, name, reference};
-use headcount_runtime::model::{Ffn, SelfAttention};
+use headcount_runtime::models::{Ffn, SelfAttention};
 use headcount_runtime::{
     Error, GenerateOptions, Glm, LoadOptions, Parallel, RankEnv, Sampling, ShardPlan, generate, logits,
     rank_mtp_parameter_count, rank_parameter_count,

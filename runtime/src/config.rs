@@ -266,14 +266,11 @@ impl Dims {
         }
     }
 
-    /// Multi-token-prediction layers the runtime can run as a speculative decoder:
-    /// glm4_moe's and glm4_moe_lite's, each a decoder layer of its family with experts, as
-    /// transformers 5.24's MtpModel builds them. 0 for the other families (that MtpModel
-    /// fails on glm_moe_dsa's sparse-attention layers: its mask builder has no entry for
-    /// their `indexed_attention` layer type).
+    /// Multi-token-prediction layers the runtime can run as a speculative decoder: those of
+    /// a family whose row of spec's family table says it runs them, 0 for the others.
     pub fn mtp_layers(&self) -> usize {
-        match (&self.moe, self.family) {
-            (Some(m), headcount_spec::Family::Glm4Moe | headcount_spec::Family::Glm4MoeLite) => m.mtp_layers,
+        match &self.moe {
+            Some(m) if self.family.runs_mtp() => m.mtp_layers,
             _ => 0,
         }
     }

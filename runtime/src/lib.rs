@@ -12,8 +12,6 @@ pub mod generate;
 pub mod hub;
 mod load;
 pub mod memory;
-/// The models' former path: `model::Glm` is [`models::Glm`].
-pub use models as model;
 pub mod models;
 pub mod moe;
 pub mod nn;
@@ -28,7 +26,7 @@ pub use device::{DType, parse_device};
 pub use error::{Error, Result};
 pub use generate::{DecodeMode, GenerateOptions, Generation, Generator, Sampling, generate, logits};
 pub use hub::resolve_model;
-pub use model::{
+pub use models::{
     CausalLm, Dims, Glm, KvCache, LoadOptions, Quantize, Rounding, Step, WeightLayout, rank_mtp_parameter_count,
     rank_parameter_count,
 };

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::generate::{DecodeMode, GenerateOptions, generate};
-use crate::model::{Glm, LoadOptions};
+use crate::models::{Glm, LoadOptions};
 
 /// Counts of operator calls on one thread (see the module documentation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

@@ -8,7 +8,7 @@ use std::path::Path;
 use headcount_spec::{Architecture, Config, FieldValue, SupportsPipelineParallel, SupportsTensorParallel};
 
 use crate::error::{Error, Result};
-use crate::model::{Glm, LoadOptions};
+use crate::models::{Glm, LoadOptions};
 use crate::parallel::Parallel;
 
 /// A GLM model of the declared architecture `A`.

@@ -54,6 +54,11 @@ impl Family {
         self.row().dsa
     }
 
+    /// Whether the runtime runs the family's multi-token-prediction layers.
+    pub const fn runs_mtp(self) -> bool {
+        self.row().mtp
+    }
+
     /// The family of a `model_type` string.
     pub const fn from_model_type(s: &str) -> Option<Family> {
         let rows = crate::families::FAMILIES;
@@ -112,6 +117,11 @@ pub struct FamilyRow {
     /// Whether the attention is DeepSeek sparse attention: an indexer's keys and rules (its
     /// top-k, shared by later layers) apply on top of the latent attention.
     pub dsa: bool,
+    /// Whether the runtime runs the family's multi-token-prediction layers (speculative
+    /// decoding): glm4_moe's and glm4_moe_lite's, decoder layers of their family with
+    /// experts, as transformers 5.24's MtpModel builds them; not glm_moe_dsa's (that
+    /// MtpModel's mask builder has no entry for its `indexed_attention` layers).
+    pub mtp: bool,
     pub defaults: Defaults,
 }
 
@@ -244,6 +254,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         moe: false,
         mla: false,
         dsa: false,
+        mtp: false,
         defaults: GLM,
     },
     // transformers' Glm4Config() has GlmConfig's values.
@@ -254,6 +265,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         moe: false,
         mla: false,
         dsa: false,
+        mtp: false,
         defaults: GLM,
     },
     FamilyRow {
@@ -263,6 +275,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         moe: true,
         mla: false,
         dsa: false,
+        mtp: true,
         defaults: GLM4_MOE,
     },
     FamilyRow {
@@ -272,6 +285,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         moe: true,
         mla: true,
         dsa: false,
+        mtp: true,
         defaults: GLM4_MOE_LITE,
     },
     FamilyRow {
@@ -281,6 +295,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         moe: true,
         mla: true,
         dsa: true,
+        mtp: false,
         defaults: GLM_MOE_DSA,
     },
 ];

@@ -128,12 +128,8 @@ fn print_experts(config: &Config) {
         config.n_shared_experts,
         if dense == 1 { "" } else { "s" },
         if config.num_nextn_predict_layers > 0 {
-            let how = if matches!(config.family, headcount_spec::Family::Glm4Moe | headcount_spec::Family::Glm4MoeLite)
-            {
-                "a speculative decoder with --speculative-tokens"
-            } else {
-                "not run"
-            };
+            let how =
+                if config.family.runs_mtp() { "a speculative decoder with --speculative-tokens" } else { "not run" };
             format!(", {} multi-token-prediction layer(s), {how}", config.num_nextn_predict_layers)
         } else {
             String::new()

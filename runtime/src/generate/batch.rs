@@ -4,7 +4,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, Rope, Rounding, Step};
+use crate::models::{CausalLm, Rope, Rounding, Step};
 
 /// Checks prompts against the vocabulary and the position budget; returns the longest's
 /// length.

@@ -13,7 +13,7 @@ use super::static_decoder::StaticDecoder;
 use crate::cpu::threads::ThreadTorchThreads;
 use crate::error::{Error, Result};
 use crate::memory::check_ranks_memory;
-use crate::model::{CausalLm, KvCache, Rope};
+use crate::models::{CausalLm, KvCache, Rope};
 
 /// The cache slots a static decoder's capacity is rounded up to a multiple of.
 const STATIC_CAPACITY_STEP: usize = 256;

@@ -28,7 +28,7 @@ pub use static_decoder::break_next_capture;
 use tch::Tensor;
 
 use crate::error::Result;
-use crate::model::CausalLm;
+use crate::models::CausalLm;
 
 /// One generation with a fresh [`Generator`] (no decoder kept for the next call); see
 /// [`Generator::generate`].

@@ -14,7 +14,7 @@ use tch::Tensor;
 use super::prefix::PREFIX_BLOCK;
 use super::slots::SlotCache;
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, PagedStep};
+use crate::models::{CausalLm, PagedStep};
 
 /// Positions of a block: a prefix-cache block's, so a cached prefix block is one page.
 pub const PAGE: usize = PREFIX_BLOCK;
@@ -313,7 +313,7 @@ impl SlotCache {
 }
 
 /// Every layer's pool of `blocks` blocks, `[1, n, blocks · PAGE, D]`.
-fn pool(model: &dyn CausalLm, blocks: usize) -> Result<crate::model::KvCache> {
+fn pool(model: &dyn CausalLm, blocks: usize) -> Result<crate::models::KvCache> {
     if blocks < 2 || blocks > u32::MAX as usize {
         return Err(Error::InvalidArgument(format!(
             "a paged KV cache needs 2 to {} blocks (one is scratch), not {blocks}",

@@ -35,7 +35,7 @@ use tch::Tensor;
 
 use super::slots::{Op, SlotCache, tell};
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, KvCache};
+use crate::models::{CausalLm, KvCache};
 
 /// Positions a block of the prefix cache holds.
 pub const PREFIX_BLOCK: usize = 16;

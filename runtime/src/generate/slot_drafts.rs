@@ -22,7 +22,7 @@ use tch::{Kind, Tensor};
 
 use super::slots::{Op, SlotCache, check_ids, copy_row, rows_view, tell};
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, KvCache, Step};
+use crate::models::{CausalLm, KvCache, Step};
 
 /// A row's slots the multi-token-prediction layer has not run over: the main model's
 /// hidden states there (`[p, hidden]`, on the last stage) and the tokens at them.

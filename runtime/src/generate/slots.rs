@@ -17,7 +17,7 @@
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, KvCache, Rope, Step};
+use crate::models::{CausalLm, KvCache, Rope, Step};
 
 /// The operations rank 0 broadcasts (the first of a header's four numbers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use super::options::{DecodeMode, GenerateOptions, Generation};
 use super::sampling::{SampleRng, accept_or_resample, draw, probabilities, select};
 use crate::cpu::threads::ThreadTorchThreads;
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, Rope};
+use crate::models::{CausalLm, Rope};
 
 /// Whether `model` and `opts` can decode speculatively: an error saying why not.
 pub fn check_speculative(model: &dyn CausalLm, opts: &GenerateOptions) -> Result<()> {

@@ -6,7 +6,7 @@ use tch::{Kind, Tensor};
 
 use super::batch::{Batch, StepKind};
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, KvCache, Rope};
+use crate::models::{CausalLm, KvCache, Rope};
 
 static BREAK_NEXT_CAPTURE: AtomicBool = AtomicBool::new(false);
 
