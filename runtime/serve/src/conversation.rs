@@ -36,7 +36,8 @@ pub enum Role {
     Assistant,
 }
 
-/// A piece of a message.
+/// A piece of a message. Images are refused by the adapters until the vision families run;
+/// they will be a block kind of their own here.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Block {
     Text(String),
@@ -169,13 +170,18 @@ impl Conversation {
                     Block::ToolCall { id, name, arguments } => calls.push(
                         json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}),
                     ),
-                    Block::ToolResult { call_id, content, .. } => {
+                    Block::ToolResult { call_id, content, is_error } => {
                         // Results answer the calls before them: they come ahead of the text
                         // the same message adds.
                         if !text.is_empty() {
                             out.push(json!({"role": role, "content": std::mem::take(&mut text)}));
                         }
-                        out.push(json!({"role": "tool", "tool_call_id": call_id, "content": content}));
+                        let mut result = json!({"role": "tool", "tool_call_id": call_id, "content": content});
+                        // A template that tells failures apart reads it; GLM's show the text.
+                        if *is_error {
+                            result["is_error"] = json!(true);
+                        }
+                        out.push(result);
                     }
                 }
             }
