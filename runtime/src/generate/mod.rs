@@ -5,6 +5,7 @@
 
 mod batch;
 mod generator;
+mod ops;
 mod options;
 mod paged;
 mod prefix;

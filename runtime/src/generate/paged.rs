@@ -212,7 +212,7 @@ impl SlotCache {
                 )));
             }
             let payload: Vec<i64> = gone.iter().map(|&b| i64::from(b)).collect();
-            super::slots::tell(model, super::slots::Op::Evict, 0, 0, &payload)?;
+            super::ops::tell(model, &super::ops::CacheOp::Evict { blocks: std::borrow::Cow::Borrowed(&payload) })?;
             self.evicted(&payload);
         }
     }

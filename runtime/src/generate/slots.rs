@@ -14,30 +14,13 @@
 //! A cache made by [`SlotCache::speculative`] also holds the model's multi-token-prediction
 //! layer's cache, and its rows take speculative steps (`super::slot_drafts`).
 
+use std::borrow::Cow;
+
 use tch::{Kind, Tensor};
 
+use super::ops::{CacheOp, receive, tell, tells};
 use crate::error::{Error, Result};
 use crate::models::{CausalLm, KvCache, Rope, Step};
-
-/// The operations rank 0 broadcasts (the first of a header's four numbers).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Op {
-    Extend = 1,
-    ExtendRows = 2,
-    Decode = 3,
-    Move = 4,
-    Clear = 5,
-    Idle = 6,
-    Stop = 7,
-    ExtendScored = 8,
-    DraftStart = 9,
-    DraftNext = 10,
-    Verify = 11,
-    Accept = 12,
-    LoadBlocks = 13,
-    StoreBlocks = 14,
-    Evict = 15,
-}
 
 /// The rows of a running batch's cache and how many positions each holds.
 pub struct SlotCache {
@@ -134,7 +117,7 @@ impl SlotCache {
     /// Empties row `row` (its slots are overwritten by the next sequence written there).
     pub fn clear(&mut self, model: &dyn CausalLm, row: usize) -> Result<()> {
         self.row_exists(row)?;
-        tell(model, Op::Clear, row, 0, &[])?;
+        tell(model, &CacheOp::Clear { row })?;
         self.lens[row] = 0;
         self.shrink(row, 0);
         if let Some(d) = &mut self.drafts {
@@ -173,7 +156,11 @@ impl SlotCache {
             return Err(Error::TooLong { what: "the sequence", len: start + t, max: self.capacity() });
         }
         self.check_room(model, &[(row, start + t)])?;
-        tell(model, if every { Op::ExtendScored } else { Op::Extend }, row, 0, ids)?;
+        let ids_sent = Cow::Borrowed(ids);
+        tell(
+            model,
+            &if every { CacheOp::ExtendScored { row, ids: ids_sent } } else { CacheOp::Extend { row, ids: ids_sent } },
+        )?;
         self.grow(&[(row, start + t)])?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
@@ -228,10 +215,7 @@ impl SlotCache {
             flat.extend(std::iter::repeat_n(0i64, longest - p.len()));
         }
         if tells(model) {
-            // The lengths, then the prompts one after the other.
-            let mut payload: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
-            payload.extend(prompts.iter().flat_map(|p| p.iter().copied()));
-            tell(model, Op::ExtendRows, first, k, &payload)?;
+            tell(model, &CacheOp::ExtendRows { first, prompts: prompts.iter().map(|p| Cow::Borrowed(*p)).collect() })?;
         }
         self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
@@ -280,7 +264,7 @@ impl SlotCache {
         }
         let wants: Vec<(usize, usize)> = (0..n).map(|r| (r, self.lens[r] + 1)).collect();
         self.check_room(model, &wants)?;
-        tell(model, Op::Decode, 0, 0, tokens)?;
+        tell(model, &CacheOp::Decode { tokens: Cow::Borrowed(tokens) })?;
         self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
@@ -323,7 +307,7 @@ impl SlotCache {
         if from == to {
             return Ok(());
         }
-        tell(model, Op::Move, from, to, &[])?;
+        tell(model, &CacheOp::Move { from, to })?;
         let len = self.lens[from] as i64; // cannot wrap: below the capacity
         if !self.move_pages(from, to) && len > 0 {
             let _guard = tch::no_grad_guard();
@@ -340,12 +324,12 @@ impl SlotCache {
     /// Rank 0 of a run with nothing to do: the other ranks hear from it, so their wait for
     /// the next operation stays within the ranks' timeout. Call it well within that timeout.
     pub fn idle(&self, model: &dyn CausalLm) -> Result<()> {
-        tell(model, Op::Idle, 0, 0, &[])
+        tell(model, &CacheOp::Idle)
     }
 
     /// Rank 0 is done: [`SlotCache::follow`] returns on the other ranks.
     pub fn stop(&self, model: &dyn CausalLm) -> Result<()> {
-        tell(model, Op::Stop, 0, 0, &[])
+        tell(model, &CacheOp::Stop)
     }
 
     /// On a rank other than 0: does what rank 0 does to its cache, until it stops.
@@ -355,46 +339,25 @@ impl SlotCache {
             return Err(Error::InvalidArgument("rank 0 leads; the other ranks follow".to_owned()));
         }
         loop {
-            let header = Tensor::f_zeros([4], (Kind::Int64, tch::Device::Cpu))?;
-            p.world.broadcast(&header, 0)?;
-            let h = Vec::<i64>::try_from(&header)?;
-            let (a, b) = (usize::try_from(h[1]).unwrap_or(usize::MAX), usize::try_from(h[2]).unwrap_or(usize::MAX));
-            let payload = if h[3] > 0 {
-                let t = Tensor::f_zeros([h[3]], (Kind::Int64, tch::Device::Cpu))?;
-                p.world.broadcast(&t, 0)?;
-                Vec::<i64>::try_from(&t)?
-            } else {
-                Vec::new()
-            };
-            match h[0] {
-                x if x == Op::Extend as i64 => drop(self.extend(model, a, &payload)?),
-                x if x == Op::ExtendScored as i64 => drop(self.extend_scored(model, a, &payload)?),
-                x if x == Op::ExtendRows as i64 => {
-                    let (lens, mut ids) = payload.split_at(b.min(payload.len()));
-                    let mut prompts = Vec::with_capacity(b);
-                    for &l in lens {
-                        let (p, rest) = ids.split_at((l.max(0) as usize).min(ids.len()));
-                        prompts.push(p);
-                        ids = rest;
-                    }
-                    drop(self.extend_rows(model, a, &prompts)?);
+            match receive(model)? {
+                CacheOp::Extend { row, ids } => drop(self.extend(model, row, &ids)?),
+                CacheOp::ExtendScored { row, ids } => drop(self.extend_scored(model, row, &ids)?),
+                CacheOp::ExtendRows { first, prompts } => {
+                    let prompts: Vec<&[i64]> = prompts.iter().map(|p| p.as_ref()).collect();
+                    drop(self.extend_rows(model, first, &prompts)?);
                 }
-                x if x == Op::Decode as i64 => drop(self.decode(model, &payload)?),
-                x if x == Op::DraftStart as i64 => drop(self.draft_start(model, &payload)?),
-                x if x == Op::DraftNext as i64 => drop(self.draft_next(model, &payload)?),
-                x if x == Op::Verify as i64 => drop(self.verify(model, &payload, b)?),
-                x if x == Op::Accept as i64 => {
-                    let counts: Vec<usize> = payload.iter().map(|&c| usize::try_from(c).unwrap_or(0)).collect();
-                    self.accept(model, &counts)?
-                }
-                x if x == Op::LoadBlocks as i64 => self.load_blocks(a, &payload)?,
-                x if x == Op::StoreBlocks as i64 => self.store_blocks(a, &payload)?,
-                x if x == Op::Evict as i64 => self.evicted(&payload),
-                x if x == Op::Move as i64 => self.move_row(model, a, b)?,
-                x if x == Op::Clear as i64 => self.clear(model, a)?,
-                x if x == Op::Idle as i64 => {}
-                x if x == Op::Stop as i64 => return Ok(()),
-                other => return Err(Error::Parallel(format!("rank 0 sent an unknown cache operation {other}"))),
+                CacheOp::Decode { tokens } => drop(self.decode(model, &tokens)?),
+                CacheOp::DraftStart { last, .. } => drop(self.draft_start(model, &last)?),
+                CacheOp::DraftNext { tokens, .. } => drop(self.draft_next(model, &tokens)?),
+                CacheOp::Verify { steps, tokens, .. } => drop(self.verify(model, &tokens, steps)?),
+                CacheOp::Accept { counts } => self.accept(model, &counts)?,
+                CacheOp::LoadBlocks { row, slots } => self.load_blocks(row, &slots)?,
+                CacheOp::StoreBlocks { row, payload, .. } => self.store_blocks(row, &payload)?,
+                CacheOp::Evict { blocks } => self.evicted(&blocks),
+                CacheOp::Move { from, to } => self.move_row(model, from, to)?,
+                CacheOp::Clear { row } => self.clear(model, row)?,
+                CacheOp::Idle => {}
+                CacheOp::Stop => return Ok(()),
             }
         }
     }
@@ -435,26 +398,6 @@ pub(super) fn copy_row(cache: &KvCache, from: usize, to: usize, len: i64) -> Res
         // cannot wrap: rows are a usize count that fits i64.
         let src = kv.f_narrow(0, from as i64, 1)?.f_narrow(2, 0, len)?;
         kv.f_narrow(0, to as i64, 1)?.f_narrow(2, 0, len)?.f_copy_(&src)?;
-    }
-    Ok(())
-}
-
-/// Whether this rank tells the others what it does: rank 0 of a run of several.
-fn tells(model: &dyn CausalLm) -> bool {
-    model.parallel().size() > 1 && model.parallel().rank == 0
-}
-
-/// Rank 0 broadcasts an operation (header, then its numbers) to the other ranks.
-pub(super) fn tell(model: &dyn CausalLm, op: Op, a: usize, b: usize, payload: &[i64]) -> Result<()> {
-    if !tells(model) {
-        return Ok(());
-    }
-    let world = &model.parallel().world;
-    // cannot wrap: rows and lengths are usize counts that fit i64.
-    let header = Tensor::f_from_slice(&[op as i64, a as i64, b as i64, payload.len() as i64])?;
-    world.broadcast(&header, 0)?;
-    if !payload.is_empty() {
-        world.broadcast(&Tensor::f_from_slice(payload)?, 0)?;
     }
     Ok(())
 }
