@@ -21,12 +21,12 @@ pub enum ApiError {
     /// 404: `GET /v1/models/{id}` of a model this server does not serve.
     #[error("the model {id:?} does not exist: this server serves {served:?}")]
     NoModel { id: String, served: String },
-    /// 404: a stored response asked for by id (`GET /v1/responses/{id}`,
-    /// `previous_response_id`) that the store does not hold.
+    /// 404: a stored response asked for by id (`GET /v1/responses/{id}`, or the field
+    /// `param`, `previous_response_id`) that the store does not hold.
     #[error(
         "no response {id:?} is stored here: it is unknown, was made with store false, or the store (--responses-store) has given it up"
     )]
-    NotStored { id: String },
+    NotStored { id: String, param: Option<&'static str> },
     /// 404: a tokenizer route, and the checkpoint has no tokenizer.json.
     #[error("{route}: this model has no tokenizer.json, so the server has no tokenizer to offer")]
     NoTokenizer { route: &'static str },
@@ -99,7 +99,7 @@ impl ApiError {
         match self {
             ApiError::Invalid { param, .. } => Some(param),
             ApiError::NoModel { .. } => Some("model"),
-            ApiError::NotStored { .. } => Some("previous_response_id"),
+            ApiError::NotStored { param, .. } => *param,
             _ => None,
         }
     }

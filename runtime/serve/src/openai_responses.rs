@@ -157,7 +157,9 @@ fn read(bytes: &[u8], store: &ResponseStore) -> Result<Read, ApiError> {
     }
     let mut history = match &b.previous_response_id {
         None => Vec::new(),
-        Some(id) => store.history(id).ok_or_else(|| ApiError::NotStored { id: id.clone() })?,
+        Some(id) => store
+            .history(id)
+            .ok_or_else(|| ApiError::NotStored { id: id.clone(), param: Some("previous_response_id") })?,
     };
     let input = match &b.input {
         None | Some(Value::Null) => return Err(ApiError::invalid("input", "input is required")),
@@ -566,7 +568,7 @@ pub async fn get(
 ) -> Response {
     match store.get(&id) {
         Some(v) => axum::Json(v).into_response(),
-        None => error_response(&ApiError::NotStored { id }, &s.metrics),
+        None => error_response(&ApiError::NotStored { id, param: None }, &s.metrics),
     }
 }
 
