@@ -6,6 +6,7 @@ pub mod config;
 pub mod cpu;
 pub mod cuda_graph;
 pub mod device;
+pub mod engine;
 pub mod error;
 mod ffi;
 pub mod generate;

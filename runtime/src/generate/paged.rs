@@ -212,7 +212,7 @@ impl SlotCache {
                 )));
             }
             let payload: Vec<i64> = gone.iter().map(|&b| i64::from(b)).collect();
-            super::ops::tell(model, &super::ops::CacheOp::Evict { blocks: std::borrow::Cow::Borrowed(&payload) })?;
+            self.tell(model, &super::ops::CacheOp::Evict { blocks: std::borrow::Cow::Borrowed(&payload) })?;
             self.evicted(&payload);
         }
     }

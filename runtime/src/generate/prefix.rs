@@ -35,7 +35,7 @@ use tch::Tensor;
 
 use std::borrow::Cow;
 
-use super::ops::{CacheOp, tell};
+use super::ops::CacheOp;
 use super::slots::SlotCache;
 use crate::error::{Error, Result};
 use crate::models::{CausalLm, KvCache};
@@ -404,7 +404,7 @@ impl SlotCache {
             // its own; without a block for it, it computes its prompt whole.
             return Ok(PrefixHit { queried, reused: 0 });
         }
-        tell(model, &CacheOp::LoadBlocks { row, slots: Cow::Borrowed(&payload) })?;
+        self.tell(model, &CacheOp::LoadBlocks { row, slots: Cow::Borrowed(&payload) })?;
         self.load_blocks(row, &payload)?;
         Ok(PrefixHit { queried, reused: self.len(row) })
     }
@@ -431,7 +431,7 @@ impl SlotCache {
         // cannot wrap: block indices and slots are small counts.
         let mut payload: Vec<i64> = new.iter().map(|&(b, _)| b as i64).collect();
         payload.extend(new.iter().map(|&(_, s)| i64::from(s)));
-        tell(model, &CacheOp::StoreBlocks { row, count: new.len(), payload: Cow::Borrowed(&payload) })?;
+        self.tell(model, &CacheOp::StoreBlocks { row, count: new.len(), payload: Cow::Borrowed(&payload) })?;
         self.store_blocks(row, &payload)
     }
 

@@ -22,7 +22,7 @@ use tch::{Kind, Tensor};
 
 use std::borrow::Cow;
 
-use super::ops::{CacheOp, tell};
+use super::ops::CacheOp;
 use super::slots::{SlotCache, check_ids, copy_row, rows_view};
 use crate::error::{Error, Result};
 use crate::models::{CausalLm, KvCache, Step};
@@ -189,7 +189,7 @@ impl SlotCache {
     pub fn draft_start(&mut self, model: &dyn CausalLm, last: &[i64]) -> Result<Tensor> {
         let n = self.step_rows(last.len())?;
         check_ids(model, last)?;
-        tell(model, &CacheOp::DraftStart { rows: n, last: Cow::Borrowed(last) })?;
+        self.tell(model, &CacheOp::DraftStart { rows: n, last: Cow::Borrowed(last) })?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
         let mut rows = Vec::with_capacity(n);
@@ -248,7 +248,7 @@ impl SlotCache {
     pub fn draft_next(&mut self, model: &dyn CausalLm, tokens: &[i64]) -> Result<Tensor> {
         let n = self.step_rows(tokens.len())?;
         check_ids(model, tokens)?;
-        tell(model, &CacheOp::DraftNext { rows: n, tokens: Cow::Borrowed(tokens) })?;
+        self.tell(model, &CacheOp::DraftNext { rows: n, tokens: Cow::Borrowed(tokens) })?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
         let cursor: Vec<usize> = self.drafts()?.cursor[..n].to_vec();
@@ -284,7 +284,7 @@ impl SlotCache {
         }
         let wants: Vec<(usize, usize)> = (0..n).map(|r| (r, self.lens[r] + t)).collect();
         self.check_room(model, &wants)?;
-        tell(model, &CacheOp::Verify { rows: n, steps: t, tokens: Cow::Borrowed(tokens) })?;
+        self.tell(model, &CacheOp::Verify { rows: n, steps: t, tokens: Cow::Borrowed(tokens) })?;
         self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
@@ -313,7 +313,7 @@ impl SlotCache {
         if tokens.len() != n * t || kept.iter().any(|&k| k == 0 || k > t) {
             return Err(Error::InvalidArgument(format!("{kept:?} of {t} verified tokens for {n} rows")));
         }
-        tell(model, &CacheOp::Accept { counts: kept.to_vec() })?;
+        self.tell(model, &CacheOp::Accept { counts: kept.to_vec() })?;
         for (r, &k) in kept.iter().enumerate() {
             let states = hidden.as_ref().map(|h| h.f_select(0, r as i64)?.f_narrow(0, 0, k as i64)).transpose()?;
             self.lens[r] += k;

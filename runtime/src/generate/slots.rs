@@ -18,7 +18,7 @@ use std::borrow::Cow;
 
 use tch::{Kind, Tensor};
 
-use super::ops::{CacheOp, receive, tell, tells};
+use super::ops::{self, CacheOp, receive};
 use crate::error::{Error, Result};
 use crate::models::{CausalLm, KvCache, Rope, Step};
 
@@ -37,6 +37,9 @@ pub struct SlotCache {
     pub(super) prefix: Option<super::prefix::PrefixCache>,
     /// A paged cache's block tables (`super::paged`): `cache` is then one pool of blocks.
     pub(super) pages: Option<super::paged::Pages>,
+    /// Every rank of a run takes the same steps itself ([`SlotCache::lockstep`]): nothing is
+    /// broadcast.
+    pub(super) lockstep: bool,
 }
 
 impl SlotCache {
@@ -65,7 +68,17 @@ impl SlotCache {
         let cache = KvCache { kv: Vec::new(), capacity: capacity as i64, len: 0 }; // cannot wrap: within max positions
         let rope = Rope::new(model.dims(), capacity, model.device())?;
         let group = model.query_group();
-        Ok(SlotCache { cache, rope, lens: vec![0; rows], group, capacity, drafts: None, prefix: None, pages: None })
+        Ok(SlotCache {
+            cache,
+            rope,
+            lens: vec![0; rows],
+            group,
+            capacity,
+            drafts: None,
+            prefix: None,
+            pages: None,
+            lockstep: false,
+        })
     }
 
     /// A cache of `rows` sequences of up to `capacity` positions whose rows decode
@@ -117,7 +130,7 @@ impl SlotCache {
     /// Empties row `row` (its slots are overwritten by the next sequence written there).
     pub fn clear(&mut self, model: &dyn CausalLm, row: usize) -> Result<()> {
         self.row_exists(row)?;
-        tell(model, &CacheOp::Clear { row })?;
+        self.tell(model, &CacheOp::Clear { row })?;
         self.lens[row] = 0;
         self.shrink(row, 0);
         if let Some(d) = &mut self.drafts {
@@ -157,7 +170,7 @@ impl SlotCache {
         }
         self.check_room(model, &[(row, start + t)])?;
         let ids_sent = Cow::Borrowed(ids);
-        tell(
+        self.tell(
             model,
             &if every { CacheOp::ExtendScored { row, ids: ids_sent } } else { CacheOp::Extend { row, ids: ids_sent } },
         )?;
@@ -214,8 +227,11 @@ impl SlotCache {
             flat.extend_from_slice(p);
             flat.extend(std::iter::repeat_n(0i64, longest - p.len()));
         }
-        if tells(model) {
-            tell(model, &CacheOp::ExtendRows { first, prompts: prompts.iter().map(|p| Cow::Borrowed(*p)).collect() })?;
+        if self.tells(model) {
+            self.tell(
+                model,
+                &CacheOp::ExtendRows { first, prompts: prompts.iter().map(|p| Cow::Borrowed(*p)).collect() },
+            )?;
         }
         self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
@@ -264,7 +280,7 @@ impl SlotCache {
         }
         let wants: Vec<(usize, usize)> = (0..n).map(|r| (r, self.lens[r] + 1)).collect();
         self.check_room(model, &wants)?;
-        tell(model, &CacheOp::Decode { tokens: Cow::Borrowed(tokens) })?;
+        self.tell(model, &CacheOp::Decode { tokens: Cow::Borrowed(tokens) })?;
         self.grow(&wants)?;
         let _guard = tch::no_grad_guard();
         let (dev, kind) = (model.device(), model.dtype().kind());
@@ -307,7 +323,7 @@ impl SlotCache {
         if from == to {
             return Ok(());
         }
-        tell(model, &CacheOp::Move { from, to })?;
+        self.tell(model, &CacheOp::Move { from, to })?;
         let len = self.lens[from] as i64; // cannot wrap: below the capacity
         if !self.move_pages(from, to) && len > 0 {
             let _guard = tch::no_grad_guard();
@@ -321,15 +337,33 @@ impl SlotCache {
         Ok(())
     }
 
+    /// This cache on every rank of a run that takes the same steps on each (an offline
+    /// generation, every rank choosing the same tokens from the same logits), instead of
+    /// rank 0 leading and the others following what it broadcasts.
+    pub fn lockstep(mut self) -> SlotCache {
+        self.lockstep = true;
+        self
+    }
+
+    /// Rank 0 tells the other ranks what it does to its cache (see [`SlotCache::follow`]).
+    pub(super) fn tell(&self, model: &dyn CausalLm, op: &CacheOp) -> Result<()> {
+        if self.lockstep { Ok(()) } else { ops::tell(model, op) }
+    }
+
+    /// Whether [`SlotCache::tell`] broadcasts.
+    pub(super) fn tells(&self, model: &dyn CausalLm) -> bool {
+        !self.lockstep && ops::tells(model)
+    }
+
     /// Rank 0 of a run with nothing to do: the other ranks hear from it, so their wait for
     /// the next operation stays within the ranks' timeout. Call it well within that timeout.
     pub fn idle(&self, model: &dyn CausalLm) -> Result<()> {
-        tell(model, &CacheOp::Idle)
+        self.tell(model, &CacheOp::Idle)
     }
 
     /// Rank 0 is done: [`SlotCache::follow`] returns on the other ranks.
     pub fn stop(&self, model: &dyn CausalLm) -> Result<()> {
-        tell(model, &CacheOp::Stop)
+        self.tell(model, &CacheOp::Stop)
     }
 
     /// On a rank other than 0: does what rank 0 does to its cache, until it stops.
