@@ -173,7 +173,7 @@ fn auto_is_eager_on_cpu_and_graphs_are_refused_there() {
 }
 
 /// `GenerateOptions::min_capacity`: a short generation that asks for a long one's capacity
-/// reuses its static decoder (kept by the same `Generator`) (and, on a GPU, its CUDA graph) instead of making another, and
+/// reuses its static decoder (kept by the same `Offline`) (and, on a GPU, its CUDA graph) instead of making another, and
 /// decodes as eagerly. A new decoder allocates a cache per layer (`aten::zeros`), which the
 /// operator counter sees.
 #[test]
@@ -183,7 +183,7 @@ fn a_short_generation_reuses_a_long_ones_decoder_when_it_asks_for_its_capacity()
     config.max_position_embeddings = 1024;
     let model = Glm::random(&config, &LoadOptions::default(), 3).unwrap();
     let prompts = vec![(1..9).collect::<Vec<i64>>()];
-    let mut generator = headcount_runtime::Generator::new(&model);
+    let mut generator = headcount_runtime::Offline::new(&model);
     let mut run_with = |new: usize, min_capacity: usize, decode: DecodeMode| {
         let opts =
             GenerateOptions { max_new_tokens: new, decode, min_capacity, return_logits: true, ..Default::default() };

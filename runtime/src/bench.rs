@@ -4,8 +4,8 @@
 use serde::Serialize;
 use tch::{Device, Tensor};
 
+use crate::engine::{DecodeMode, GenerateOptions, Offline};
 use crate::error::{Error, Result};
-use crate::generate::{DecodeMode, GenerateOptions, Generator};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -107,7 +107,7 @@ pub fn prompts(batch: usize, prompt_len: usize, vocab: usize) -> Result<Vec<Vec<
 /// thread while the model's own threads run the split products
 /// (`GenerateOptions::decode_threads`). Every rank of a parallel run calls it; rank 0 gets
 /// the report, the others `None`. `device_name` is the device as the user named it, for the report.
-pub fn bench(generator: &mut Generator<'_>, opts: &BenchOptions, device_name: &str) -> Result<Option<BenchReport>> {
+pub fn bench(generator: &mut Offline<'_>, opts: &BenchOptions, device_name: &str) -> Result<Option<BenchReport>> {
     let model = generator.model();
     if opts.batch == 0 || opts.prompt_len == 0 || opts.repeat == 0 {
         return Err(Error::InvalidArgument("--batch, --prompt-len and --repeat must be at least 1".to_owned()));

@@ -24,8 +24,8 @@ pub mod text;
 pub mod typed;
 
 pub use device::{DType, parse_device};
+pub use engine::{DecodeMode, GenerateOptions, Generation, Offline, Sampling, generate, logits};
 pub use error::{Error, Result};
-pub use generate::{DecodeMode, GenerateOptions, Generation, Generator, Sampling, generate, logits};
 pub use hub::resolve_model;
 pub use models::{
     CausalLm, Dims, Glm, KvCache, LoadOptions, Quantize, Rounding, Step, WeightLayout, rank_mtp_parameter_count,
@@ -47,7 +47,7 @@ mod tests {
     /// error that lists them all.
     #[test]
     fn option_names_round_trip() {
-        use crate::generate::DecodeMode;
+        use crate::engine::DecodeMode;
         use crate::nn::{Rounding, WeightLayout};
         fn check<T>(choices: &crate::error::Choices<T>, name: fn(T) -> &'static str, list: &str)
         where

@@ -26,8 +26,8 @@ use std::ops::Sub;
 use headcount_spec::Config;
 use serde::Serialize;
 
+use crate::engine::{DecodeMode, GenerateOptions, generate};
 use crate::error::{Error, Result};
-use crate::generate::{DecodeMode, GenerateOptions, generate};
 use crate::models::{Glm, LoadOptions};
 
 /// Counts of operator calls on one thread (see the module documentation).
@@ -220,7 +220,7 @@ pub fn decode_profile(config: &Config, opts: &LoadOptions, decode: DecodeMode, b
         let mut c = config.clone();
         c.num_hidden_layers = layers;
         let model = Glm::random(&c, &opts, 0)?;
-        let run = |new: usize| -> Result<(crate::generate::Generation, OpReport)> {
+        let run = |new: usize| -> Result<(crate::engine::Generation, OpReport)> {
             let g = GenerateOptions { max_new_tokens: new, decode, ..Default::default() };
             let (out, report) = count(|| generate(&model, &prompts, &g, |_, _| {}))?;
             Ok((out?, report))

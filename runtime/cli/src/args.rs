@@ -232,6 +232,32 @@ pub struct RunArgs {
     /// Nucleus sampling mass in (0, 1].
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f64,
+    /// Drop the tokens less likely than this share of the most likely one, in [0, 1] (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f64,
+    /// Subtracted once from the logit of every token the answer holds, -2 to 2 (OpenAI's
+    /// presence_penalty).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f64,
+    /// Subtracted from a token's logit for each time the answer holds it, -2 to 2 (OpenAI's
+    /// frequency_penalty).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f64,
+    /// Divides the positive logits and multiplies the negative ones of every token of the
+    /// prompt and the answer, above 0 (transformers' repetition_penalty; 1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f64,
+    /// Added to a token's logit before the penalties: ID=BIAS, BIAS from -100 to 100
+    /// (OpenAI's logit_bias); repeat the flag or separate pairs by commas.
+    #[arg(long, value_name = "ID=BIAS", value_delimiter = ',', allow_hyphen_values = true)]
+    pub logit_bias: Vec<String>,
+    /// The eos ids cannot end the answer before it has this many tokens.
+    #[arg(long, default_value_t = 0)]
+    pub min_tokens: usize,
+    /// The answer is JSON valid against this JSON Schema: a file holding it, or the schema
+    /// itself (needs tokenizer.json in the model folder).
+    #[arg(long, value_name = "FILE|JSON")]
+    pub json_schema: Option<String>,
     /// Seed of the sampling's random stream.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

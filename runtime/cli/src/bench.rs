@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use headcount_runtime::bench::{BenchOptions, BenchReport, bench};
-use headcount_runtime::{Error, Generator, Glm, LoadOptions, Result};
+use headcount_runtime::{Error, Glm, LoadOptions, Offline, Result};
 
 use crate::args::BenchArgs;
 use crate::ranks::join;
@@ -14,7 +14,7 @@ use crate::ranks::join;
 pub fn load_and_bench(
     b: &BenchArgs,
     quiet: bool,
-    then: impl FnOnce(&mut Generator, Option<&BenchReport>) -> Result<()>,
+    then: impl FnOnce(&mut Offline, Option<&BenchReport>) -> Result<()>,
 ) -> Result<()> {
     if let Some(t) = b.threads {
         if t < 1 {
@@ -31,7 +31,7 @@ pub fn load_and_bench(
         decode: b.decode.into(),
         speculative_tokens: b.runtime.speculative_tokens,
     };
-    let mut generator = Generator::new(&model);
+    let mut generator = Offline::new(&model);
     let report = bench(&mut generator, &opts, &b.runtime.device)?;
     then(&mut generator, report.as_ref())
 }

@@ -4,10 +4,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use headcount_runtime::engine::{Constraint, Constraints, Penalties};
 use headcount_runtime::{
     DecodeMode, Error, GenerateOptions, Glm, LoadOptions, RankEnv, Result, Sampling, StreamDecoder, TextCodec,
     generate, logits, parse_device,
 };
+use headcount_serve::structured::{Grammar, Grammars};
 
 use crate::args::{LogitsArgs, RunArgs, RuntimeArgs};
 use crate::ranks::{join, rank_device};
@@ -36,7 +38,8 @@ pub fn load_options(r: &RuntimeArgs, parallel: &headcount_runtime::Parallel, qui
 }
 
 pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
-    let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed, min_p: 0.0 };
+    let sampling =
+        Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed, min_p: a.min_p };
     sampling.validate()?;
     let decode: DecodeMode = a.decode.into();
     let codec = TextCodec::from_dir(&a.model)?;
@@ -60,6 +63,10 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     let room = model.dims.max_positions.saturating_sub(ids.len());
     let max_new_tokens = a.max_new_tokens.unwrap_or(64.min(room));
     // libtorch's pool held at one thread while split CPU weights' own threads decode.
+    let vocab = model.dims.vocab as i64; // cannot wrap: the rules keep vocab_size within i64
+    let penalties = penalties(a, vocab, max_new_tokens)?;
+    let schema = a.json_schema.as_deref().map(read_schema).transpose()?;
+    let constraint = schema.as_ref().map(|s| json_constraint(&a.model, s, vocab as usize, &eos)).transpose()?;
     let opts = GenerateOptions {
         max_new_tokens,
         sampling,
@@ -67,11 +74,15 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
         decode,
         decode_threads: Some(1),
         speculative_tokens: a.runtime.speculative_tokens,
+        penalties,
+        constraint,
         ..Default::default()
     };
     let job = format!(
-        "ids {ids:?}, {max_new_tokens} new tokens, {:?}, decode {}, {} speculative tokens",
+        "ids {ids:?}, {max_new_tokens} new tokens, {:?}, {:?}, JSON schema {}, decode {}, {} speculative tokens",
         opts.sampling,
+        opts.penalties,
+        schema.map_or("none".to_owned(), |s| s.to_string()),
         decode.name(),
         opts.speculative_tokens
     );
@@ -121,6 +132,89 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The logit bias and penalties `a` asks for, each checked against its range (the server's
+/// ranges for the same sampling parameters).
+fn penalties(a: &RunArgs, vocab: i64, max_new_tokens: usize) -> Result<Penalties> {
+    let bad = |flag: &str, v: f64, legal: &str| Error::InvalidArgument(format!("--{flag} must be {legal}, not {v}"));
+    let in_two = |v: f64| v.is_finite() && (-2.0..=2.0).contains(&v);
+    if !in_two(a.presence_penalty) {
+        return Err(bad("presence-penalty", a.presence_penalty, "between -2 and 2"));
+    }
+    if !in_two(a.frequency_penalty) {
+        return Err(bad("frequency-penalty", a.frequency_penalty, "between -2 and 2"));
+    }
+    if !(a.repetition_penalty.is_finite() && a.repetition_penalty > 0.0) {
+        return Err(bad("repetition-penalty", a.repetition_penalty, "a number above 0 (1: off)"));
+    }
+    if a.min_tokens > max_new_tokens {
+        return Err(Error::InvalidArgument(format!(
+            "--min-tokens ({}) is more than the new tokens asked for ({max_new_tokens})",
+            a.min_tokens
+        )));
+    }
+    let mut logit_bias = Vec::with_capacity(a.logit_bias.len());
+    for pair in &a.logit_bias {
+        let parsed = pair.split_once('=').and_then(|(id, b)| Some((id.trim().parse::<i64>().ok()?, b.trim())));
+        let Some((id, bias)) = parsed else {
+            return Err(Error::InvalidArgument(format!("--logit-bias takes ID=BIAS pairs, not {pair:?}")));
+        };
+        if !(0..vocab).contains(&id) {
+            return Err(Error::InvalidArgument(format!(
+                "--logit-bias {pair:?}: token ids of this vocabulary are 0 to {}",
+                vocab - 1
+            )));
+        }
+        match bias.parse::<f64>() {
+            Ok(b) if (-100.0..=100.0).contains(&b) => logit_bias.push((id, b)),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "--logit-bias {pair:?}: the bias must be a number between -100 and 100"
+                )));
+            }
+        }
+    }
+    Ok(Penalties {
+        presence: a.presence_penalty,
+        frequency: a.frequency_penalty,
+        repetition: a.repetition_penalty,
+        min_tokens: a.min_tokens,
+        logit_bias,
+    })
+}
+
+/// `--json-schema`'s value: the schema itself when it parses as a JSON object, else the file
+/// it names.
+fn read_schema(arg: &str) -> Result<serde_json::Value> {
+    let text = if arg.trim_start().starts_with('{') {
+        arg.to_owned()
+    } else {
+        std::fs::read_to_string(arg).map_err(|e| {
+            Error::InvalidArgument(format!("--json-schema {arg:?} is neither a JSON object nor a file to read: {e}"))
+        })?
+    };
+    let schema: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::InvalidArgument(format!("--json-schema is not JSON: {e}")))?;
+    if !schema.is_object() && !schema.is_boolean() {
+        return Err(Error::InvalidArgument("--json-schema must be a JSON Schema (an object)".to_owned()));
+    }
+    Ok(schema)
+}
+
+/// Each row's grammar for answers valid against `schema`, with the tokens of the
+/// checkpoint's tokenizer.json; an error names why the schema or the tokenizer is refused.
+fn json_constraint(dir: &Path, schema: &serde_json::Value, vocab: usize, eos: &[i64]) -> Result<Constraints> {
+    let refused = |e: String| Error::InvalidArgument(format!("--json-schema: {e}"));
+    if !dir.join("tokenizer.json").is_file() {
+        return Err(refused(format!("{} has no tokenizer.json to write JSON with", dir.display())));
+    }
+    let grammars = Grammars::from_dir(dir, vocab, eos).map_err(refused)?;
+    let first = std::sync::Mutex::new(grammars.matcher(schema).map_err(refused)?);
+    Ok(Constraints(std::sync::Arc::new(move || {
+        let m = first.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        Box::new(Grammar(m)) as Box<dyn Constraint>
+    })))
 }
 
 /// How speculative decoding went: tokens a verifying step, and the drafts accepted at each

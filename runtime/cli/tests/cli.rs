@@ -965,3 +965,86 @@ fn vision_language_configs_are_checked_declared_and_refused_by_the_runtime() {
     let _ = std::fs::remove_dir_all(&dir);
     expect(&o, 1, "model_type = \"glm4v\" is not supported by the runtime: headcount checks vision-language configs");
 }
+
+/// `run` samples as the server does: logit bias, penalties, min_tokens and a JSON Schema's
+/// grammar, each checked.
+#[test]
+fn run_takes_the_servers_sampling_parameters() {
+    let ids = |o: &Output| -> Vec<i64> {
+        let (out, err) = text(o);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        out.trim().split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect()
+    };
+    let m = fixture("glm-gqa2");
+    let run12 = |extra: &[&str]| {
+        ids(&headcount(
+            &[&["run", "-q", "--model", &m, "--ids", "5,6,7", "--max-new-tokens", "12"][..], extra].concat(),
+        ))
+    };
+    // glm-gqa2's random weights repeat tokens greedily; a presence penalty of 2 (above the
+    // spread of its logits) makes every token new.
+    let plain = run12(&[]);
+    let distinct = |t: &[i64]| t.iter().collect::<std::collections::HashSet<_>>().len();
+    assert!(distinct(&plain) < plain.len(), "the unpenalized answer repeats a token: {plain:?}");
+    let penalized = run12(&["--presence-penalty", "2"]);
+    assert_eq!((penalized.len(), distinct(&penalized)), (12, 12), "{penalized:?}");
+    let frequency = run12(&["--frequency-penalty", "2"]);
+    assert_eq!(distinct(&frequency), 12, "{frequency:?}");
+    // A bias of 100 makes its token the only choice; -100 forbids one.
+    assert_eq!(ids(&quiet_run_567(&["--logit-bias", "9=100"])), [9, 9, 9, 9]);
+    let banned = run12(&["--logit-bias", &format!("{}=-100", plain[0])]);
+    assert!(!banned.contains(&plain[0]), "{banned:?}");
+    // eos (id 2) pushed to the top still waits for min_tokens: 3 tokens, then eos ends it.
+    assert_eq!(ids(&quiet_run_567(&["--logit-bias", "2=100", "--min-tokens", "3"])), plain[..3]);
+    // A JSON Schema's grammar: every answer, greedy or sampled, is JSON valid against it.
+    let schema = r#"{"type": "object", "properties": {"ok": {"type": "boolean"}, "unit": {"enum": ["m", "ft"]}},
+        "required": ["ok", "unit"], "additionalProperties": false}"#;
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("schema.json");
+    std::fs::write(&file, schema).unwrap();
+    let model = fixture("glm-bytes");
+    for (schema_arg, seed) in [(schema, "0"), (file.to_str().unwrap(), "0"), (schema, "1"), (schema, "2")] {
+        let temperature = if seed == "0" { "0" } else { "1" };
+        let o = headcount(&[
+            "run",
+            "-q",
+            "--model",
+            &model,
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "64",
+            "--json-schema",
+            schema_arg,
+            "--temperature",
+            temperature,
+            "--seed",
+            seed,
+        ]);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        assert!(v["ok"].is_boolean() && ["m", "ft"].contains(&v["unit"].as_str().unwrap()), "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+    }
+    // Each value out of range names its flag.
+    let bad = |extra: &[&str], needle: &str| {
+        expect(&headcount(&[&["run", "--model", &m, "--ids", "5"][..], extra].concat()), 1, needle)
+    };
+    bad(&["--presence-penalty", "3"], "--presence-penalty must be between -2 and 2");
+    bad(&["--frequency-penalty", "NaN"], "--frequency-penalty must be between -2 and 2");
+    bad(&["--repetition-penalty", "0"], "--repetition-penalty must be a number above 0");
+    bad(&["--min-p", "2"], "min-p must be in [0, 1]");
+    bad(&["--logit-bias", "9"], "--logit-bias takes ID=BIAS pairs");
+    bad(&["--logit-bias", "128=1"], "token ids of this vocabulary are 0 to 127");
+    bad(&["--logit-bias", "5=101"], "the bias must be a number between -100 and 100");
+    bad(&["--min-tokens", "70"], "--min-tokens (70) is more than the new tokens");
+    bad(&["--json-schema", "{\"type\": \"object\"}"], "has no tokenizer.json");
+    bad(&["--decode", "static", "--presence-penalty", "1"], "--decode static cannot be used with them");
+    let bytes = |extra: &[&str], needle: &str| {
+        expect(&headcount(&[&["run", "--model", &model, "--prompt", "a"][..], extra].concat()), 1, needle)
+    };
+    bytes(&["--json-schema", "{\"type\": 5}"], "--json-schema: type must be");
+    bytes(&["--json-schema", "{not json"], "--json-schema is not JSON");
+    bytes(&["--json-schema", "/nonexistent/schema.json"], "is neither a JSON object nor a file");
+}

@@ -192,7 +192,7 @@ fn two_tensor_parallel_ranks_serve_what_one_process_generates() {
         assert_eq!(*status, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         let got = v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().clone();
-        let logp = headcount_runtime::generate::logits(&model, p).unwrap().log_softmax(-1, tch::Kind::Float);
+        let logp = headcount_runtime::logits(&model, p).unwrap().log_softmax(-1, tch::Kind::Float);
         assert!(got[0].is_null(), "{body}");
         for i in 1..p.len() {
             let want = logp.double_value(&[0, i as i64 - 1, p[i]]);

@@ -15,6 +15,7 @@ use headcount_runtime::{CausalLm, Sampling};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Metrics;
+use crate::structured::Grammar;
 
 /// One sequence to generate.
 pub struct Job {
@@ -78,19 +79,6 @@ impl Sink for Choice {
     }
     fn gone(&self) -> bool {
         self.events.is_closed() || self.cancel.load(Ordering::Relaxed)
-    }
-}
-
-/// A request's grammar (llguidance).
-struct Grammar(llguidance::Matcher);
-
-impl Constraint for Grammar {
-    fn mask(&mut self, vocab: usize, device: tch::Device) -> Result<tch::Tensor, String> {
-        crate::structured::mask(&mut self.0, vocab, device)
-    }
-    fn consume(&mut self, id: i64) {
-        // cannot fire: the token was chosen under the grammar's mask.
-        let _ = self.0.consume_token(id as u32);
     }
 }
 

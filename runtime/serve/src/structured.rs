@@ -192,6 +192,19 @@ pub fn tool_call_grammar(
     Ok(format!("start: {}\n{}\n", calls.join(" | "), rules.join("\n")))
 }
 
+/// A request's grammar, as the engine masks and advances it.
+pub struct Grammar(pub Matcher);
+
+impl headcount_runtime::engine::Constraint for Grammar {
+    fn mask(&mut self, vocab: usize, device: tch::Device) -> Result<Tensor, String> {
+        mask(&mut self.0, vocab, device)
+    }
+    fn consume(&mut self, id: i64) {
+        // cannot fire: the token was chosen under the grammar's mask.
+        let _ = self.0.consume_token(id as u32);
+    }
+}
+
 /// The additive mask (0 allowed, -inf not) of the tokens `m` allows next, `[1, vocab]` f32
 /// on `device`; only the eos ids once the JSON is complete.
 pub fn mask(m: &mut Matcher, vocab: usize, device: tch::Device) -> Result<Tensor, String> {

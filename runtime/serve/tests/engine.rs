@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use headcount_runtime::generate::SlotCache;
-use headcount_runtime::generate::logits;
+use headcount_runtime::logits;
 use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, generate};
 use headcount_serve::engine::{EngineOptions, Event, Finish, Job, Penalties, run};
 use headcount_serve::metrics::Metrics;

@@ -22,6 +22,8 @@
 //! it does to an [`Observer`] (the server's metrics). Tokens are chosen by `sampler.rs`:
 //! logit bias, penalties and a grammar's mask ([`Constraint`]), then the request's sampling.
 
+mod offline;
+mod options;
 mod sampler;
 mod scheduler;
 mod speculative;
@@ -31,10 +33,12 @@ use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
-pub use sampler::{Constraint, Penalties};
+pub use offline::{Offline, check_speculative, generate, logits};
+pub use options::{Constraints, DecodeMode, GenerateOptions, Generation, Sampling};
+pub use sampler::{Constraint, Penalties, SampleRng, accept_or_resample, draw, probabilities, select};
 
 use crate::error::{Error, Result};
-use crate::generate::{Sampling, SlotCache};
+use crate::generate::SlotCache;
 use crate::models::CausalLm;
 use scheduler::{Outcome, Running};
 
@@ -153,6 +157,9 @@ pub trait Observer {
     fn set_kv_usage(&self, _used: usize, _total: usize) {}
     fn prefix_lookup(&self, _queried: usize, _hit: usize) {}
     fn set_prefix_blocks(&self, _held: usize, _blocks: usize) {}
+    /// What failed the requests a prefill or step ran (they got [`Event::Failed`]); the
+    /// error of a run whose ranks lost each other is [`Engine::step`]'s instead.
+    fn failure(&self, _e: Error) {}
 }
 
 /// An observer that keeps nothing.
@@ -226,12 +233,16 @@ impl<'a> Engine<'a> {
     /// an error is returned only when the ranks of a run lost each other, after every request
     /// it held has failed, since no step can run any more.
     pub fn step(&mut self) -> Result<()> {
-        let out = self.advance();
+        self.admit();
+        let out = self.decode();
         self.obs.set_running(self.running.len());
         out
     }
 
-    fn advance(&mut self) -> Result<()> {
+    /// The first half of a step: drops the requests whose receivers went, prefills what
+    /// fits (those requests' first tokens chosen), and makes room in a paged cache for the
+    /// running rows' next step.
+    pub fn admit(&mut self) {
         let (model, obs) = (self.model, self.obs);
         obs.set_running(self.running.len());
         self.drop_gone();
@@ -240,6 +251,11 @@ impl<'a> Engine<'a> {
         scheduler::prefill(model, cache, &self.opts, &mut queues, &mut self.running, &mut self.filling, obs);
         scheduler::make_room(model, cache, &mut self.running, &mut self.filling, &mut self.preempted, obs);
         obs.set_running(self.running.len());
+    }
+
+    /// The second half of a step: one token (or a speculative round) for every running row.
+    fn decode(&mut self) -> Result<()> {
+        let (model, obs, cache) = (self.model, self.obs, &mut self.cache);
         if self.running.is_empty() {
             return Ok(());
         }
@@ -267,6 +283,7 @@ impl<'a> Engine<'a> {
                     Some(Outcome::Failed(msg.clone()))
                 });
                 if !matches!(e, Error::Parallel(_)) {
+                    obs.failure(e);
                     return Ok(());
                 }
                 self.fail_all(&msg);

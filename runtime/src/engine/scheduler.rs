@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use tch::Tensor;
 
+use super::sampler::SampleRng;
 use super::sampler::{choose, prompt_logprobs};
 use super::{EngineOptions, Event, Finish, Observer, Request, TokenLogprobs};
-use crate::generate::{PAGE, SampleRng, SlotCache};
+use crate::generate::{PAGE, SlotCache};
 use crate::models::CausalLm;
 
 /// A request with a cache row.
@@ -277,6 +278,7 @@ pub(super) fn prefill<'a>(
                         Err(e) => {
                             r.req.send(Event::Failed(format!("the prefill failed: {e}")));
                             obs.failed();
+                            obs.failure(e);
                             let _ = cache.clear(model, row);
                             continue;
                         }
@@ -314,6 +316,7 @@ pub(super) fn prefill<'a>(
             Err(e) => {
                 r.req.send(Event::Failed(format!("the prefill failed: {e}")));
                 obs.failed();
+                obs.failure(e);
                 let _ = cache.clear(model, row);
                 continue;
             }
@@ -407,6 +410,7 @@ pub(super) fn prefill_together<'a>(
                 obs.failed();
                 let _ = cache.clear(model, first + i);
             }
+            obs.failure(e);
         }
     }
 }
@@ -432,6 +436,7 @@ pub(super) fn first_tokens<'a>(
         }
         Err(e) => {
             let msg = format!("choosing the first token failed: {e}");
+            obs.failure(e);
             let fresh = |r: &Running| (r.produced == 0).then(|| Outcome::Failed(msg.clone()));
             retire(model, running, filling, cache, obs, fresh);
         }

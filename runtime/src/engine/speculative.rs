@@ -1,10 +1,11 @@
 //! A speculative step over a cache with the model's multi-token-prediction layer.
 
 use super::Observer;
+use super::sampler::{accept_or_resample, draw, probabilities};
 use super::sampler::{bend, constrain, token_logprobs};
 use super::scheduler::{Running, emit, finished};
 use crate::error::Result;
-use crate::generate::{SlotCache, accept_or_resample, draw, probabilities};
+use crate::generate::SlotCache;
 use crate::models::CausalLm;
 use tch::Tensor;
 
@@ -61,7 +62,9 @@ pub(super) fn step(
                 Some(top) => Some(token_logprobs(&rows.f_narrow(0, i as i64, 1)?, id, top)?),
                 None => None,
             };
-            if i < k {
+            // A draft of the row's last token is not counted: a plain step gives that token,
+            // and no token after it comes sooner.
+            if i < k && r.produced + 1 < r.req.max_tokens {
                 obs.drafted(i, took);
             }
             emit(r, id, lp, obs);

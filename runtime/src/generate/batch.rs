@@ -141,13 +141,6 @@ impl Batch {
                 let mask = if self.any_pad { Some(self.mask(&slots, slot + 1, dtype)?) } else { None };
                 Ok(Step { rot, ..Step::new(slot, 1, cos, sin, mask) })
             }
-            StepKind::Extend { start, len } => {
-                let slots = Tensor::f_arange_start(start, start + len, long)?;
-                let (cos, sin) = rope.tables(&self.positions(&slots)?, dtype)?;
-                let mask =
-                    if len == 1 && !self.any_pad { None } else { Some(self.mask(&slots, start + len, dtype)?) };
-                Ok(Step::new(start, len, cos, sin, mask))
-            }
             StepKind::Static { slot, host_slot } => {
                 // Reads nothing from the host: a captured graph replays it at later slots.
                 let pos = self.positions(slot)?.f_select(1, 0)?;
@@ -171,22 +164,11 @@ impl Batch {
     }
 }
 
-/// Which step of a generation: the prefill of every prompt position, an eager one-token
-/// step at a cache slot the host knows, several tokens from a slot the host knows, or a
-/// static-shape one whose slot lives on the device (`host_slot` is bookkeeping only).
+/// Which step of a static-shape generation: the prefill of every prompt position, an eager
+/// one-token step at a cache slot the host knows, or a static-shape one whose slot lives on
+/// the device (`host_slot` is bookkeeping only).
 pub(crate) enum StepKind<'a> {
     Prefill,
-    Decode {
-        slot: i64,
-    },
-    /// `len` tokens at the slots from `start` on, every row at once (a speculative
-    /// decoder's verification of its drafts), attending causally to the cache before them.
-    Extend {
-        start: i64,
-        len: i64,
-    },
-    Static {
-        slot: &'a Tensor,
-        host_slot: i64,
-    },
+    Decode { slot: i64 },
+    Static { slot: &'a Tensor, host_slot: i64 },
 }

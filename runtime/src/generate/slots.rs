@@ -104,7 +104,7 @@ impl SlotCache {
                 capacity.saturating_sub(1)
             )));
         }
-        super::speculative::check_speculative(model, &super::GenerateOptions::default())?;
+        super::mtp::check_mtp(model)?;
         let held = capacity + tokens + 1; // cannot wrap: tokens < capacity <= max_position_embeddings
         let mut c = SlotCache::new_unallocated(model, rows, capacity)?;
         c.cache.capacity = held as i64;
@@ -295,8 +295,11 @@ impl SlotCache {
         let last = at.iter().copied().max().unwrap_or(0);
         let at_dev = Tensor::f_from_slice(&at)?.f_to_device(dev)?;
         let (cos, sin, rot) = self.rope.step_tables(&at_dev, kind, model.rounding())?;
-        // Rows of equal length attend to every key up to the step: no mask.
-        let mask = if at.iter().all(|&a| a == last) {
+        // Rows of equal length attend to every key up to the step: no mask, and their
+        // entries go to one slot (`rows_at` None: a plain copy, and one f32 row's attention
+        // reads its cache in place).
+        let equal = at.iter().all(|&a| a == last);
+        let mask = if equal {
             None
         } else {
             let k = Tensor::f_arange(last + 1, (Kind::Int64, dev))?.f_unsqueeze(0)?; // [1, keys]
@@ -306,7 +309,8 @@ impl SlotCache {
         };
         let rows: Vec<usize> = (0..n).collect();
         let pages = self.paged_step(&rows, &self.lens[..n], 1, last as usize + 1, dev)?; // cannot wrap: a length
-        let step = Step { rot, rows_at: Some(at_dev), pages, ..Step::new(last, 1, cos, sin, mask) };
+        let rows_at = (!equal).then_some(at_dev);
+        let step = Step { rot, rows_at, pages, ..Step::new(last, 1, cos, sin, mask) };
         let ids = Tensor::f_from_slice(tokens)?.f_view([n as i64, 1])?.f_to_device(dev)?;
         let mut view = self.view(0, n)?;
         let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;
@@ -400,6 +404,11 @@ impl SlotCache {
     pub(super) fn view(&self, first: usize, n: usize) -> Result<KvCache> {
         if self.pages.is_some() {
             // A paged step reads and writes the whole pool where its tables say.
+            let kv = self.cache.kv.iter().map(Tensor::shallow_clone).collect();
+            return Ok(KvCache { kv, capacity: self.cache.capacity, len: 0 });
+        }
+        if first == 0 && n == self.rows() {
+            // Every row: the cache itself.
             let kv = self.cache.kv.iter().map(Tensor::shallow_clone).collect();
             return Ok(KvCache { kv, capacity: self.cache.capacity, len: 0 });
         }

@@ -21,25 +21,25 @@ pub fn break_next_capture() {
 /// Static-shape decode steps: the step's token, cache slot, padding and key validity live in
 /// device buffers, so no tensor shape or host value depends on the position, and the step
 /// can be captured once in a CUDA graph and replayed. Kept in the model between generations
-/// of the same batch size and capacity by its [`super::Generator`], so that the graph is
+/// of the same batch size and capacity by its `crate::engine::Offline`, so that the graph is
 /// captured once.
-pub(super) struct StaticDecoder {
+pub(crate) struct StaticDecoder {
     capacity: usize,
     greedy: bool,
-    pub(super) cache: KvCache,
-    pub(super) rope: Rope,
+    pub(crate) cache: KvCache,
+    pub(crate) rope: Rope,
     /// The padding and key validity buffers each generation's batch is copied into, so a
     /// captured graph reads the current one.
-    pub(super) batch: Batch,
+    pub(crate) batch: Batch,
     /// [B, 1] int64: the token each step embeds.
-    pub(super) tok: Tensor,
+    pub(crate) tok: Tensor,
     /// [1] int64: the cache slot each step writes.
     slot: Tensor,
-    pub(super) graph: Option<Captured>,
+    pub(crate) graph: Option<Captured>,
 }
 
 /// A captured step and the tensors each replay writes.
-pub(super) struct Captured {
+pub(crate) struct Captured {
     graph: crate::cuda_graph::CudaGraph,
     /// [B, vocab] f32.
     logits: Tensor,
@@ -49,12 +49,12 @@ pub(super) struct Captured {
 
 impl StaticDecoder {
     /// Whether this decoder serves generations of this shape.
-    pub(super) fn fits(&self, batch: usize, capacity: usize, greedy: bool) -> bool {
+    pub(crate) fn fits(&self, batch: usize, capacity: usize, greedy: bool) -> bool {
         self.batch.rows == batch && self.capacity == capacity && self.greedy == greedy
     }
 
     /// A decoder for `batch` rows over `capacity` slots.
-    pub(super) fn new(model: &dyn CausalLm, batch: usize, capacity: usize, greedy: bool) -> Result<StaticDecoder> {
+    pub(crate) fn new(model: &dyn CausalLm, batch: usize, capacity: usize, greedy: bool) -> Result<StaticDecoder> {
         let device = model.device();
         let long = (Kind::Int64, device);
         Ok(StaticDecoder {
@@ -77,7 +77,7 @@ impl StaticDecoder {
     }
 
     /// Takes `batch`'s padding into the decoder's buffers (which a captured graph reads).
-    pub(super) fn take_batch(&mut self, batch: &Batch) -> Result<()> {
+    pub(crate) fn take_batch(&mut self, batch: &Batch) -> Result<()> {
         self.batch.pads.shallow_clone().f_copy_(&batch.pads)?;
         self.batch.valid.shallow_clone().f_copy_(&batch.valid)?;
         self.batch.longest = batch.longest;
@@ -85,7 +85,7 @@ impl StaticDecoder {
     }
 
     /// Sets the first decode step's token ([B]) and slot.
-    pub(super) fn start(&mut self, next: &Tensor, slot: i64) -> Result<()> {
+    pub(crate) fn start(&mut self, next: &Tensor, slot: i64) -> Result<()> {
         self.tok.shallow_clone().f_copy_(&next.f_reshape([self.batch.rows as i64, 1])?)?;
         let _ = self.slot.shallow_clone().f_fill_(slot)?;
         Ok(())
@@ -117,7 +117,7 @@ impl StaticDecoder {
     /// graph's side stream (libtorch and cuBLAS set up per-stream state on first use, which
     /// a capture cannot). Warm-ups write the cache at the current slot and the next, which
     /// the replayed steps write again before reading; the token and slot are restored.
-    pub(super) fn capture(&mut self, model: &dyn CausalLm) -> Result<()> {
+    pub(crate) fn capture(&mut self, model: &dyn CausalLm) -> Result<()> {
         let mut graph = crate::cuda_graph::CudaGraph::new(model.device())?;
         let (tok, slot) = (self.tok.f_detach_copy()?, self.slot.f_detach_copy()?);
         graph.on_side_stream(|| {
@@ -147,7 +147,7 @@ impl StaticDecoder {
     /// largest logit). A capture that records something else, which no CPU test can
     /// see, then falls back to eager decoding with the reason instead of decoding wrongly.
     /// The step's cache writes are idempotent, and the token and slot are restored.
-    pub(super) fn verify_capture(&mut self, model: &dyn CausalLm) -> Result<()> {
+    pub(crate) fn verify_capture(&mut self, model: &dyn CausalLm) -> Result<()> {
         let Some(c) = &self.graph else { return Ok(()) };
         let (tok, slot) = (self.tok.f_detach_copy()?, self.slot.f_detach_copy()?);
         c.graph.replay()?;
@@ -172,7 +172,7 @@ impl StaticDecoder {
 
     /// One decode step: the graph replayed (when `replay` and one was captured), or
     /// [`StaticDecoder::advance`] run.
-    pub(super) fn step(&mut self, model: &dyn CausalLm, slot: i64, replay: bool) -> Result<(Tensor, Option<Tensor>)> {
+    pub(crate) fn step(&mut self, model: &dyn CausalLm, slot: i64, replay: bool) -> Result<(Tensor, Option<Tensor>)> {
         self.cache.len = slot + 1;
         match self.graph.as_ref().filter(|_| replay) {
             Some(c) => {

@@ -1,7 +1,10 @@
 //! What a generation is asked for, and what it returns.
 
+use std::sync::Arc;
+
 use tch::Tensor;
 
+use super::sampler::{Constraint, Penalties};
 use crate::error::{Error, Result, named_choices};
 
 /// How the next token is chosen.
@@ -91,7 +94,7 @@ pub struct GenerateOptions {
     /// prompt plus the new tokens when larger. Static decoders round their capacity up to a
     /// multiple of 256 and are kept for the next generation of the same capacity: shorter
     /// generations that ask for the capacity of longer ones reuse their decoder and CUDA
-    /// graph instead of capturing another (with the same [`super::Generator`]).
+    /// graph instead of capturing another (with the same [`super::Offline`]).
     pub min_capacity: usize,
     /// libtorch's intra-op threads for the generating thread's own calls while a model with
     /// column-split CPU weights decodes (restored afterwards; other threads and the
@@ -104,6 +107,20 @@ pub struct GenerateOptions {
     /// the output is the one plain decoding gives (greedy: the same tokens; sampling: the
     /// same distribution).
     pub speculative_tokens: usize,
+    /// Logit bias and penalties on each row's own tokens (the server's sampling parameters).
+    pub penalties: Penalties,
+    /// Structured output: a grammar each row's answer must follow.
+    pub constraint: Option<Constraints>,
+}
+
+/// Makes each row's [`Constraint`] (a grammar keeps its state per row).
+#[derive(Clone)]
+pub struct Constraints(pub Arc<dyn Fn() -> Box<dyn Constraint> + Send + Sync>);
+
+impl std::fmt::Debug for Constraints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Constraints")
+    }
 }
 
 /// The result of one generation.
