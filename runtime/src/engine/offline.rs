@@ -15,9 +15,10 @@ use std::time::Instant;
 
 use tch::{Device, Tensor};
 
+use super::core::Engine;
 use super::options::{DecodeMode, GenerateOptions, Generation, Sampling};
-use super::sampler::{SampleRng, select};
-use super::{Engine, EngineOptions, Event, Observer, Request, Sink};
+use super::request::{EngineOptions, Event, Observer, Request, Sink};
+use super::sampling::{SampleRng, select};
 use crate::cpu::threads::ThreadTorchThreads;
 use crate::error::{Error, Result};
 use crate::generate::batch::{Batch, StepKind, check_prompts};

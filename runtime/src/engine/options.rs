@@ -2,9 +2,8 @@
 
 use std::sync::Arc;
 
-use tch::Tensor;
+use tch::{Device, Tensor};
 
-use super::sampler::{Constraint, Penalties};
 use crate::error::{Error, Result, named_choices};
 
 /// How the next token is chosen.
@@ -161,5 +160,49 @@ impl Generation {
     /// Of the drafts at each position, the share accepted.
     pub fn acceptance(&self) -> Vec<f64> {
         self.drafted.iter().zip(&self.accepted).map(|(&d, &a)| a as f64 / d.max(1) as f64).collect()
+    }
+}
+
+/// A grammar a request's answer must follow (structured output): which tokens it allows
+/// next, and the token chosen.
+pub trait Constraint {
+    /// The additive mask (0 allowed, -inf not) of the tokens allowed next, `[1, vocab]` f32
+    /// on `device`; an error names why none can be computed.
+    fn mask(&mut self, vocab: usize, device: Device) -> std::result::Result<Tensor, String>;
+    /// Advances past `id`, which was chosen under the mask.
+    fn consume(&mut self, id: i64);
+}
+
+/// OpenAI's and vLLM's penalties on a sequence's own tokens, and the tokens it must produce
+/// before a stop id may end it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Penalties {
+    /// Subtracted once from the logit of every token the answer holds (presence_penalty).
+    pub presence: f64,
+    /// Subtracted from a token's logit once for each time the answer holds it
+    /// (frequency_penalty).
+    pub frequency: f64,
+    /// transformers' and vLLM's repetition_penalty: the logit of every token of the prompt or
+    /// the answer is divided by it where positive and multiplied by it where negative (1: off).
+    pub repetition: f64,
+    /// The stop ids (eos included) cannot be chosen until the answer has this many tokens.
+    pub min_tokens: usize,
+    /// OpenAI's logit_bias: added to these tokens' logits before the penalties (vLLM's order).
+    pub logit_bias: Vec<(i64, f64)>,
+}
+
+impl Default for Penalties {
+    fn default() -> Self {
+        Penalties { presence: 0.0, frequency: 0.0, repetition: 1.0, min_tokens: 0, logit_bias: Vec::new() }
+    }
+}
+
+impl Penalties {
+    pub(super) fn bends(&self, produced: usize) -> bool {
+        self.presence != 0.0
+            || self.frequency != 0.0
+            || self.repetition != 1.0
+            || produced < self.min_tokens
+            || !self.logit_bias.is_empty()
     }
 }

@@ -6,40 +6,10 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::sampler::SampleRng;
+use super::request::{EngineOptions, Event, Finish, Observer, Request, Running, TokenLogprobs, start};
 use super::sampler::{choose, prompt_logprobs};
-use super::{EngineOptions, Event, Finish, Observer, Request, TokenLogprobs};
 use crate::generate::{PAGE, SlotCache};
 use crate::models::CausalLm;
-
-/// A request with a cache row.
-pub(super) struct Running<'a> {
-    pub(super) req: Request<'a>,
-    pub(super) rng: SampleRng,
-    /// Prompt tokens written so far.
-    pub(super) prefilled: usize,
-    /// Tokens produced so far, and the last one (the next step's input).
-    pub(super) produced: usize,
-    pub(super) last: i64,
-    /// The tokens produced (penalties read them; the prefix cache keeps them).
-    pub(super) output: Vec<i64>,
-    /// When the last token went out (inter-token latency).
-    pub(super) last_token_at: Option<Instant>,
-    /// After a preemption: what its row must hold again before its next step (the prompt
-    /// and every token but the last), prefilled in `prefilled`'s place.
-    pub(super) resume: Option<Vec<i64>>,
-}
-
-impl Running<'_> {
-    pub(super) fn gone(&self) -> bool {
-        self.req.gone()
-    }
-
-    /// The tokens its row is being filled with.
-    pub(super) fn tokens(&self) -> &[i64] {
-        self.resume.as_deref().unwrap_or(&self.req.prompt)
-    }
-}
 
 /// Why a sequence cannot be run: an empty prompt, an id outside the vocabulary, or more
 /// positions than a cache row holds (`max_tokens` 0, a prompt only scored, still needs
@@ -365,12 +335,6 @@ pub(super) fn keep_prefix(model: &dyn CausalLm, cache: &mut SlotCache, row: usiz
     if let Some((held, blocks)) = cache.prefix_usage() {
         obs.set_prefix_blocks(held, blocks);
     }
-}
-
-/// A request with its sampling stream, admitted to a row.
-fn start(req: Request<'_>) -> Running<'_> {
-    let rng = SampleRng::new(req.sampling.seed);
-    Running { req, rng, prefilled: 0, produced: 0, last: 0, output: Vec::new(), last_token_at: None, resume: None }
 }
 
 /// Prefills whole prompts into the rows after the running ones, in one forward.

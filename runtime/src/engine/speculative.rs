@@ -1,9 +1,9 @@
 //! A speculative step over a cache with the model's multi-token-prediction layer.
 
-use super::Observer;
-use super::sampler::{accept_or_resample, draw, probabilities};
+use super::request::{Observer, Running};
 use super::sampler::{bend, constrain, token_logprobs};
-use super::scheduler::{Running, emit, finished};
+use super::sampling::{accept_or_resample, draw, probabilities};
+use super::scheduler::{emit, finished};
 use crate::error::Result;
 use crate::generate::SlotCache;
 use crate::models::CausalLm;

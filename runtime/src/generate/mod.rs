@@ -5,18 +5,22 @@
 //! holds no generation state.
 
 pub(crate) mod batch;
+mod drafts;
 mod mtp;
 mod ops;
 mod paged;
+mod pages;
 mod prefix;
+mod prefix_index;
+mod rows;
 mod slot_drafts;
 mod slots;
 pub(crate) mod static_decoder;
 
 pub use batch::check_prompts;
 pub use mtp::{check_mtp, draft_logits};
-pub use paged::PAGE;
-pub use prefix::{PREFIX_BLOCK, PrefixHit};
+pub use pages::PAGE;
+pub use prefix_index::{PREFIX_BLOCK, PrefixHit};
 pub use slots::SlotCache;
 #[cfg(feature = "test-hooks")]
 pub use static_decoder::break_next_capture;

@@ -18,7 +18,11 @@ use std::borrow::Cow;
 
 use tch::{Kind, Tensor};
 
+use super::drafts::Drafts;
 use super::ops::{self, CacheOp, receive};
+use super::pages::Pages;
+use super::prefix_index::PrefixCache;
+use super::rows::{check_ids, copy_row, rows_view};
 use crate::error::{Error, Result};
 use crate::models::{CausalLm, KvCache, Rope, Step};
 
@@ -32,11 +36,11 @@ pub struct SlotCache {
     /// Positions a row may hold (the cache holds more where speculative steps write past it).
     pub(super) capacity: usize,
     /// Speculative decoding's side: the MTP layer's cache and each row's drafting state.
-    pub(super) drafts: Option<super::slot_drafts::Drafts>,
+    pub(super) drafts: Option<Drafts>,
     /// Automatic prefix caching's block pool (`super::prefix`).
-    pub(super) prefix: Option<super::prefix::PrefixCache>,
+    pub(super) prefix: Option<PrefixCache>,
     /// A paged cache's block tables (`super::paged`): `cache` is then one pool of blocks.
-    pub(super) pages: Option<super::paged::Pages>,
+    pub(super) pages: Option<Pages>,
     /// Every rank of a run takes the same steps itself ([`SlotCache::lockstep`]): nothing is
     /// broadcast.
     pub(super) lockstep: bool,
@@ -109,7 +113,7 @@ impl SlotCache {
         let mut c = SlotCache::new_unallocated(model, rows, capacity)?;
         c.cache.capacity = held as i64;
         c.rope = Rope::new(model.dims(), held, model.device())?;
-        c.drafts = Some(super::slot_drafts::Drafts::new(model, rows, held, tokens)?);
+        c.drafts = Some(Drafts::new(model, rows, held, tokens)?);
         Ok(c)
     }
 
@@ -424,32 +428,5 @@ impl SlotCache {
         let hidden = if self.group > 1 { hidden.f_repeat([self.group, 1])? } else { hidden };
         let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
         Ok(m.f_unsqueeze(0)?.f_unsqueeze(0)?)
-    }
-}
-
-/// Rows `first..first + n` of `cache` as a cache of their own (views, not copies).
-pub(super) fn rows_view(cache: &KvCache, first: usize, n: usize) -> Result<KvCache> {
-    // cannot wrap: rows are a usize count that fits i64.
-    let kv = cache.kv.iter().map(|t| t.f_narrow(0, first as i64, n as i64)).collect::<Result<Vec<_>, _>>()?;
-    Ok(KvCache { kv, capacity: cache.capacity, len: 0 })
-}
-
-/// Row `from`'s first `len` slots of every layer of `cache` copied to row `to`.
-pub(super) fn copy_row(cache: &KvCache, from: usize, to: usize, len: i64) -> Result<()> {
-    let _guard = tch::no_grad_guard();
-    for kv in &cache.kv {
-        // cannot wrap: rows are a usize count that fits i64.
-        let src = kv.f_narrow(0, from as i64, 1)?.f_narrow(2, 0, len)?;
-        kv.f_narrow(0, to as i64, 1)?.f_narrow(2, 0, len)?.f_copy_(&src)?;
-    }
-    Ok(())
-}
-
-/// Every id inside the vocabulary.
-pub(super) fn check_ids(model: &dyn CausalLm, ids: &[i64]) -> Result<()> {
-    let vocab = model.dims().vocab as i64; // cannot wrap: the rules keep vocab_size within i64
-    match ids.iter().position(|&id| id < 0 || id >= vocab) {
-        Some(pos) => Err(Error::TokenOutOfRange { id: ids[pos], row: 0, pos, vocab }),
-        None => Ok(()),
     }
 }
