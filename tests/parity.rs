@@ -91,7 +91,7 @@ fn cached_decoding_equals_full_recomputation() {
 
 /// Logits of every position computed one token at a time through the cache.
 fn cached_logits(model: &Glm, ids: &[i64]) -> Tensor {
-    use headcount_runtime::models::{Rope, Step};
+    use headcount_runtime::models::{Keys, Rope, Step};
     let _g = tch::no_grad_guard();
     let dev = model.device();
     let rope = Rope::new(&model.dims, ids.len(), dev).unwrap();
@@ -107,10 +107,8 @@ fn cached_logits(model: &Glm, ids: &[i64]) -> Tensor {
             // Alternate the two rotary paths: rotation matrices and elementwise.
             rot: if i % 2 == 0 { Some(rope.rotations(&idx, tch::Kind::Float).unwrap()) } else { None },
             mask: None,
-            slot: None,
-            rows_at: None,
             keep_at: None,
-            pages: None,
+            keys: Keys::Rows,
         };
         out.push(model.forward(&Tensor::from_slice(&[*id]).view([1, 1]), &step, &mut cache, true).unwrap());
     }
@@ -715,7 +713,7 @@ fn quantized_mixtures_compute_what_their_codes_stand_for() {
 /// to 1100 keys) must matter.
 #[test]
 fn sparse_attention_scores_in_blocks_as_in_one() {
-    use headcount_runtime::models::{Rope, Step};
+    use headcount_runtime::models::{Keys, Rope, Step};
     let json = r#"{"model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 16,
         "kv_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8, "v_head_dim": 8,
@@ -745,10 +743,8 @@ fn sparse_attention_scores_in_blocks_as_in_one() {
             sin: rope.sin.index_select(0, &pos).view([1, len, 1, -1]),
             rot: None,
             mask: Some(mask),
-            slot: None,
-            rows_at: None,
             keep_at: None,
-            pages: None,
+            keys: Keys::Rows,
         };
         let chunk = Tensor::from_slice(&ids[start as usize..(start + len) as usize]).view([1, len]);
         parts.push(model.forward(&chunk, &step, &mut cache, false).unwrap());

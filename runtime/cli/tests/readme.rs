@@ -38,20 +38,22 @@ fn examples(readme: &str) -> Vec<Example> {
     out
 }
 
-/// Words of a command line, with double-quoted words kept whole.
+/// Words of a command line, with quoted words kept whole.
 fn words(command: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut word = String::new();
-    let mut quoted = false;
+    // The quote a word is inside, as a shell reads them: either kind holds the other.
+    let mut quote: Option<char> = None;
     for c in command.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            ' ' if !quoted => {
+        match (c, quote) {
+            ('"' | '\'', None) => quote = Some(c),
+            (c, Some(q)) if c == q => quote = None,
+            (' ', None) => {
                 if !word.is_empty() {
                     out.push(std::mem::take(&mut word));
                 }
             }
-            c => word.push(c),
+            (c, _) => word.push(c),
         }
     }
     if !word.is_empty() {

@@ -4,7 +4,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::models::{CausalLm, Rope, Rounding, Step};
+use crate::models::{CausalLm, Keys, Rope, Rounding, Step};
 
 /// Checks prompts against the vocabulary and the position budget; returns the longest's
 /// length.
@@ -154,10 +154,8 @@ impl Batch {
                     sin,
                     rot,
                     mask,
-                    slot: Some(slot.shallow_clone()),
-                    rows_at: None,
                     keep_at: None,
-                    pages: None,
+                    keys: Keys::Static(slot.shallow_clone()),
                 })
             }
         }

@@ -27,7 +27,7 @@ use super::ops::CacheOp;
 use super::rows::check_ids;
 use super::slots::SlotCache;
 use crate::error::{Error, Result};
-use crate::models::{CausalLm, Step};
+use crate::models::{CausalLm, Keys, Step};
 
 impl SlotCache {
     /// Drafts a speculative step makes (0: the cache does not decode speculatively).
@@ -228,7 +228,9 @@ impl SlotCache {
         let mut step = self.ragged_step(&starts, t as i64, kind, dev)?;
         let rows: Vec<usize> = (0..n).collect();
         // cannot wrap: `start` is the longest row's length.
-        step.pages = self.paged_step(&rows, &self.lens[..n], t, step.start as usize + t, dev)?;
+        if let Some(p) = self.paged_step(&rows, &self.lens[..n], t, step.start as usize + t, dev)? {
+            step.keys = Keys::Paged(p);
+        }
         let input = Tensor::f_from_slice(tokens)?.f_view([n as i64, t as i64])?.f_to_device(dev)?;
         let _threads = self.few_rows(model, n * t);
         let mut view = self.view(0, n)?;
@@ -295,6 +297,6 @@ impl SlotCache {
             let m = Tensor::f_zeros(hidden.size(), (kind, dev))?.f_masked_fill(&hidden, f64::NEG_INFINITY)?;
             Some(m.f_unsqueeze(1)?)
         };
-        Ok(Step { rows_at: Some(at), ..Step::new(last, t, cos, sin, mask) })
+        Ok(Step { keys: Keys::Ragged(at), ..Step::new(last, t, cos, sin, mask) })
     }
 }

@@ -24,7 +24,7 @@ use super::pages::Pages;
 use super::prefix_index::PrefixCache;
 use super::rows::{check_ids, copy_row, rows_view};
 use crate::error::{Error, Result};
-use crate::models::{CausalLm, KvCache, Rope, Step};
+use crate::models::{CausalLm, Keys, KvCache, Rope, Step};
 
 /// The rows of a running batch's cache and how many positions each holds.
 pub struct SlotCache {
@@ -188,7 +188,7 @@ impl SlotCache {
         // One new token attends to every key up to it (no mask); several, causally.
         let mask = if t == 1 { None } else { Some(self.causal_mask(&slots, end, kind)?) };
         let pages = self.paged_step(&[row], &[start], t, start + t, dev)?;
-        let step = Step { pages, ..Step::new(s, end - s, cos, sin, mask) };
+        let step = Step { keys: pages.map_or(Keys::Rows, Keys::Paged), ..Step::new(s, end - s, cos, sin, mask) };
         let input = Tensor::f_from_slice(ids)?.f_view([1, end - s])?.f_to_device(dev)?;
         let mut view = self.view(row, 1)?;
         let (logits, hidden) = if self.drafts.is_some() {
@@ -249,7 +249,8 @@ impl SlotCache {
         let keep_at = Some(Tensor::f_from_slice(&last)?.f_to_device(dev)?);
         let rows: Vec<usize> = (first..first + k).collect();
         let pages = self.paged_step(&rows, &vec![0; k], longest, longest, dev)?;
-        let step = Step { keep_at, pages, ..Step::new(0, len, cos, sin, mask) };
+        let keys = pages.map_or(Keys::Rows, Keys::Paged);
+        let step = Step { keep_at, keys, ..Step::new(0, len, cos, sin, mask) };
         let ids = Tensor::f_from_slice(&flat)?.f_view([b, len])?.f_to_device(dev)?;
         let mut view = self.view(first, k)?;
         let (logits, hidden) = if self.drafts.is_some() {
@@ -300,7 +301,7 @@ impl SlotCache {
         let at_dev = Tensor::f_from_slice(&at)?.f_to_device(dev)?;
         let (cos, sin, rot) = self.rope.step_tables(&at_dev, kind, model.rounding())?;
         // Rows of equal length attend to every key up to the step: no mask, and their
-        // entries go to one slot (`rows_at` None: a plain copy, and one f32 row's attention
+        // entries go to one slot (`Keys::Rows`: a plain copy, and one f32 row's attention
         // reads its cache in place).
         let equal = at.iter().all(|&a| a == last);
         let mask = if equal {
@@ -313,8 +314,12 @@ impl SlotCache {
         };
         let rows: Vec<usize> = (0..n).collect();
         let pages = self.paged_step(&rows, &self.lens[..n], 1, last as usize + 1, dev)?; // cannot wrap: a length
-        let rows_at = (!equal).then_some(at_dev);
-        let step = Step { rot, rows_at, pages, ..Step::new(last, 1, cos, sin, mask) };
+        let keys = match (pages, equal) {
+            (Some(p), _) => Keys::Paged(p),
+            (None, true) => Keys::Rows,
+            (None, false) => Keys::Ragged(at_dev),
+        };
+        let step = Step { rot, keys, ..Step::new(last, 1, cos, sin, mask) };
         let ids = Tensor::f_from_slice(tokens)?.f_view([n as i64, 1])?.f_to_device(dev)?;
         let mut view = self.view(0, n)?;
         let logits = model.forward(&ids, &step, &mut view, true)?.f_select(1, 0)?;

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use tch::{Device, Kind, Tensor};
 
-use super::Step;
+use super::{Keys, Step};
 use crate::config::{Activation, Dims, MlaDims};
 use crate::cpu::paged_attention;
 use crate::error::{Error, Result};
@@ -191,16 +191,16 @@ impl SelfAttention {
 /// the step says, and returns the cache's entries the step attends to.
 fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
     let (b, t) = (new.size()[0], step.len); // cannot fire: a 4-dimensional tensor
-    if let Some(pages) = &step.pages {
-        write_pages(cache, new, pages)?;
-        return read_pages(cache, pages, b, step.start + t);
-    }
-    Ok(match (&step.slot, &step.rows_at) {
-        (Some(slot), _) => {
+    Ok(match &step.keys {
+        Keys::Paged(pages) => {
+            write_pages(cache, new, pages)?;
+            read_pages(cache, pages, b, step.start + t)?
+        }
+        Keys::Static(slot) => {
             let _ = cache.shallow_clone().f_index_copy_(2, slot, new)?;
             cache.shallow_clone()
         }
-        (None, Some(at)) => {
+        Keys::Ragged(at) => {
             // Row i's entries go to its own slots from at[i] on, written by index (row, head,
             // slot). Not `scatter_`: libtorch's CPU scatter into a bf16 or f16 tensor copies
             // the whole destination to f32 and back, here every row's whole capacity a layer.
@@ -217,7 +217,7 @@ fn write_cache(cache: &Tensor, new: &Tensor, step: &Step) -> Result<Tensor> {
             let _ = cache.shallow_clone().f_index_put_(&[Some(rows), Some(head), Some(slots)], new, false)?;
             cache.f_narrow(2, 0, step.start + t)?
         }
-        (None, None) => {
+        Keys::Rows => {
             cache.f_narrow(2, step.start, t)?.f_copy_(new)?;
             cache.f_narrow(2, 0, step.start + t)?
         }
@@ -291,7 +291,7 @@ impl LatentAttention {
             parts.push(ix.key(&index_k, step, rope)?);
         }
         let entry = Tensor::f_cat(&parts, -1)?.f_unsqueeze(1)?; // [B, 1, T, L + R (+ index)]
-        if let Some(p) = &step.pages
+        if let Keys::Paged(p) = &step.keys
             && let Some((slots, lens)) = &p.one_token
             && t == 1
             && self.indexer.is_none()
@@ -580,7 +580,7 @@ impl Attention {
         }
         let [q, kv] = array(qkv.f_split_with_sizes([hl, 2 * kvl], 2)?)?;
         let kv = kv.f_transpose(1, 2)?; // [B, 2 * kv, T, D]
-        if let Some(p) = &step.pages
+        if let Keys::Paged(p) = &step.keys
             && let Some((slots, lens)) = &p.one_token
             && t == 1
             && paged_attention::supports(kv_cache.kind(), kv_cache.device())
@@ -598,8 +598,7 @@ impl Attention {
         if t == 1
             && b == 1
             && step.mask.is_none()
-            && step.slot.is_none()
-            && step.rows_at.is_none()
+            && matches!(step.keys, Keys::Rows)
             && kv_cache.kind() == Kind::Float
             && paged_attention::supports(kv_cache.kind(), kv_cache.device())
             && kv_cache.size()[0] == 1
@@ -951,7 +950,7 @@ pub(crate) fn rotate_half_order(head_dim: usize, rotary: usize, dev: Device) -> 
 mod tests {
     use tch::{Device, Kind, Tensor};
 
-    use super::{Step, write_cache};
+    use super::{Keys, Step, write_cache};
 
     /// A ragged step writes each row's entries at its own slots and nothing else, in every
     /// dtype, for one token and for several.
@@ -972,10 +971,8 @@ mod tests {
                     sin: Tensor::zeros([1], (Kind::Float, Device::Cpu)),
                     rot: None,
                     mask: None,
-                    slot: None,
-                    rows_at: Some(Tensor::from_slice(&at)),
                     keep_at: None,
-                    pages: None,
+                    keys: Keys::Ragged(Tensor::from_slice(&at)),
                 };
                 let keys = write_cache(&cache, &new, &step).unwrap();
                 assert_eq!(keys.size(), [b, heads, start + t, d]);

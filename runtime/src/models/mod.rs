@@ -69,31 +69,39 @@ pub struct Step {
     /// `[B or 1, 1, G*T or 1, S]` additive (0 = attend, -inf = not); `None` = attend to
     /// every key up to the step.
     pub mask: Option<Tensor>,
-    /// Static-shape steps (one token): the cache slot to write at, a one-element int64
-    /// tensor on the device. Then no tensor shape
-    /// depends on the position: keys are the whole cache and `mask` spans its capacity, so
-    /// the step can be captured in a CUDA graph and replayed at later slots. `start` is then
-    /// only bookkeeping.
-    pub slot: Option<Tensor>,
-    /// Ragged steps (a server's running batch, each row at its own length): the cache slot
-    /// each row writes its first token at, `[B]` int64 on the device (its `len` tokens go to
-    /// the slots from there on). Keys are then the cache's first `start + len` slots,
-    /// `start` being the largest of them, and `mask` hides each row's slots past its own.
-    pub rows_at: Option<Tensor>,
     /// With `last_only`: the position whose logits each row keeps (`[B]` int64 on the
     /// device), for a batch of prompts padded on the right; `None` keeps the last.
     pub keep_at: Option<Tensor>,
-    /// A paged cache's step (`None`: the cache holds each row whole): where in the pool
-    /// the step's entries go and where each row's keys are read from.
-    pub pages: Option<PagedStep>,
+    /// Where the step's entries go in the cache, and which keys it attends to.
+    pub keys: Keys,
+}
+
+/// The kinds of step, by where their keys and values lie in the cache.
+pub enum Keys {
+    /// Whole rows, every row's entries at slots `start..start + len`; the keys are the
+    /// first `start + len` slots.
+    Rows,
+    /// A static-shape step (one token): the cache slot to write at, a one-element int64
+    /// tensor on the device. No tensor shape depends on the position: the keys are the
+    /// whole cache and `mask` spans its capacity, so the step can be captured in a CUDA graph
+    /// and replayed at later slots. `start` is then only bookkeeping.
+    Static(Tensor),
+    /// Ragged rows (a running batch, each row at its own length): the cache slot each row
+    /// writes its first token at, `[B]` int64 on the device (its `len` tokens go to the
+    /// slots from there on). The keys are the cache's first `start + len` slots, `start`
+    /// being the largest of them, and `mask` hides each row's slots past its own.
+    Ragged(Tensor),
+    /// A paged cache: where in the pool the step's entries go and where each row's keys
+    /// are read from.
+    Paged(PagedStep),
 }
 
 impl Step {
     /// A step of positions `start..start + len` over a cache of whole rows, rotated by
-    /// `cos`/`sin`, under `mask`: no rotation matrices, static slot, ragged rows, kept
-    /// positions or pages (a caller sets those it has with `Step { .., ..Step::new(..) }`).
+    /// `cos`/`sin`, under `mask`: no rotation matrices or kept positions (a caller sets
+    /// those it has, and another kind of keys, with `Step { .., ..Step::new(..) }`).
     pub fn new(start: i64, len: i64, cos: Tensor, sin: Tensor, mask: Option<Tensor>) -> Step {
-        Step { start, len, cos, sin, rot: None, mask, slot: None, rows_at: None, keep_at: None, pages: None }
+        Step { start, len, cos, sin, rot: None, mask, keep_at: None, keys: Keys::Rows }
     }
 }
 
@@ -917,10 +925,9 @@ impl Glm {
     /// to, or `None` when the model has no indexer or its top-k covers every key.
     fn pick_shape(&self, b: i64, step: &Step, capacity: i64) -> Option<([i64; 3], i64)> {
         let ix = self.dims.mla.as_ref().and_then(|m| m.indexer.as_ref())?;
-        let keys = match (&step.slot, &step.rows_at) {
-            (Some(_), _) => capacity,
-            (None, Some(_)) => step.start + step.len,
-            (None, None) => step.start + step.len,
+        let keys = match step.keys {
+            Keys::Static(_) => capacity,
+            Keys::Rows | Keys::Ragged(_) | Keys::Paged(_) => step.start + step.len,
         };
         let k = ix.topk as i64;
         (k < keys).then_some(([b, step.len, k], keys))
