@@ -4,7 +4,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use headcount_integration::fixtures_dir;
-use headcount_runtime::{Error, Glm, LoadOptions};
+use headcount_runtime::{Error, LoadOptions, Model};
 use tch::{Kind, Tensor};
 
 /// A scratch copy of a fixture checkpoint.
@@ -29,7 +29,7 @@ fn write(dir: &Path, ts: &[(String, Tensor)]) {
 }
 
 fn load_err(dir: &Path) -> Error {
-    match Glm::load(dir, &LoadOptions::default()) {
+    match Model::load(dir, &LoadOptions::default()) {
         Ok(_) => panic!("{} loaded, but it is broken", dir.display()),
         Err(e) => e,
     }
@@ -240,7 +240,7 @@ fn mtp_layers_are_vetted_and_not_read() {
     };
     let quiet = LoadOptions { progress_above_bytes: None, ..LoadOptions::default() };
     with(vec![eh_proj(3, 64)]);
-    Glm::load(&dir, &quiet).unwrap();
+    Model::load(&dir, &quiet).unwrap();
     with(vec![eh_proj(3, 63)]);
     let e = load_err(&dir);
     assert!(e.to_string().contains("model.layers.3.eh_proj.weight"), "{e}");

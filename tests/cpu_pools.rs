@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Quantize, Sampling, WeightLayout, generate, logits};
+use headcount_runtime::CausalLm;
+use headcount_runtime::{GenerateOptions, LoadOptions, Model, Quantize, Sampling, WeightLayout, generate, logits};
 
 /// libtorch's threads as the binary sets them, once.
 const PROCESS_THREADS: i32 = 2;
@@ -20,19 +21,19 @@ fn greedy() -> GenerateOptions {
 }
 
 /// A model whose lm_head and down_proj (5 MB each in f32) are large enough to split.
-fn model(threads: usize, quantize: Quantize) -> Glm {
+fn model(threads: usize, quantize: Quantize) -> Model {
     let mut config =
         headcount::Config::from_file(headcount_integration::fixtures_dir().join("glm-gqa2/config.json")).unwrap();
     config.vocab_size = 40_000;
     config.intermediate_size = 40_000;
     let opts =
         LoadOptions { cpu_threads: Some(threads), quantize, weight_layout: WeightLayout::InOut, ..Default::default() };
-    Glm::random(&config, &opts, 11).unwrap()
+    Model::random(&config, &opts, 11).unwrap()
 }
 
 /// The greedy tokens and prefill logits of `m` for two prompts; in the callback, during
 /// decode, the generating thread's libtorch count and that of a thread started then.
-fn run(m: &Glm, prompts: &[Vec<i64>]) -> (Vec<Vec<i64>>, tch::Tensor, Vec<(i32, i32)>) {
+fn run(m: &Model, prompts: &[Vec<i64>]) -> (Vec<Vec<i64>>, tch::Tensor, Vec<(i32, i32)>) {
     let mut seen = Vec::new();
     let g = generate(m, prompts, &greedy(), |_, _| {
         let fresh = std::thread::spawn(tch::get_num_threads).join().unwrap();
@@ -67,7 +68,7 @@ fn two_models_with_their_own_threads_run_concurrently() {
 
     for _ in 0..3 {
         // A model is used by one thread at a time (`Send`, not `Sync`): each goes to its own.
-        let on_own_thread = |m: Glm| {
+        let on_own_thread = |m: Model| {
             let prompts = prompts.clone();
             std::thread::spawn(move || {
                 let _g = tch::no_grad_guard();

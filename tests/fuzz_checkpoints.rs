@@ -1,7 +1,7 @@
 //! Robustness of checkpoint loading: a mutated `model.safetensors` (flipped bytes, headers
 //! that lie about dtypes, shapes and offsets, absurd header lengths, truncation, trailing
 //! garbage) or a mutated sharded index (odd file names, missing shards, a tensor in two
-//! files) makes `Glm::load` return `Ok` or a typed error naming the file or the tensor.
+//! files) makes `Model::load` return `Ok` or a typed error naming the file or the tensor.
 //! Never a panic, an abort, or an allocation the file's size does not back.
 //!
 //! Case counts are defaults that `PROPTEST_CASES` overrides:
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use headcount_integration::fixtures_dir;
-use headcount_runtime::{Error, Glm, LoadOptions};
+use headcount_runtime::{Error, LoadOptions, Model};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::Config as ProptestConfig;
@@ -71,16 +71,16 @@ fn tensor_names(p: &Parts) -> Vec<String> {
     p.header.keys().filter(|k| *k != "__metadata__").cloned().collect()
 }
 
-fn load(dir: &Path) -> (Result<Glm, Error>, Duration) {
+fn load(dir: &Path) -> (Result<Model, Error>, Duration) {
     let t0 = Instant::now();
     let opts = LoadOptions { progress_above_bytes: None, ..LoadOptions::default() };
-    let r = Glm::load(dir, &opts);
+    let r = Model::load(dir, &opts);
     (r, t0.elapsed())
 }
 
 /// The result is `Ok` or a typed input error whose message names one of `names` (files or
 /// tensors), and came quickly.
-fn check(result: &(Result<Glm, Error>, Duration), names: &[String]) -> Result<(), TestCaseError> {
+fn check(result: &(Result<Model, Error>, Duration), names: &[String]) -> Result<(), TestCaseError> {
     prop_assert!(result.1 < QUICK, "took {:?}", result.1);
     if let Err(e) = &result.0 {
         let msg = e.to_string();

@@ -13,7 +13,7 @@
 
 use headcount_integration::fixtures_dir;
 use headcount_runtime::{
-    DecodeMode, Error, GenerateOptions, Glm, LoadOptions, Sampling, StreamDecoder, TextCodec, generate, logits,
+    DecodeMode, Error, GenerateOptions, LoadOptions, Model, Sampling, StreamDecoder, TextCodec, generate, logits,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
@@ -29,12 +29,12 @@ fn runner(default: u32) -> TestRunner {
     TestRunner::new(ProptestConfig { cases: cases(default), failure_persistence: None, ..ProptestConfig::default() })
 }
 
-fn model() -> Glm {
+fn model() -> Model {
     // Tests run in parallel threads: one libtorch thread each keeps a small machine from
     // oversubscribing its cores (the fixture model is tiny).
     tch::set_num_threads(1);
     let opts = LoadOptions { progress_above_bytes: None, ..LoadOptions::default() };
-    let m = Glm::load(&fixtures_dir().join("glm-gqa2"), &opts).expect("the fixture loads");
+    let m = Model::load(&fixtures_dir().join("glm-gqa2"), &opts).expect("the fixture loads");
     assert_eq!((m.dims.vocab as i64, m.dims.max_positions), (VOCAB, MAX_POSITIONS));
     m
 }

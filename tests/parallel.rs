@@ -6,9 +6,10 @@
 //! Each test runs itself again as its ranks (`as_ranks`); the asserts run in every rank.
 
 use headcount_integration::{as_ranks, join, load, max_abs_diff, model_fixtures, name, reference};
+use headcount_runtime::CausalLm;
 use headcount_runtime::models::{Ffn, SelfAttention};
 use headcount_runtime::{
-    Error, GenerateOptions, Glm, LoadOptions, Parallel, RankEnv, Sampling, ShardPlan, generate, logits,
+    Error, GenerateOptions, LoadOptions, Model, Parallel, RankEnv, Sampling, ShardPlan, generate, logits,
     rank_mtp_parameter_count, rank_parameter_count,
 };
 
@@ -42,7 +43,7 @@ fn check_layout_ep(env: &RankEnv, tp: usize, pp: usize, ep: usize, fixtures: usi
         }
         let what = format!("{} tp {tp} pp {pp} ep {ep} rank {}", name(&dir), env.rank);
         let opts = LoadOptions { expert_parallel: ep, ..LoadOptions::default() };
-        let m = Glm::load_rank(&dir, &opts, parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let m = Model::load_rank(&dir, &opts, parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
         let r = reference(&dir);
         let d = &m.dims;
 
@@ -251,7 +252,7 @@ fn check_speculative(env: &RankEnv, tp: usize, pp: usize) {
     for fixture in ["glm4moe-mtp", "glm4moe-mtp-tied-fused", "glm4moelite-mtp"] {
         let dir = headcount_integration::fixtures_dir().join(fixture);
         let what = format!("{fixture} tp {tp} pp {pp} rank {}", env.rank);
-        let m = Glm::load_rank(&dir, &mtp, parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let m = Model::load_rank(&dir, &mtp, parallel).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(m.mtp.len(), usize::from(m.parallel.is_last_stage()), "{what}");
         assert_eq!(m.mtp_embed.is_some(), pp > 1 && m.parallel.is_last_stage(), "{what}");
         // The memory check's count, the MTP layers and their embedding copy included, is
@@ -272,7 +273,7 @@ fn check_speculative(env: &RankEnv, tp: usize, pp: usize) {
         let sampling = Sampling { temperature: 3.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 11 };
         let opts = GenerateOptions { max_new_tokens: 16, sampling, speculative_tokens: 3, ..Default::default() };
         let ours = generate(&m, &r.input_ids, &opts, |_, _| {}).unwrap();
-        let alone = Glm::load(&dir, &mtp).unwrap();
+        let alone = Model::load(&dir, &mtp).unwrap();
         let theirs = generate(&alone, &r.input_ids, &opts, |_, _| {}).unwrap();
         assert_eq!(ours.tokens, theirs.tokens, "{what}: seeded speculative sampling");
         assert_eq!(ours.accepted, theirs.accepted, "{what}");
@@ -338,14 +339,14 @@ fn small_model_on<const TP: usize, const PP: usize>(env: &RankEnv)
 where
     Glm4HeadsSmall: headcount::SupportsTensorParallel<TP> + headcount::SupportsPipelineParallel<PP>,
 {
-    use headcount_runtime::Model;
+    use headcount_runtime::Declared;
     let opts = LoadOptions::default();
-    let base = logits(Model::<Glm4HeadsSmall>::random(&opts, 3).unwrap().glm(), &small_ids()).unwrap();
-    let m = Model::<Glm4HeadsSmall>::random_rank::<TP, PP>(&opts, join(env, TP, PP), 3).unwrap();
-    let d = max_abs_diff(&logits(m.glm(), &small_ids()).unwrap(), &base);
+    let base = logits(Declared::<Glm4HeadsSmall>::random(&opts, 3).unwrap().model(), &small_ids()).unwrap();
+    let m = Declared::<Glm4HeadsSmall>::random_rank::<TP, PP>(&opts, join(env, TP, PP), 3).unwrap();
+    let d = max_abs_diff(&logits(m.model(), &small_ids()).unwrap(), &base);
     assert!(d <= 1e-5, "tp {TP} pp {PP}: {d}");
     // A run of another shape is refused by the typed API, naming both.
-    let wrong = Model::<Glm4HeadsSmall>::random_rank::<1, 1>(&opts, m.into_inner().into_parallel(), 3);
+    let wrong = Declared::<Glm4HeadsSmall>::random_rank::<1, 1>(&opts, m.into_inner().into_parallel(), 3);
     let e = wrong.err().expect("a run of another shape is refused");
     assert!(e.to_string().contains(&format!("asked for 1 x 1 ranks, but this run is {TP} x {PP}")), "{e}");
 }
@@ -395,7 +396,7 @@ fn glm_4_9b_head_counts_table() {
 #[test]
 fn a_run_of_one_rank_is_the_unsharded_model() {
     let dir = headcount_integration::fixtures_dir().join("glm-gqa2");
-    let m = Glm::load_rank(&dir, &LoadOptions::default(), Parallel::single()).unwrap();
+    let m = Model::load_rank(&dir, &LoadOptions::default(), Parallel::single()).unwrap();
     assert_eq!(m.parallel.size(), 1);
     assert_eq!(m.stage_layers, 0..m.dims.layers);
     assert_eq!(m.parameter_count(), m.dims.parameter_count());
@@ -403,7 +404,7 @@ fn a_run_of_one_rank_is_the_unsharded_model() {
 
 #[test]
 fn declared_model_refuses_a_checkpoint_that_disagrees() {
-    use headcount_runtime::Model;
+    use headcount_runtime::Declared;
     // A declaration of glm-gqa2 with one number changed.
     #[derive(headcount::Architecture)]
     #[arch(
@@ -413,7 +414,7 @@ fn declared_model_refuses_a_checkpoint_that_disagrees() {
     )]
     struct WrongKv;
     let dir = headcount_integration::fixtures_dir().join("glm-gqa2");
-    let e = Model::<WrongKv>::load(&dir, &LoadOptions::default()).err().expect("must refuse");
+    let e = Declared::<WrongKv>::load(&dir, &LoadOptions::default()).err().expect("must refuse");
     assert!(matches!(e, Error::ConfigMismatch { field: "num_key_value_heads", .. }), "{e}");
     assert!(e.to_string().contains("num_key_value_heads is 2 in config.json but 1 in the declaration"), "{e}");
 
@@ -424,6 +425,6 @@ fn declared_model_refuses_a_checkpoint_that_disagrees() {
         rope_theta = 20_000.0, rms_norm_eps = 1.5625e-7, pad_token_id = 0, bos_token_id = 1, eos_token_id = [2],
     )]
     struct Right;
-    let m = Model::<Right>::load(&dir, &LoadOptions::default()).unwrap();
-    assert_eq!(m.glm().dims.kv_heads, 2);
+    let m = Declared::<Right>::load(&dir, &LoadOptions::default()).unwrap();
+    assert_eq!(m.model().dims.kv_heads, 2);
 }

@@ -5,7 +5,10 @@
 use std::path::Path;
 
 use headcount_integration::{half_references, load, max_abs_diff, model_fixtures, name, reference};
-use headcount_runtime::{DType, GenerateOptions, Glm, LoadOptions, Rounding, Sampling, WeightLayout, generate, logits};
+use headcount_runtime::CausalLm;
+use headcount_runtime::{
+    DType, GenerateOptions, LoadOptions, Model, Rounding, Sampling, WeightLayout, generate, logits,
+};
 use tch::Tensor;
 
 const LOGIT_TOLERANCE: f64 = 1e-4;
@@ -90,7 +93,7 @@ fn cached_decoding_equals_full_recomputation() {
 }
 
 /// Logits of every position computed one token at a time through the cache.
-fn cached_logits(model: &Glm, ids: &[i64]) -> Tensor {
+fn cached_logits(model: &Model, ids: &[i64]) -> Tensor {
     use headcount_runtime::models::{Keys, Rope, Step};
     let _g = tch::no_grad_guard();
     let dev = model.device();
@@ -122,7 +125,7 @@ fn bf16_on_cpu_stays_close() {
     const BF16_RELATIVE_TOLERANCE: f64 = 0.08;
     for dir in model_fixtures() {
         let r = reference(&dir);
-        let model = Glm::load(&dir, &LoadOptions { dtype: DType::Bf16, ..Default::default() }).unwrap();
+        let model = Model::load(&dir, &LoadOptions { dtype: DType::Bf16, ..Default::default() }).unwrap();
         let ours = logits(&model, &r.input_ids[0]).unwrap();
         let theirs = r.logits.get(0).unsqueeze(0);
         let d = max_abs_diff(&ours, &theirs);
@@ -149,7 +152,7 @@ fn f16_on_cpu_stays_close() {
     const F16_RELATIVE_TOLERANCE: f64 = 0.01;
     for dir in model_fixtures() {
         let r = reference(&dir);
-        let model = Glm::load(&dir, &LoadOptions { dtype: DType::F16, ..Default::default() }).unwrap();
+        let model = Model::load(&dir, &LoadOptions { dtype: DType::F16, ..Default::default() }).unwrap();
         let ours = logits(&model, &r.input_ids[0]).unwrap();
         let theirs = r.logits.get(0).unsqueeze(0);
         let d = max_abs_diff(&ours, &theirs);
@@ -183,7 +186,7 @@ fn half_precision_matches_transformers_half_precision() {
         let half = Tensor::read_safetensors(halves.join(name(&dir)).join("reference-half.safetensors")).unwrap();
         let get = |key: &str| half.iter().find(|(k, _)| k == key).map(|(_, t)| t.shallow_clone()).expect(key);
         for (dtype, name_) in [(DType::Bf16, "bf16"), (DType::F16, "f16")] {
-            let model = Glm::load(&dir, &LoadOptions { dtype, ..Default::default() }).unwrap();
+            let model = Model::load(&dir, &LoadOptions { dtype, ..Default::default() }).unwrap();
             let prompt = &r.input_ids[0];
             // Prefill: every position.
             let theirs = get(&format!("logits_{name_}")).get(0).unsqueeze(0);
@@ -236,8 +239,8 @@ fn split_weights_equal_whole_weights() {
                 weight_layout: WeightLayout::InOut,
                 ..Default::default()
             };
-            let whole = Glm::random(&config, &opts(1), 5).unwrap();
-            let split = Glm::random(&config, &opts(2), 5).unwrap();
+            let whole = Model::random(&config, &opts(1), 5).unwrap();
+            let split = Model::random(&config, &opts(2), 5).unwrap();
             assert!(split.splits_weights() && !whole.splits_weights());
             let ids: Vec<i64> = (0..12).map(|i| (i * 3571 + 9) % 40_000).collect();
             let d = max_abs_diff(&logits(&split, &ids).unwrap(), &logits(&whole, &ids).unwrap());
@@ -259,7 +262,7 @@ fn both_weight_layouts_match_transformers() {
     for dir in model_fixtures() {
         let r = reference(&dir);
         let out_in = LoadOptions { weight_layout: WeightLayout::OutIn, ..Default::default() };
-        let model = Glm::load(&dir, &out_in).unwrap();
+        let model = Model::load(&dir, &out_in).unwrap();
         let ids = &r.input_ids[0];
         let diff = max_abs_diff(&logits(&model, ids).unwrap(), &r.logits.get(0).unsqueeze(0));
         assert!(diff <= LOGIT_TOLERANCE, "{}: out-in max abs diff {diff}", name(&dir));
@@ -267,7 +270,7 @@ fn both_weight_layouts_match_transformers() {
         let g = generate(&model, std::slice::from_ref(ids), &greedy(expected.len()), |_, _| {}).unwrap();
         assert_eq!(g.tokens[0], expected, "{}: out-in continuation", name(&dir));
         let half = |layout| {
-            let m = Glm::load(&dir, &LoadOptions { dtype: DType::Bf16, weight_layout: layout, ..Default::default() });
+            let m = Model::load(&dir, &LoadOptions { dtype: DType::Bf16, weight_layout: layout, ..Default::default() });
             logits(&m.unwrap(), ids).unwrap()
         };
         let (a, b) = (half(WeightLayout::OutIn), half(WeightLayout::InOut));
@@ -293,7 +296,7 @@ fn fused_rounding_stays_as_close_to_f32() {
         let expected = &r.greedy[0][ids.len()..];
         let fused = |dtype| {
             let opts = LoadOptions { dtype, rounding: Rounding::Fused, ..Default::default() };
-            Glm::load(&dir, &opts).unwrap()
+            Model::load(&dir, &opts).unwrap()
         };
         let f32_model = fused(DType::F32);
         let diff = max_abs_diff(&logits(&f32_model, ids).unwrap(), &r.logits.get(0).unsqueeze(0));
@@ -303,10 +306,10 @@ fn fused_rounding_stays_as_close_to_f32() {
         // bf16 decode steps against f32 steps on the same tokens: each step's logits come
         // from the f32 model's continuation fed to both.
         let full: Vec<i64> = r.greedy[0].clone();
-        let theirs = logits(&Glm::load(&dir, &LoadOptions::default()).unwrap(), &full).unwrap();
+        let theirs = logits(&Model::load(&dir, &LoadOptions::default()).unwrap(), &full).unwrap();
         let scale = theirs.abs().max().double_value(&[]);
         let bf16 = |rounding| {
-            let m = Glm::load(&dir, &LoadOptions { dtype: DType::Bf16, rounding, ..Default::default() }).unwrap();
+            let m = Model::load(&dir, &LoadOptions { dtype: DType::Bf16, rounding, ..Default::default() }).unwrap();
             // Cached decoding over the continuation: the prefill, then one step per token.
             let opts = GenerateOptions { return_logits: true, ..greedy(expected.len()) };
             let g = generate(&m, std::slice::from_ref(ids), &opts, |_, _| {}).unwrap();
@@ -614,7 +617,7 @@ fn quantized_weights_stay_close_to_f32() {
             let r = reference(dir);
             for (dtype, tol) in [(DType::F32, f32_tol), (DType::Bf16, bf16_tol)] {
                 let opts = LoadOptions { quantize, dtype, ..Default::default() };
-                let model = Glm::load(dir, &opts).unwrap();
+                let model = Model::load(dir, &opts).unwrap();
                 let mut worst = 0f64;
                 for (row, ids) in r.input_ids.iter().enumerate() {
                     let ours = logits(&model, ids).unwrap().squeeze_dim(0).to_kind(tch::Kind::Float);
@@ -673,9 +676,9 @@ fn quantized_mixtures_compute_what_their_codes_stand_for() {
     for quantize in [Quantize::Int8, Quantize::Int4] {
         for dir in &routed {
             let r = reference(dir);
-            let quantized = Glm::load(dir, &LoadOptions { quantize, ..Default::default() }).unwrap();
+            let quantized = Model::load(dir, &LoadOptions { quantize, ..Default::default() }).unwrap();
             let codes = LoadOptions { quantize, codes_as_weights: true, ..Default::default() };
-            let codes = Glm::load(dir, &codes).unwrap();
+            let codes = Model::load(dir, &codes).unwrap();
             let (mut worst, mut from_f32) = (0f64, 0f64);
             for (row, ids) in r.input_ids.iter().enumerate() {
                 let ours = logits(&quantized, ids).unwrap();
@@ -720,7 +723,7 @@ fn sparse_attention_scores_in_blocks_as_in_one() {
         "moe_intermediate_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
         "index_topk": 64, "index_n_heads": 64, "index_head_dim": 8, "max_position_embeddings": 1200}"#;
     let config = headcount::Config::from_json_str(json).unwrap();
-    let model = Glm::random(&config, &LoadOptions::default(), 5).unwrap();
+    let model = Model::random(&config, &LoadOptions::default(), 5).unwrap();
     let n = 1100i64;
     let ids: Vec<i64> = (0..n).map(|i| (i * 7 + 3) % 64).collect();
     let whole = logits(&model, &ids).unwrap();
@@ -754,6 +757,6 @@ fn sparse_attention_scores_in_blocks_as_in_one() {
     assert!(diff < 1e-4, "scored in blocks against in one: max abs diff {diff}");
     // The pick matters: with index_topk covering the prompt the logits move.
     let dense = headcount::Config::from_json_str(&json.replace("\"index_topk\": 64", "\"index_topk\": 2048")).unwrap();
-    let all = logits(&Glm::random(&dense, &LoadOptions::default(), 5).unwrap(), &ids).unwrap();
+    let all = logits(&Model::random(&dense, &LoadOptions::default(), 5).unwrap(), &ids).unwrap();
     assert!(max_abs_diff(&whole, &all) > 1e-3, "index_topk 64 of 1100 keys changed nothing");
 }

@@ -8,8 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use headcount_integration::{fixtures_dir, max_abs_diff, model_fixtures, name, reference};
+use headcount_runtime::CausalLm;
 use headcount_runtime::generate::draft_logits;
-use headcount_runtime::{Error, GenerateOptions, Glm, LoadOptions, Sampling, generate, logits};
+use headcount_runtime::{Error, GenerateOptions, LoadOptions, Model, Sampling, generate, logits};
 use tch::Tensor;
 
 const LOGIT_TOLERANCE: f64 = 1e-4;
@@ -27,8 +28,8 @@ fn reference_tensor(dir: &Path, name: &str) -> Option<Tensor> {
     named.into_iter().find(|(k, _)| k == name).map(|(_, t)| t)
 }
 
-fn load_mtp(dir: &Path) -> Glm {
-    Glm::load(dir, &LoadOptions { mtp: true, ..Default::default() }).unwrap_or_else(|e| panic!("{}: {e}", name(dir)))
+fn load_mtp(dir: &Path) -> Model {
+    Model::load(dir, &LoadOptions { mtp: true, ..Default::default() }).unwrap_or_else(|e| panic!("{}: {e}", name(dir)))
 }
 
 fn options(n: usize, speculative: usize, sampling: Sampling) -> GenerateOptions {
@@ -256,7 +257,7 @@ fn speculation_needs_the_mtp_layers() {
         (lite.path().to_owned(), "model.layers.3."),
         (dsa.path().to_owned(), "runs on glm4_moe and glm4_moe_lite"),
     ] {
-        let err = Glm::load(&dir, &LoadOptions { mtp: true, ..Default::default() })
+        let err = Model::load(&dir, &LoadOptions { mtp: true, ..Default::default() })
             .err()
             .unwrap_or_else(|| panic!("{} loaded", dir.display()));
         assert!(err.to_string().contains(says), "{}: {err}", dir.display());
@@ -288,16 +289,16 @@ fn mtp_tensors_are_vetted() {
     let mtp = LoadOptions { mtp: true, ..Default::default() };
     // Missing: an error when the layer is to run, fine when it is not.
     let missing = altered(&dir, "model.layers.2.eh_proj.weight", false);
-    match Glm::load(missing.path(), &mtp) {
+    match Model::load(missing.path(), &mtp) {
         Err(Error::MissingTensor { name, .. }) => assert_eq!(name, "model.layers.2.eh_proj.weight"),
         other => panic!("{:?}", other.err()),
     }
-    Glm::load(missing.path(), &LoadOptions::default()).unwrap();
+    Model::load(missing.path(), &LoadOptions::default()).unwrap();
     // Mis-shaped, even a copy that is not read: an error either way.
     for t in ["model.layers.2.enorm.weight", "model.layers.2.shared_head.head.weight"] {
         let bad = altered(&dir, t, true);
         for opts in [&mtp, &LoadOptions::default()] {
-            let err = Glm::load(bad.path(), opts).err().unwrap_or_else(|| panic!("{t} loaded"));
+            let err = Model::load(bad.path(), opts).err().unwrap_or_else(|| panic!("{t} loaded"));
             assert!(err.to_string().contains(t), "{err}");
         }
     }

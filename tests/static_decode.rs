@@ -7,14 +7,14 @@
 use headcount_integration::{load, max_abs_diff, model_fixtures, name, reference};
 use headcount_runtime::op_count::count;
 use headcount_runtime::{
-    DType, DecodeMode, Error, GenerateOptions, Generation, Glm, LoadOptions, Rounding, Sampling, generate,
+    DType, DecodeMode, Error, GenerateOptions, Generation, LoadOptions, Model, Rounding, Sampling, generate,
 };
 
 /// Masked keys add exact zeros, but the softmax sums over the whole capacity in another
 /// order: differences stay at f32 rounding (measured below 1e-5).
 const LOGIT_TOLERANCE: f64 = 1e-4;
 
-fn run(model: &Glm, prompts: &[Vec<i64>], decode: DecodeMode, sampling: Sampling) -> Generation {
+fn run(model: &Model, prompts: &[Vec<i64>], decode: DecodeMode, sampling: Sampling) -> Generation {
     let opts = GenerateOptions { max_new_tokens: 12, sampling, decode, return_logits: true, ..Default::default() };
     generate(model, prompts, &opts, |_, _| {}).unwrap_or_else(|e| panic!("{decode:?}: {e}"))
 }
@@ -99,7 +99,7 @@ fn static_steps_follow_eager_steps_in_bf16() {
         .into_iter()
         .filter(|d| headcount::Config::from_file(d.join("config.json")).is_ok_and(|c| !c.family.is_moe()));
     for (dir, rounding) in dense.flat_map(|d| [(d.clone(), Rounding::Transformers), (d, Rounding::Fused)]) {
-        let model = Glm::load(&dir, &LoadOptions { dtype: DType::Bf16, rounding, ..Default::default() }).unwrap();
+        let model = Model::load(&dir, &LoadOptions { dtype: DType::Bf16, rounding, ..Default::default() }).unwrap();
         let prompts = padded_batch(&dir);
         let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
         let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());
@@ -150,7 +150,7 @@ fn static_steps_run_on_ranks() {
     let model = load(&dir);
     let prompts = padded_batch(&dir);
     let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
-    let ranked = Glm::load_rank(&dir, &LoadOptions::default(), headcount_integration::join(&env, 2, 2)).unwrap();
+    let ranked = Model::load_rank(&dir, &LoadOptions::default(), headcount_integration::join(&env, 2, 2)).unwrap();
     let fixed = run(&ranked, &prompts, DecodeMode::Static, Sampling::greedy());
     // Ranks sum partial products in another order: the same tolerance as assert_same's.
     assert_same(&eager, &fixed, &format!("rank {} of 2 x 2", env.rank));
@@ -181,7 +181,7 @@ fn a_short_generation_reuses_a_long_ones_decoder_when_it_asks_for_its_capacity()
     let dir = model_fixtures().into_iter().find(|d| name(d) == "glm-gqa2").expect("the glm-gqa2 fixture");
     let mut config = headcount::Config::from_file(dir.join("config.json")).unwrap();
     config.max_position_embeddings = 1024;
-    let model = Glm::random(&config, &LoadOptions::default(), 3).unwrap();
+    let model = Model::random(&config, &LoadOptions::default(), 3).unwrap();
     let prompts = vec![(1..9).collect::<Vec<i64>>()];
     let mut generator = headcount_runtime::Offline::new(&model);
     let mut run_with = |new: usize, min_capacity: usize, decode: DecodeMode| {
@@ -213,7 +213,7 @@ fn a_short_generation_reuses_a_long_ones_decoder_when_it_asks_for_its_capacity()
 fn fused_static_steps_equal_fused_eager_steps() {
     for dir in model_fixtures() {
         let opts = LoadOptions { rounding: Rounding::Fused, ..Default::default() };
-        let model = Glm::load(&dir, &opts).unwrap();
+        let model = Model::load(&dir, &opts).unwrap();
         let prompts = padded_batch(&dir);
         let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
         let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());
@@ -232,7 +232,7 @@ fn fused_static_steps_on_2_ranks() {
             continue; // a layout that 2 ranks cannot split (tests/parallel.rs)
         }
         let opts = LoadOptions { rounding: Rounding::Fused, ..Default::default() };
-        let model = Glm::load_rank(&dir, &opts, parallel).unwrap();
+        let model = Model::load_rank(&dir, &opts, parallel).unwrap();
         let prompts = padded_batch(&dir);
         let eager = run(&model, &prompts, DecodeMode::Eager, Sampling::greedy());
         let fixed = run(&model, &prompts, DecodeMode::Static, Sampling::greedy());

@@ -28,17 +28,17 @@ pub use engine::{DecodeMode, GenerateOptions, Generation, Offline, Sampling, gen
 pub use error::{Error, Result};
 pub use hub::resolve_model;
 pub use models::{
-    CausalLm, Dims, Glm, Keys, KvCache, LoadOptions, Quantize, Rounding, Step, WeightLayout, rank_mtp_parameter_count,
-    rank_parameter_count,
+    CausalLm, Dims, Keys, KvCache, LoadOptions, Model, Quantize, Rounding, Step, WeightLayout,
+    rank_mtp_parameter_count, rank_parameter_count,
 };
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
 pub use text::{StreamDecoder, TextCodec};
-pub use typed::Model;
+pub use typed::Declared;
 
 /// A model can move to another thread (tch tensors are `Send`, not `Sync`).
 const _: () = {
     const fn send<T: Send>() {}
-    send::<Glm>();
+    send::<Model>();
 };
 
 #[cfg(test)]

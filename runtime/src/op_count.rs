@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use crate::engine::{DecodeMode, GenerateOptions, generate};
 use crate::error::{Error, Result};
-use crate::models::{Glm, LoadOptions};
+use crate::models::{LoadOptions, Model};
 
 /// Counts of operator calls on one thread (see the module documentation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -219,7 +219,7 @@ pub fn decode_profile(config: &Config, opts: &LoadOptions, decode: DecodeMode, b
     for layers in [1, 2, 3] {
         let mut c = config.clone();
         c.num_hidden_layers = layers;
-        let model = Glm::random(&c, &opts, 0)?;
+        let model = Model::random(&c, &opts, 0)?;
         let run = |new: usize| -> Result<(crate::engine::Generation, OpReport)> {
             let g = GenerateOptions { max_new_tokens: new, decode, ..Default::default() };
             let (out, report) = count(|| generate(&model, &prompts, &g, |_, _| {}))?;

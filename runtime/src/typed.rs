@@ -8,16 +8,16 @@ use std::path::Path;
 use headcount_spec::{Architecture, Config, FieldValue, SupportsPipelineParallel, SupportsTensorParallel};
 
 use crate::error::{Error, Result};
-use crate::models::{Glm, LoadOptions};
+use crate::models::{LoadOptions, Model};
 use crate::parallel::Parallel;
 
 /// A GLM model of the declared architecture `A`.
-pub struct Model<A: Architecture> {
-    glm: Glm,
+pub struct Declared<A: Architecture> {
+    model: Model,
     _arch: PhantomData<A>,
 }
 
-impl<A: Architecture> Model<A> {
+impl<A: Architecture> Declared<A> {
     /// Loads a checkpoint folder whose config.json must agree with `A`, as a run of one rank.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         Self::load_with(dir, opts, Parallel::single())
@@ -41,8 +41,8 @@ impl<A: Architecture> Model<A> {
 
     /// Seeded random weights of `A`'s shape, as a run of one rank.
     pub fn random(opts: &LoadOptions, seed: i64) -> Result<Self> {
-        let glm = Glm::random_rank(&A::config(), &Self::options(opts), Parallel::single(), seed)?;
-        Ok(Model { glm, _arch: PhantomData })
+        let model = Model::random_rank(&A::config(), &Self::options(opts), Parallel::single(), seed)?;
+        Ok(Declared { model, _arch: PhantomData })
     }
 
     /// This rank's part of seeded random weights of `A`'s shape over `TP x PP` ranks.
@@ -55,18 +55,18 @@ impl<A: Architecture> Model<A> {
         A: SupportsTensorParallel<TP> + SupportsPipelineParallel<PP>,
     {
         Self::check_shape(&parallel, TP, PP)?;
-        let glm = Glm::random_rank(&A::config(), &Self::options(opts), parallel, seed)?;
-        Ok(Model { glm, _arch: PhantomData })
+        let model = Model::random_rank(&A::config(), &Self::options(opts), parallel, seed)?;
+        Ok(Declared { model, _arch: PhantomData })
     }
 
     /// The untyped model.
-    pub fn into_inner(self) -> Glm {
-        self.glm
+    pub fn into_inner(self) -> Model {
+        self.model
     }
 
     /// The untyped model, borrowed.
-    pub fn glm(&self) -> &Glm {
-        &self.glm
+    pub fn model(&self) -> &Model {
+        &self.model
     }
 
     fn check_shape(parallel: &Parallel, tp: usize, pp: usize) -> Result<()> {
@@ -93,8 +93,8 @@ impl<A: Architecture> Model<A> {
     fn load_with(dir: &Path, opts: &LoadOptions, parallel: Parallel) -> Result<Self> {
         let config = Config::from_file(dir.join("config.json"))?;
         check_agrees::<A>(dir, &config)?;
-        let glm = Glm::load_with_config(dir, &config, &Self::options(opts), parallel)?;
-        Ok(Model { glm, _arch: PhantomData })
+        let model = Model::load_with_config(dir, &config, &Self::options(opts), parallel)?;
+        Ok(Declared { model, _arch: PhantomData })
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use headcount_runtime::{Glm, LoadOptions};
+use headcount_runtime::{LoadOptions, Model};
 use tch::Tensor;
 
 /// The repository root: `$HEADCOUNT_REPO`, else the checkout this was built in, else the
@@ -102,8 +102,8 @@ pub fn reference(dir: &Path) -> Reference {
 }
 
 /// Loads a fixture's model on CPU in f32.
-pub fn load(dir: &Path) -> Glm {
-    Glm::load(dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+pub fn load(dir: &Path) -> Model {
+    Model::load(dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// The fixture's name.

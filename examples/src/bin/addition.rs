@@ -18,7 +18,7 @@ use std::time::Instant;
 use headcount::Architecture;
 use headcount_examples::{AdditionGlm, AdditionGlmMtp, addition_model_dir, addition_mtp_model_dir};
 use headcount_runtime::{
-    Error, GenerateOptions, Generation, Glm, LoadOptions, Model, Quantize, Result, Sampling, TextCodec, generate,
+    Declared, Error, GenerateOptions, Generation, LoadOptions, Model, Quantize, Result, Sampling, TextCodec, generate,
 };
 
 const MAX_NEW_TOKENS: usize = 5;
@@ -45,7 +45,7 @@ struct Choice {
 }
 
 struct Demo {
-    model: Glm,
+    model: Model,
     codec: TextCodec,
     eos: Vec<i64>,
     speculative_tokens: usize,
@@ -58,9 +58,9 @@ impl Demo {
         let opts = LoadOptions { quantize: c.quantize, mtp: c.speculative_tokens > 0, ..Default::default() };
         // Each checkpoint against its declaration, checked when it loads.
         let (model, eos) = if c.mtp {
-            (Model::<AdditionGlmMtp>::load(&dir, &opts)?.into_inner(), AdditionGlmMtp::EOS_TOKEN_IDS)
+            (Declared::<AdditionGlmMtp>::load(&dir, &opts)?.into_inner(), AdditionGlmMtp::EOS_TOKEN_IDS)
         } else {
-            (Model::<AdditionGlm>::load(&dir, &opts)?.into_inner(), AdditionGlm::EOS_TOKEN_IDS)
+            (Declared::<AdditionGlm>::load(&dir, &opts)?.into_inner(), AdditionGlm::EOS_TOKEN_IDS)
         };
         let codec = TextCodec::from_dir(&dir)?
             .ok_or_else(|| Error::InvalidArgument(format!("{} has no tokenizer.json", dir.display())))?;
@@ -159,14 +159,14 @@ fn read_heldout(dir: &std::path::Path) -> Result<Heldout> {
     Ok(h)
 }
 
-/// Serves the declared model (`Model<AdditionGlm>`) with headcount-serve.
+/// Serves the declared model (`Declared<AdditionGlm>`) with headcount-serve.
 fn serve(port: Option<&String>) -> Result<()> {
     let port = match port {
         None => 8000,
         Some(p) => p.parse().map_err(|_| Error::InvalidArgument(format!("--serve takes a port number, not {p:?}")))?,
     };
     let dir = addition_model_dir();
-    let model = Model::<AdditionGlm>::load(&dir, &LoadOptions::default())?;
+    let model = Declared::<AdditionGlm>::load(&dir, &LoadOptions::default())?;
     let opts = headcount_serve::ServeOptions { port, model_name: "addition".into(), ..Default::default() };
     headcount_serve::serve_typed(model, &dir, &opts).map_err(|e| match e {
         headcount_serve::ServeError::Runtime(e) => e,

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use headcount::Architecture;
 use headcount_examples::Glm4_9B;
 use headcount_runtime::{
-    DType, Error, GenerateOptions, Glm, LoadOptions, Model, Result, Sampling, generate, parse_device,
+    DType, Declared, Error, GenerateOptions, LoadOptions, Model, Result, Sampling, generate, parse_device,
 };
 
 fn main() -> ExitCode {
@@ -56,8 +56,8 @@ fn run() -> Result<()> {
         None => 16,
     };
     let opts = LoadOptions { dtype, device, ..Default::default() };
-    let model: Glm = match value(&args, "--model")? {
-        Some(dir) => Model::<Glm4_9B>::load(&PathBuf::from(dir), &opts)?.into_inner(),
+    let model: Model = match value(&args, "--model")? {
+        Some(dir) => Declared::<Glm4_9B>::load(&PathBuf::from(dir), &opts)?.into_inner(),
         None => {
             let layers: u64 = match value(&args, "--layers")? {
                 Some(s) => s.parse().map_err(|_| Error::InvalidArgument(format!("--layers {s:?} is not a count")))?,
@@ -71,7 +71,7 @@ fn run() -> Result<()> {
                 Glm4_9B::NUM_HIDDEN_LAYERS,
                 dtype.name()
             );
-            Glm::random(&config, &opts, 0)?
+            Model::random(&config, &opts, 0)?
         }
     };
     let ids: Vec<i64> = match value(&args, "--ids")? {

@@ -2,14 +2,14 @@
 //! starts itself as 2 and 4 tensor-parallel ranks (4 replicates the 2 kv heads) and as 2 x 2
 //! (tensor x pipeline), each rank holding only its part of the same random model; rank 0
 //! prints the largest logit difference from the run of one rank.
-//! `Model::<SmallGlmTp>::random_rank::<3, 1>` would not compile: 3 is not a declared size
+//! `Declared::<SmallGlmTp>::random_rank::<3, 1>` would not compile: 3 is not a declared size
 //! (see ui-tests/tests/fail/undeclared-tensor-parallel.rs).
 
 use std::process::ExitCode;
 
 use headcount_examples::SmallGlmTp;
 use headcount_runtime::parallel::launch::{LaunchOptions, run_local};
-use headcount_runtime::{Error, LoadOptions, Model, Parallel, RankEnv, Result, Timeouts, logits};
+use headcount_runtime::{Declared, Error, LoadOptions, Parallel, RankEnv, Result, Timeouts, logits};
 
 const LAYOUTS: [(usize, usize); 3] = [(2, 1), (4, 1), (2, 2)];
 
@@ -43,16 +43,16 @@ fn run() -> Result<u8> {
     let opts = LoadOptions::default();
     // Only the sizes the declaration lists compile here.
     let m = match (tp, pp) {
-        (2, 1) => Model::<SmallGlmTp>::random_rank::<2, 1>(&opts, parallel, 42)?,
-        (4, 1) => Model::<SmallGlmTp>::random_rank::<4, 1>(&opts, parallel, 42)?,
-        (2, 2) => Model::<SmallGlmTp>::random_rank::<2, 2>(&opts, parallel, 42)?,
+        (2, 1) => Declared::<SmallGlmTp>::random_rank::<2, 1>(&opts, parallel, 42)?,
+        (4, 1) => Declared::<SmallGlmTp>::random_rank::<4, 1>(&opts, parallel, 42)?,
+        (2, 2) => Declared::<SmallGlmTp>::random_rank::<2, 2>(&opts, parallel, 42)?,
         _ => return Err(Error::InvalidArgument(format!("no layout {tp} x {pp} here"))),
     };
     let ids: Vec<i64> = (0..24).map(|i| (i * 131 + 7) % 32_000).collect();
     let m = m.into_inner();
     let l = logits(&m, &ids)?;
     if m.parallel.rank == 0 {
-        let base = logits(Model::<SmallGlmTp>::random(&opts, 42)?.glm(), &ids)?;
+        let base = logits(Declared::<SmallGlmTp>::random(&opts, 42)?.model(), &ids)?;
         let diff = (&l - &base).abs().max().double_value(&[]);
         let p = &m.plan;
         println!(

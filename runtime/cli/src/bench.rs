@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use headcount_runtime::bench::{BenchOptions, BenchReport, bench};
-use headcount_runtime::{Error, Glm, LoadOptions, Offline, Result};
+use headcount_runtime::{Error, LoadOptions, Model, Offline, Result};
 
 use crate::args::BenchArgs;
 use crate::ranks::join;
@@ -37,7 +37,7 @@ pub fn load_and_bench(
 }
 
 /// The benchmark's model: `--model`'s checkpoint, or random weights of `--config`.
-pub fn load(b: &BenchArgs, quiet: bool) -> Result<Glm> {
+pub fn load(b: &BenchArgs, quiet: bool) -> Result<Model> {
     let r = &b.runtime;
     if b.batch == 0 || b.prompt_len == 0 || b.repeat == 0 {
         return Err(Error::InvalidArgument("--batch, --prompt-len and --repeat must be at least 1".to_owned()));
@@ -45,8 +45,8 @@ pub fn load(b: &BenchArgs, quiet: bool) -> Result<Glm> {
     let parallel = join(&r.parallel)?;
     let opts = LoadOptions { decode_rows: b.batch, ..crate::generate::load_options(r, &parallel, quiet)? };
     match (&b.model, &b.config) {
-        (Some(dir), _) => Glm::load_rank(dir, &opts, parallel),
-        (None, Some(path)) => Glm::random_rank(&b.config_file(path)?, &opts, parallel, 0),
+        (Some(dir), _) => Model::load_rank(dir, &opts, parallel),
+        (None, Some(path)) => Model::random_rank(&b.config_file(path)?, &opts, parallel, 0),
         (None, None) => Err(Error::InvalidArgument("give --model or --config".to_owned())),
     }
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use headcount_runtime::engine::{Constraint, Constraints, Penalties};
 use headcount_runtime::{
-    DecodeMode, Error, GenerateOptions, Glm, LoadOptions, RankEnv, Result, Sampling, StreamDecoder, TextCodec,
+    DecodeMode, Error, GenerateOptions, LoadOptions, Model, RankEnv, Result, Sampling, StreamDecoder, TextCodec,
     generate, logits, parse_device,
 };
 use headcount_serve::structured::{Grammar, Grammars};
@@ -16,10 +16,10 @@ use crate::ranks::{join, rank_device};
 
 /// Loads this rank's part of the checkpoint in `dir` with `r`'s options.
 /// `rows`: the rows its decode steps carry at most (`LoadOptions::decode_rows`).
-pub fn load(dir: &Path, r: &RuntimeArgs, rows: usize, quiet: bool) -> Result<Glm> {
+pub fn load(dir: &Path, r: &RuntimeArgs, rows: usize, quiet: bool) -> Result<Model> {
     let parallel = join(&r.parallel)?;
     let opts = LoadOptions { decode_rows: rows, ..load_options(r, &parallel, quiet)? };
-    Glm::load_rank(dir, &opts, parallel)
+    Model::load_rank(dir, &opts, parallel)
 }
 
 /// How `r`'s flags load a model on this rank (progress shown on rank 0 unless `quiet`).

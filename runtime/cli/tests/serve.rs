@@ -13,11 +13,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{demo, exits_within, get, output_within, python_script, root, start};
-use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, TextCodec, generate};
+use headcount_runtime::{GenerateOptions, LoadOptions, Model, Sampling, TextCodec, generate};
 
 /// What the library generates for each prompt alone: the answers the server must give.
 fn expected_answers(prompts: &[String]) -> serde_json::Value {
-    let model = Glm::load(&demo(), &LoadOptions::default()).unwrap();
+    let model = Model::load(&demo(), &LoadOptions::default()).unwrap();
     let codec = TextCodec::from_dir(&demo()).unwrap().unwrap();
     let eos: Vec<i64> = model.dims.config.eos_token_id.iter().map(|&i| i as i64).collect();
     let mut out = serde_json::Map::new();
@@ -136,7 +136,7 @@ fn post(url: &str, path: &str, body: &str) -> (u16, String) {
 #[test]
 fn two_tensor_parallel_ranks_serve_what_one_process_generates() {
     let dir = root().join("tests/fixtures/glm-gqa2");
-    let model = Glm::load(&dir, &LoadOptions::default()).unwrap();
+    let model = Model::load(&dir, &LoadOptions::default()).unwrap();
     let prompts: Vec<Vec<i64>> = vec![vec![5, 6, 7], vec![9, 1, 4, 4, 2, 8, 30], vec![3], vec![100, 7, 12, 60]];
     let expected: Vec<Vec<i64>> = prompts
         .iter()
@@ -215,7 +215,7 @@ fn two_tensor_parallel_ranks_serve_what_one_process_generates() {
 #[test]
 fn speculative_serving_answers_as_plain_decoding() {
     let dir = root().join("examples/addition/model-mtp");
-    let model = Glm::load(&dir, &LoadOptions::default()).unwrap();
+    let model = Model::load(&dir, &LoadOptions::default()).unwrap();
     let codec = TextCodec::from_dir(&dir).unwrap().unwrap();
     let prompts = ["123+456=", "999+1=", "58+907=", "404+303="];
     let plain: Vec<String> = prompts

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use headcount_runtime::generate::{PAGE, PREFIX_BLOCK, SlotCache};
-use headcount_runtime::{CausalLm, Model, Sampling, TextCodec};
+use headcount_runtime::{CausalLm, Declared, Sampling, TextCodec};
 use headcount_spec::Architecture;
 
 use crate::engine::EngineOptions;
@@ -118,8 +118,8 @@ pub enum ServeError {
     Setup(String),
 }
 
-/// Serves a declared model (`Model<A>`) loaded from `dir` until SIGTERM or Ctrl-C.
-pub fn serve_typed<A: Architecture>(model: Model<A>, dir: &Path, opts: &ServeOptions) -> Result<(), ServeError> {
+/// Serves a declared model (`Declared<A>`) loaded from `dir` until SIGTERM or Ctrl-C.
+pub fn serve_typed<A: Architecture>(model: Declared<A>, dir: &Path, opts: &ServeOptions) -> Result<(), ServeError> {
     serve(model.into_inner(), dir, opts)
 }
 

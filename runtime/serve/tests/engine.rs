@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use headcount_runtime::generate::SlotCache;
 use headcount_runtime::logits;
-use headcount_runtime::{GenerateOptions, Glm, LoadOptions, Sampling, generate};
+use headcount_runtime::{GenerateOptions, LoadOptions, Model, Sampling, generate};
 use headcount_serve::engine::{EngineOptions, Event, Finish, Job, Penalties, run};
 use headcount_serve::metrics::Metrics;
 use tch::Kind;
@@ -54,7 +54,7 @@ fn drain(mut rx: UnboundedReceiver<(usize, Event)>) -> (Vec<i64>, Result<Finish,
 
 #[test]
 fn a_sequence_that_cannot_run_fails_alone_and_the_others_are_served() {
-    let model = Glm::load(&fixture(), &LoadOptions::default()).unwrap();
+    let model = Model::load(&fixture(), &LoadOptions::default()).unwrap();
     let alone: Vec<Vec<i64>> = [vec![5, 6, 7], vec![9, 1, 4, 4]]
         .iter()
         .map(|p| {
@@ -100,7 +100,7 @@ fn prompt_log_probabilities_equal_the_full_forward_in_chunks_and_beside_other_re
 }
 
 fn scores_prompts_in_chunks(dir: &std::path::Path) {
-    let model = Glm::load(dir, &LoadOptions::default()).unwrap();
+    let model = Model::load(dir, &LoadOptions::default()).unwrap();
     let vocab = model.dims.vocab as i64;
     let prompt: Vec<i64> = [5, 6, 7, 9, 1, 4, 4, 2, 8, 30, 3, 100, 7].iter().map(|i| i % vocab).collect();
     // What the library's forward of the whole prompt gives each token after the first.
@@ -167,7 +167,7 @@ fn argmax_after(row: &[f32], bend: impl Fn(usize, f32) -> f32) -> i64 {
 
 #[test]
 fn penalties_bend_the_logits_as_openai_and_vllm_define_them() {
-    let model = Glm::load(&fixture(), &LoadOptions::default()).unwrap();
+    let model = Model::load(&fixture(), &LoadOptions::default()).unwrap();
     let prompt: Vec<i64> = vec![5, 6, 7, 9, 1];
     // The library's logits of the prompt's last position, and of the next one after `t`.
     let last_row = |ids: &[i64]| -> Vec<f32> {
@@ -292,7 +292,7 @@ fn serve_mtp_paged(
     jobs: &[Spec],
 ) -> (Vec<Events>, String) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm4moe-mtp");
-    let model = Glm::load(&dir, &LoadOptions { mtp: true, ..LoadOptions::default() }).unwrap();
+    let model = Model::load(&dir, &LoadOptions { mtp: true, ..LoadOptions::default() }).unwrap();
     let mut cache = match (k, pages) {
         (0, None) => SlotCache::new(&model, 3, 40).unwrap(),
         (k, None) => SlotCache::speculative(&model, 3, 40, k).unwrap(),
@@ -507,7 +507,7 @@ fn constrained_answers_follow_their_schema_whatever_the_weights() {
     use headcount_serve::structured::Grammars;
     use serde_json::{Value, json};
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm-bytes");
-    let model = Glm::load(&dir, &LoadOptions::default()).unwrap();
+    let model = Model::load(&dir, &LoadOptions::default()).unwrap();
     let codec = TextCodec::from_dir(&dir).unwrap().unwrap();
     let grammars = Grammars::from_dir(&dir, 260, &[2]).unwrap();
     let prompt = codec.encode("Answer in JSON.").unwrap();
@@ -565,7 +565,7 @@ fn prefix_caching_answers_as_an_engine_without_it_and_counts_what_it_reused() {
     let first = with(&[1, 2, 3]);
     let together = [with(&[4, 5]), with(&[6]), with(&[7, 8, 9, 10])];
     let serve = |blocks: Option<usize>| {
-        let model = Glm::load(&fixture(), &LoadOptions::default()).unwrap();
+        let model = Model::load(&fixture(), &LoadOptions::default()).unwrap();
         let mut cache = SlotCache::new(&model, 4, 64).unwrap();
         if let Some(b) = blocks {
             cache = cache.with_prefix_cache(&model, b).unwrap();

@@ -4,7 +4,7 @@
 //! checkpoint names, as this rank's part of them. The names and shapes are the family's
 //! description in spec (`headcount_spec::tensors`), which vetting and the memory plan read
 //! too. This module holds what every family shares: the [`CausalLm`] trait that generation,
-//! serving and benchmarks use, a step's inputs and the KV cache, and [`Glm`], the loaded
+//! serving and benchmarks use, a step's inputs and the KV cache, and [`Model`], the loaded
 //! model: checkpoint vetting, the embedding, the decoder stack, the final norm and the LM
 //! head.
 //!
@@ -130,8 +130,9 @@ pub struct KvCache {
     pub len: i64,
 }
 
-/// A GLM or GLM-4 causal LM: the part one rank holds (all of it in a run of one rank).
-pub struct Glm {
+/// A causal LM of any family the runtime loads (glm, glm4, glm4_moe, glm4_moe_lite,
+/// glm_moe_dsa): the part one rank holds (all of it in a run of one rank).
+pub struct Model {
     pub dims: Dims,
     /// How the tensor-parallel ranks split the weights.
     pub plan: ShardPlan,
@@ -167,7 +168,7 @@ pub struct Glm {
 
 /// What generation, serving, benchmarks and parallel ranks need of a causal LM, whatever
 /// its family: its sizes and place in the run, one forward pass over a [`Step`] with its
-/// KV cache, and the memory those take. [`Glm`] is every family the runtime loads.
+/// KV cache, and the memory those take. [`Model`] is every family the runtime loads.
 pub trait CausalLm: Send {
     /// The config's sizes.
     fn dims(&self) -> &Dims;
@@ -234,7 +235,7 @@ pub trait CausalLm: Send {
     fn mtp_cache_bytes(&self, batch: usize, capacity: usize) -> u64;
 }
 
-impl CausalLm for Glm {
+impl CausalLm for Model {
     fn dims(&self) -> &Dims {
         &self.dims
     }
@@ -263,31 +264,70 @@ impl CausalLm for Glm {
         (self.plan.heads_per_shard / self.plan.kv_per_shard) as i64 // cannot fire: a rank holds a kv head
     }
     fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
-        Glm::forward(self, ids, step, cache, last_only)
+        Ok(self.forward_inner(ids, step, cache, last_only, false)?.0)
     }
     fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
-        Glm::new_cache(self, batch, capacity)
+        self.check_cache_memory(batch, capacity)?;
+        let opts = (self.dtype.kind(), self.device);
+        let kv = self
+            .stage_layers
+            .clone()
+            .map(|l| Tensor::f_zeros(self.cache_shape(l, batch, capacity), opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
     }
     fn check_cache_memory(&self, batch: usize, capacity: usize) -> Result<()> {
-        Glm::check_cache_memory(self, batch, capacity)
+        let cpu_bytes = self.cache_bytes_on_cpu(batch, capacity);
+        let what =
+            || format!("the KV cache for {batch} row{} of {capacity} positions", if batch == 1 { "" } else { "s" });
+        self.check_memory(what, cpu_bytes, "use a smaller batch or fewer tokens, or free memory")
     }
     fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64 {
-        Glm::cache_bytes_on_cpu(self, batch, capacity)
+        if self.device != Device::Cpu {
+            return 0;
+        }
+        self.cache_bytes(batch, capacity)
     }
     fn cache_bytes(&self, batch: usize, capacity: usize) -> u64 {
-        Glm::cache_bytes(self, batch, capacity)
+        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+        let layer = |l| self.cache_shape(l, batch, capacity).into_iter().fold(elt, |n, d| n.saturating_mul(d as u64));
+        self.stage_layers.clone().map(layer).fold(0u64, u64::saturating_add)
     }
     fn activation_bytes_on_cpu(&self, rows: usize, len: usize) -> u64 {
-        Glm::activation_bytes_on_cpu(self, rows, len)
+        if self.device != Device::Cpu {
+            return 0;
+        }
+        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+        let inter = self.plan.intermediate_per_shard as u64;
+        [rows as u64, len as u64, 3 * inter, elt].into_iter().fold(1u64, u64::saturating_mul)
     }
     fn logits_bytes(&self, rows: usize) -> u64 {
-        Glm::logits_bytes(self, rows)
+        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+        let joined = self.parallel.tp > 1 || self.lm_head.as_ref().is_some_and(|h| h.linear.parts().len() > 1);
+        let model_dtype =
+            (self.plan.padded_vocab as u64).saturating_mul(elt).saturating_mul(if joined { 2 } else { 1 });
+        let f32_copy = if self.dtype == DType::F32 { 0 } else { self.dims.vocab as u64 * 4 };
+        (rows as u64).saturating_mul(model_dtype.saturating_add(f32_copy))
     }
     fn splits_weights(&self) -> bool {
-        Glm::splits_weights(self)
+        self.quantize != Quantize::None
+            || self.lm_head.as_ref().is_some_and(|h| h.linear.own_threads())
+            || self.layers.iter().any(|l| l.mlp.dense().is_some_and(|m| m.gate_up.linear.own_threads()))
     }
     fn parameter_count(&self) -> i64 {
-        Glm::parameter_count(self)
+        let mut n = self.lm_head.as_ref().map_or(0, |h| h.linear.numel())
+            + self.embed_tokens.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64)
+            + self.norm.as_ref().map_or(0, |t| t.numel() as i64);
+        for l in &self.layers {
+            n += l.self_attn.numel();
+            n += l.mlp.numel();
+            let norms = [Some(&l.input_layernorm), Some(&l.post_attention_layernorm)];
+            let more = [l.post_self_attn_layernorm.as_ref(), l.post_mlp_layernorm.as_ref()];
+            n += norms.into_iter().chain(more).flatten().map(|t| t.numel() as i64).sum::<i64>();
+        }
+        n += self.mtp.iter().map(mtp::MtpLayer::numel).sum::<i64>();
+        n += self.mtp_embed.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64);
+        n
     }
     fn mtp_layers(&self) -> usize {
         self.mtp_loaded
@@ -310,13 +350,57 @@ impl CausalLm for Glm {
         cache: &mut KvCache,
         last_only: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        Glm::draft(self, k, ids, previous, step, cache, last_only)
+        let p = &self.parallel;
+        if k >= self.mtp_loaded {
+            return Err(Error::InvalidArgument(format!(
+                "MTP layer {k} is not loaded: the model holds {} (load with LoadOptions::mtp)",
+                self.mtp_loaded
+            )));
+        }
+        mtp::check_cache(cache, self.mtp.len())?;
+        let (b, t) = ids.size2()?;
+        let rows = if last_only { 1 } else { t };
+        let (logits, out) = match (self.mtp.get(k), previous) {
+            (Some(layer), Some(previous)) => {
+                // cannot fire: a stage with MTP layers holds an embedding (its own past the first).
+                let embed = self.mtp_embed.as_ref().or(self.embed_tokens.as_ref());
+                let embed = embed.ok_or_else(|| Error::Internal("MTP layers without an embedding".into()))?;
+                let e = embed.forward(ids, self.lm_head.as_ref(), &p.tp_group)?;
+                let g = layer.forward(&e, previous, step, &cache.kv[k], &self.dims, self.rounding, &p.tp_group)?;
+                let last = if last_only && t > 1 { g.f_narrow(1, t - 1, 1)? } else { g.shallow_clone() };
+                (self.head_logits(&last)?, Some(g))
+            }
+            (Some(_), None) => {
+                return Err(Error::InvalidArgument("an MTP step needs the previous hidden states".to_owned()));
+            }
+            (None, _) => (Tensor::f_empty([b, rows, self.dims.vocab as i64], (Kind::Float, self.device))?, None),
+        };
+        cache.len = step.start + step.len;
+        if p.pp > 1 {
+            p.world.broadcast(&logits, p.logits_root())?;
+        }
+        Ok((logits, out))
     }
     fn new_mtp_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
-        Glm::new_mtp_cache(self, batch, capacity)
+        if self.device == Device::Cpu {
+            let bytes = self.mtp_cache_bytes(batch, capacity);
+            let what = || format!("the MTP layers' cache for {batch} row(s) of {capacity} positions");
+            self.check_memory(what, bytes, "use a smaller batch or fewer tokens, or free memory")?;
+        }
+        let opts = (self.dtype.kind(), self.device);
+        let kv = (0..self.mtp.len())
+            .map(|k| Tensor::f_zeros(self.cache_shape(self.dims.layers + k, batch, capacity), opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
     }
     fn mtp_cache_bytes(&self, batch: usize, capacity: usize) -> u64 {
-        Glm::mtp_cache_bytes(self, batch, capacity)
+        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
+        let layer = |k| {
+            self.cache_shape(self.dims.layers + k, batch, capacity)
+                .into_iter()
+                .fold(elt, |n, d| n.saturating_mul(d as u64))
+        };
+        (0..self.mtp.len()).map(layer).fold(0u64, u64::saturating_add)
     }
 }
 
@@ -383,20 +467,20 @@ impl Default for LoadOptions {
     }
 }
 
-impl Glm {
+impl Model {
     /// Loads `dir/config.json` and the checkpoint beside it, as a run of one rank.
-    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Glm> {
-        Glm::load_rank(dir, opts, Parallel::single())
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
+        Model::load_rank(dir, opts, Parallel::single())
     }
 
     /// Loads this rank's part of the checkpoint in `dir` (all of it for a run of one).
-    pub fn load_rank(dir: &Path, opts: &LoadOptions, parallel: Parallel) -> Result<Glm> {
+    pub fn load_rank(dir: &Path, opts: &LoadOptions, parallel: Parallel) -> Result<Model> {
         let config = Config::from_file(dir.join("config.json"))?;
-        Glm::load_with_config(dir, &config, opts, parallel)
+        Model::load_with_config(dir, &config, opts, parallel)
     }
 
     /// Loads this rank's part of a checkpoint with an already-read config.
-    pub fn load_with_config(dir: &Path, config: &Config, opts: &LoadOptions, parallel: Parallel) -> Result<Glm> {
+    pub fn load_with_config(dir: &Path, config: &Config, opts: &LoadOptions, parallel: Parallel) -> Result<Model> {
         let mut dims = Dims::new(config)?;
         let ckpt = Checkpoint::open(dir)?;
         let layers = dims.layers;
@@ -469,25 +553,25 @@ impl Glm {
         let total = ckpt.total_bytes();
         parallel.agree(
             "model",
-            &Glm::fingerprint(&dims, opts, &format!("{} tensors, {total} bytes", ckpt.tensors.len())),
+            &Model::fingerprint(&dims, opts, &format!("{} tensors, {total} bytes", ckpt.tensors.len())),
         )?;
         let enabled = parallel.rank == 0 && opts.progress_above_bytes.is_some_and(|b| total > b);
         let mut src = (&ckpt, Progress { total, done: 0, shown: 0, enabled });
-        Glm::build(dims, opts, parallel, &mut src)
+        Model::build(dims, opts, parallel, &mut src)
     }
 
     /// A model with seeded random weights (benchmarks, shapes without a checkpoint), as a
     /// run of one rank.
-    pub fn random(config: &Config, opts: &LoadOptions, seed: i64) -> Result<Glm> {
-        Glm::random_rank(config, opts, Parallel::single(), seed)
+    pub fn random(config: &Config, opts: &LoadOptions, seed: i64) -> Result<Model> {
+        Model::random_rank(config, opts, Parallel::single(), seed)
     }
 
     /// This rank's part of a model with seeded random weights: the slices of the same
     /// tensors a run of one rank draws.
-    pub fn random_rank(config: &Config, opts: &LoadOptions, parallel: Parallel, seed: i64) -> Result<Glm> {
+    pub fn random_rank(config: &Config, opts: &LoadOptions, parallel: Parallel, seed: i64) -> Result<Model> {
         let dims = Dims::new(config)?;
-        parallel.agree("model", &Glm::fingerprint(&dims, opts, &format!("random weights, seed {seed}")))?;
-        Glm::build(dims, opts, parallel, &mut RandomSource { seed })
+        parallel.agree("model", &Model::fingerprint(&dims, opts, &format!("random weights, seed {seed}")))?;
+        Model::build(dims, opts, parallel, &mut RandomSource { seed })
     }
 
     /// What every rank of a run must agree on before loading: the config, the weights and
@@ -506,7 +590,7 @@ impl Glm {
         ]
     }
 
-    fn build(dims: Dims, opts: &LoadOptions, parallel: Parallel, src: &mut dyn WeightSource) -> Result<Glm> {
+    fn build(dims: Dims, opts: &LoadOptions, parallel: Parallel, src: &mut dyn WeightSource) -> Result<Model> {
         let _guard = tch::no_grad_guard();
         let plan = ShardPlan::new(&dims, parallel.tp, opts.kv_replication, opts.vocab_padding)?
             .with_expert_parallel(&dims, opts.expert_parallel)?;
@@ -600,7 +684,7 @@ impl Glm {
         };
         drop(cx);
         parallel.loaded()?;
-        Ok(Glm {
+        Ok(Model {
             weight_layout: layout,
             quantize: opts.quantize,
             dims,
@@ -626,48 +710,9 @@ impl Glm {
         self.parallel
     }
 
-    /// Whether some projection's few-row products run on the project's own CPU threads:
-    /// weights in column blocks, or through the kernel of [`crate::cpu::few_rows`] (quantized,
-    /// or f32/bf16 in the stored layout).
-    pub fn splits_weights(&self) -> bool {
-        self.quantize != Quantize::None
-            || self.lm_head.as_ref().is_some_and(|h| h.linear.own_threads())
-            || self.layers.iter().any(|l| l.mlp.dense().is_some_and(|m| m.gate_up.linear.own_threads()))
-    }
-
     /// The device this rank's weights and activations are on.
     pub fn device(&self) -> Device {
         self.device
-    }
-
-    /// Parameters this rank holds (replicated kv heads and vocabulary padding included).
-    pub fn parameter_count(&self) -> i64 {
-        let mut n = self.lm_head.as_ref().map_or(0, |h| h.linear.numel())
-            + self.embed_tokens.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64)
-            + self.norm.as_ref().map_or(0, |t| t.numel() as i64);
-        for l in &self.layers {
-            n += l.self_attn.numel();
-            n += l.mlp.numel();
-            let norms = [Some(&l.input_layernorm), Some(&l.post_attention_layernorm)];
-            let more = [l.post_self_attn_layernorm.as_ref(), l.post_mlp_layernorm.as_ref()];
-            n += norms.into_iter().chain(more).flatten().map(|t| t.numel() as i64).sum::<i64>();
-        }
-        n += self.mtp.iter().map(mtp::MtpLayer::numel).sum::<i64>();
-        n += self.mtp_embed.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64);
-        n
-    }
-
-    /// Allocates a cache for `batch` rows and `capacity` positions (this rank's layers and
-    /// kv heads).
-    pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
-        self.check_cache_memory(batch, capacity)?;
-        let opts = (self.dtype.kind(), self.device);
-        let kv = self
-            .stage_layers
-            .clone()
-            .map(|l| Tensor::f_zeros(self.cache_shape(l, batch, capacity), opts))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
     }
 
     /// Layer `l`'s cache on this rank: `[batch, 2 × kv heads, capacity, head_dim]` (keys
@@ -681,72 +726,13 @@ impl Glm {
         }
     }
 
-    /// Whether a cache for `batch` rows and `capacity` positions fits in the memory the CPU
-    /// has free (see `check_cpu_memory`): an error naming both sizes if not. `new_cache`
-    /// checks it; callers that build large inputs first can too.
-    pub fn check_cache_memory(&self, batch: usize, capacity: usize) -> Result<()> {
-        let cpu_bytes = self.cache_bytes_on_cpu(batch, capacity);
-        let what =
-            || format!("the KV cache for {batch} row{} of {capacity} positions", if batch == 1 { "" } else { "s" });
-        self.check_memory(what, cpu_bytes, "use a smaller batch or fewer tokens, or free memory")
-    }
-
     /// Whether `need` bytes on this rank's CPU fit in the memory free, with every rank on
     /// this machine needing as much at once.
     pub(crate) fn check_memory(&self, what: impl FnOnce() -> String, need: u64, advice: &'static str) -> Result<()> {
         check_ranks_memory(what, need, self.parallel.local_size, self.dtype, advice)
     }
 
-    /// Bytes a cache for `batch` rows and `capacity` positions takes on this rank, if it is
-    /// on the CPU.
-    pub fn cache_bytes_on_cpu(&self, batch: usize, capacity: usize) -> u64 {
-        if self.device != Device::Cpu {
-            return 0;
-        }
-        self.cache_bytes(batch, capacity)
-    }
-
-    /// Bytes a cache for `batch` rows and `capacity` positions takes on this rank.
-    pub fn cache_bytes(&self, batch: usize, capacity: usize) -> u64 {
-        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let layer = |l| self.cache_shape(l, batch, capacity).into_iter().fold(elt, |n, d| n.saturating_mul(d as u64));
-        self.stage_layers.clone().map(layer).fold(0u64, u64::saturating_add)
-    }
-
-    /// A lower bound of the activations a forward pass over `rows` rows of `len` positions
-    /// holds at once on a CPU rank: the MLP's `[rows, len, 2 × intermediate]` (gate and up)
-    /// beside their product, `[rows, len, intermediate]`, in the model's dtype.
-    pub fn activation_bytes_on_cpu(&self, rows: usize, len: usize) -> u64 {
-        if self.device != Device::Cpu {
-            return 0;
-        }
-        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let inter = self.plan.intermediate_per_shard as u64;
-        [rows as u64, len as u64, 3 * inter, elt].into_iter().fold(1u64, u64::saturating_mul)
-    }
-
-    /// The most bytes the logits of `rows` positions hold at once at the end of `forward`:
-    /// the padded vocabulary in the model's dtype, twice where ranks' parts or column
-    /// blocks are joined, plus the f32 copy in half precision.
-    pub fn logits_bytes(&self, rows: usize) -> u64 {
-        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let joined = self.parallel.tp > 1 || self.lm_head.as_ref().is_some_and(|h| h.linear.parts().len() > 1);
-        let model_dtype =
-            (self.plan.padded_vocab as u64).saturating_mul(elt).saturating_mul(if joined { 2 } else { 1 });
-        let f32_copy = if self.dtype == DType::F32 { 0 } else { self.dims.vocab as u64 * 4 };
-        (rows as u64).saturating_mul(model_dtype.saturating_add(f32_copy))
-    }
-
-    /// The decoder stack on `ids` ([B, T], the same on every rank); returns f32 logits for
-    /// every position, or for the last one only (`[B, 1, vocab]`), on every rank.
-    ///
-    /// The first stage embeds, the others receive the previous stage's hidden states; the
-    /// last stage computes the logits, which every rank then receives from it.
-    pub fn forward(&self, ids: &Tensor, step: &Step, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
-        Ok(self.forward_inner(ids, step, cache, last_only, false)?.0)
-    }
-
-    /// [`Glm::forward`], with the final-normed hidden states of every position when
+    /// [`Model::forward`], with the final-normed hidden states of every position when
     /// `hidden` (on the last stage's ranks).
     fn forward_inner(
         &self,
@@ -769,7 +755,9 @@ impl Glm {
             }
         };
         if cache.kv.len() != self.layers.len() {
-            return Err(Error::InvalidArgument("the KV cache was not made by this model (Glm::new_cache)".to_owned()));
+            return Err(Error::InvalidArgument(
+                "the KV cache was not made by this model (Model::new_cache)".to_owned(),
+            ));
         }
         // Rounding::Fused, one tensor-parallel rank: o_proj and down_proj add into the
         // residual stream in place, where no norm comes between (GLM; GLM-4 normalizes their
@@ -843,77 +831,9 @@ impl Glm {
         };
         Ok(logits.f_to_kind(Kind::Float)?.f_contiguous()?)
     }
-
-    /// See [`CausalLm::draft`].
-    pub fn draft(
-        &self,
-        k: usize,
-        ids: &Tensor,
-        previous: Option<&Tensor>,
-        step: &Step,
-        cache: &mut KvCache,
-        last_only: bool,
-    ) -> Result<(Tensor, Option<Tensor>)> {
-        let p = &self.parallel;
-        if k >= self.mtp_loaded {
-            return Err(Error::InvalidArgument(format!(
-                "MTP layer {k} is not loaded: the model holds {} (load with LoadOptions::mtp)",
-                self.mtp_loaded
-            )));
-        }
-        mtp::check_cache(cache, self.mtp.len())?;
-        let (b, t) = ids.size2()?;
-        let rows = if last_only { 1 } else { t };
-        let (logits, out) = match (self.mtp.get(k), previous) {
-            (Some(layer), Some(previous)) => {
-                // cannot fire: a stage with MTP layers holds an embedding (its own past the first).
-                let embed = self.mtp_embed.as_ref().or(self.embed_tokens.as_ref());
-                let embed = embed.ok_or_else(|| Error::Internal("MTP layers without an embedding".into()))?;
-                let e = embed.forward(ids, self.lm_head.as_ref(), &p.tp_group)?;
-                let g = layer.forward(&e, previous, step, &cache.kv[k], &self.dims, self.rounding, &p.tp_group)?;
-                let last = if last_only && t > 1 { g.f_narrow(1, t - 1, 1)? } else { g.shallow_clone() };
-                (self.head_logits(&last)?, Some(g))
-            }
-            (Some(_), None) => {
-                return Err(Error::InvalidArgument("an MTP step needs the previous hidden states".to_owned()));
-            }
-            (None, _) => (Tensor::f_empty([b, rows, self.dims.vocab as i64], (Kind::Float, self.device))?, None),
-        };
-        cache.len = step.start + step.len;
-        if p.pp > 1 {
-            p.world.broadcast(&logits, p.logits_root())?;
-        }
-        Ok((logits, out))
-    }
-
-    /// A cache for the MTP layers of `batch` rows and `capacity` positions (none on a stage
-    /// other than the last), its memory checked first.
-    pub fn new_mtp_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
-        if self.device == Device::Cpu {
-            let bytes = self.mtp_cache_bytes(batch, capacity);
-            let what = || format!("the MTP layers' cache for {batch} row(s) of {capacity} positions");
-            self.check_memory(what, bytes, "use a smaller batch or fewer tokens, or free memory")?;
-        }
-        let opts = (self.dtype.kind(), self.device);
-        let kv = (0..self.mtp.len())
-            .map(|k| Tensor::f_zeros(self.cache_shape(self.dims.layers + k, batch, capacity), opts))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(KvCache { kv, capacity: capacity as i64, len: 0 })
-    }
-
-    /// Bytes the MTP layers' cache of `batch` rows and `capacity` positions takes on this rank.
-    pub fn mtp_cache_bytes(&self, batch: usize, capacity: usize) -> u64 {
-        let elt = self.dtype.kind().elt_size_in_bytes() as u64;
-        let layer = |k| {
-            self.cache_shape(self.dims.layers + k, batch, capacity)
-                .into_iter()
-                .fold(elt, |n, d| n.saturating_mul(d as u64))
-        };
-        (0..self.mtp.len()).map(layer).fold(0u64, u64::saturating_add)
-    }
 }
 
-impl Glm {
+impl Model {
     /// Whether layer `l` (a stage's first) attends to the pick of a full layer before it.
     fn shares_pick_at(&self, l: usize) -> bool {
         let ix = self.dims.mla.as_ref().and_then(|m| m.indexer.as_ref());
@@ -1070,7 +990,7 @@ mod tests {
             expected.extend((0..dims.mtp_layers()).flat_map(|k| dims.mtp_shapes(k)));
             let mut src = Recording { random: RandomSource { seed: 1 }, read: BTreeMap::new() };
             let fused = dims.moe.as_ref().is_some_and(|m| m.fused_experts);
-            let model = Glm::build(dims, &opts, Parallel::single(), &mut src).unwrap();
+            let model = Model::build(dims, &opts, Parallel::single(), &mut src).unwrap();
             let d = &model.dims;
             assert_eq!(model.mtp.len(), d.mtp_layers(), "{name}");
             // What the memory check counted before allocating is what was loaded.

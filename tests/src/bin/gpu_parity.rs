@@ -14,10 +14,10 @@ use std::process::ExitCode;
 
 use headcount_integration::{max_abs_diff, model_fixtures, name, reference};
 use headcount_runtime::{
-    DType, DecodeMode, GenerateOptions, Generation, Glm, LoadOptions, Rounding, generate, logits, parse_device,
+    DType, DecodeMode, GenerateOptions, Generation, LoadOptions, Model, Rounding, generate, logits, parse_device,
 };
 
-fn generation(model: &Glm, prompts: &[Vec<i64>], decode: DecodeMode) -> Result<Generation, headcount_runtime::Error> {
+fn generation(model: &Model, prompts: &[Vec<i64>], decode: DecodeMode) -> Result<Generation, headcount_runtime::Error> {
     let opts = GenerateOptions { max_new_tokens: 12, decode, return_logits: true, ..Default::default() };
     generate(model, prompts, &opts, |_, _| {})
 }
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         let fixture = name(&dir);
         let r = reference(&dir);
         let ids = &r.input_ids[0];
-        let cpu_model = Glm::load(&dir, &LoadOptions::default()).expect("cpu load");
+        let cpu_model = Model::load(&dir, &LoadOptions::default()).expect("cpu load");
         let cpu = logits(&cpu_model, ids).expect("cpu logits");
         let scale = cpu.abs().max().double_value(&[]);
         let (exact, fused) = (Rounding::Transformers, Rounding::Fused);
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         ];
         for (label, dtype, rounding, tol) in cases {
             let opts = LoadOptions { dtype, device, rounding, ..Default::default() };
-            let outcome = Glm::load(&dir, &opts)
+            let outcome = Model::load(&dir, &opts)
                 .and_then(|m| logits(&m, ids))
                 .map(|l| (max_abs_diff(&l.to_device(tch::Device::Cpu), &cpu), tol, true))
                 .map_err(|e| e.to_string());
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
         let mut prompts = r.input_ids.clone();
         prompts.push(ids[..3].to_vec());
         let want = generation(&cpu_model, &prompts, DecodeMode::Eager).expect("cpu generation");
-        let gpu = |dtype, rounding| Glm::load(&dir, &LoadOptions { dtype, device, rounding, ..Default::default() });
+        let gpu = |dtype, rounding| Model::load(&dir, &LoadOptions { dtype, device, rounding, ..Default::default() });
         match gpu(DType::F32, exact) {
             Ok(m) => {
                 for (label, mode) in [
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
     // inside it) must leave the device working. Auto decodes eagerly and says why, and
     // seeded sampling gives what it gave before the failure.
     let dir = &model_fixtures()[0];
-    let outcome = Glm::load(dir, &LoadOptions { device, ..Default::default() })
+    let outcome = Model::load(dir, &LoadOptions { device, ..Default::default() })
         .and_then(|m| {
             let prompts = vec![reference(dir).input_ids[0].clone()];
             let sampling = headcount_runtime::Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 11, min_p: 0.0 };
