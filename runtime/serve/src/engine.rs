@@ -17,23 +17,15 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::metrics::Metrics;
 use crate::structured::Grammar;
 
-/// One sequence to generate.
+/// One sequence to generate, sent to the engine thread: the fields it shares with the
+/// engine's [`Request`] mean what they mean there.
 pub struct Job {
     pub prompt: Vec<i64>,
-    /// New tokens at most; the prompt plus these fit in a cache row (checked on admission
-    /// to the queue).
     pub max_tokens: usize,
     pub sampling: Sampling,
-    /// Ids that end the sequence (the model's eos ids and the request's stop ids); the id
-    /// is sent, with [`Finish::Stop`].
     pub stop_ids: Vec<i64>,
-    /// How the sequence's own tokens bend the logits its next token is chosen from.
     pub penalties: Penalties,
-    /// Log probabilities of each chosen token and of this many most likely ones (from the
-    /// model's logits, before penalties: vLLM's raw log probabilities).
     pub logprobs: Option<usize>,
-    /// Log probabilities of the prompt's tokens (after the first) and of this many most
-    /// likely ones at each position, sent as [`Event::Prompt`] before any token.
     pub prompt_logprobs: Option<usize>,
     /// Which choice of its request this is: events go out tagged with it.
     pub choice: usize,

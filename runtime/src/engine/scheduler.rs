@@ -74,10 +74,7 @@ pub(super) fn make_room<'a>(
             return;
         }
         let Some(row) = (0..running.len()).max_by_key(|&r| running[r].req.arrived) else { return };
-        let r = &running[row];
-        // The row holds the prompt and every token but the last.
-        let held = cache.len(row).saturating_sub(r.req.prompt.len()).min(r.output.len());
-        let tokens: Vec<i64> = r.req.prompt.iter().chain(&r.output[..held]).copied().collect();
+        let tokens = held_tokens(&running[row], cache, row);
         keep_prefix(model, cache, row, &tokens, obs);
         let mut r = running.swap_remove(row);
         let last = running.len();
@@ -124,10 +121,7 @@ pub(super) fn retire<'a>(
     for row in (0..n).rev() {
         let Some(outcome) = why(&running[row]) else { continue };
         if let Outcome::Finished(_) = outcome {
-            // The row holds the prompt and every token but the last (never fed back).
-            let r = &running[row];
-            let held = cache.len(row).saturating_sub(r.req.prompt.len()).min(r.output.len());
-            let tokens: Vec<i64> = r.req.prompt.iter().chain(&r.output[..held]).copied().collect();
+            let tokens = held_tokens(&running[row], cache, row);
             keep_prefix(model, cache, row, &tokens, obs);
         }
         let mut r = running.swap_remove(row);
@@ -325,6 +319,13 @@ pub(super) fn room(cache: &SlotCache, running: &[Running], blocks: usize) -> boo
         Some((free, _)) => blocks + (cache.draft_tokens() + 1).div_ceil(PAGE) * (running.len() + 1) <= free,
         None => true,
     }
+}
+
+/// The tokens cache row `row` holds for `r`: its prompt and every token but the last (which
+/// the next step feeds).
+fn held_tokens(r: &Running<'_>, cache: &SlotCache, row: usize) -> Vec<i64> {
+    let held = cache.len(row).saturating_sub(r.req.prompt.len()).min(r.output.len());
+    r.req.prompt.iter().chain(&r.output[..held]).copied().collect()
 }
 
 /// Keeps the whole blocks of row `row`'s `tokens` in the prefix cache, if there is one. A
