@@ -22,6 +22,7 @@ pub mod process;
 pub mod profile;
 pub mod text;
 pub mod typed;
+pub mod weights;
 
 pub use device::{DType, parse_device};
 pub use engine::{DecodeMode, GenerateOptions, Generation, Offline, Sampling, generate, logits};

@@ -319,7 +319,7 @@ pub struct BenchArgs {
 /// `headcount check`.
 #[derive(Args)]
 pub struct CheckArgs {
-    /// The config.json to check.
+    /// The config.json to check, or a GGUF file (the config its metadata gives).
     pub config: PathBuf,
     /// Also check this tensor-parallel size (repeatable).
     #[arg(long = "tp", value_name = "N")]

@@ -10,10 +10,19 @@ use headcount_spec::engines::{self, Dimension, Engine, EngineLayout};
 
 use crate::args::{CheckArgs, LaunchArgs};
 
+/// A config.json, or the config a GGUF file's metadata gives (read before any tensor).
+pub fn read_config(path: &Path) -> Result<Config> {
+    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        let g = headcount_runtime::weights::gguf::Gguf::open(path)?;
+        return headcount_runtime::weights::gguf::config_of(&g, path);
+    }
+    Ok(Config::from_file(path)?)
+}
+
 pub fn check(a: &CheckArgs) -> Result<ExitCode> {
     let (path, tp, pp, ep) =
         (a.config.as_path(), &a.tensor_parallel[..], &a.pipeline_parallel[..], &a.expert_parallel[..]);
-    let config = Config::from_file(path)?;
+    let config = read_config(path)?;
     if let Some(limit) = a.memory {
         if let Err(v) = config.validate() {
             print_errors(&path.display().to_string(), &v.errors);
@@ -196,7 +205,7 @@ pub fn declare(path: &Path, name: &str) -> Result<ExitCode> {
     if !headcount_spec::declare::is_type_name(name) {
         return Err(Error::InvalidArgument(format!("--name {name:?} is not a Rust type name")));
     }
-    let config = Config::from_file(path)?;
+    let config = read_config(path)?;
     print!("{}", headcount_spec::declare::declaration(&config, name));
     if let Err(v) = config.validate() {
         eprintln!("note: this declaration will not compile until its {} layout error(s) are fixed:", v.errors.len());
@@ -401,7 +410,7 @@ fn memory_verdict(config: &Config, limit_gib: u64, elt: u64, context: u64, tp: &
 /// `launch-args`: the engine's command for a layout its rules accept, so that the layout
 /// checked is the one that runs.
 pub fn launch_args(a: &LaunchArgs) -> Result<ExitCode> {
-    let config = Config::from_file(&a.config)?;
+    let config = read_config(&a.config)?;
     if let Err(v) = config.validate() {
         print_each("", v.errors);
         return Ok(ExitCode::from(1));
@@ -461,7 +470,7 @@ fn model_of(config: &Path) -> String {
 /// what is missing (exit 1).
 pub fn plan(a: &crate::args::PlanArgs) -> Result<ExitCode> {
     use headcount_spec::plan::{self, Devices, Request};
-    let config = Config::from_file(&a.config)?;
+    let config = read_config(&a.config)?;
     if let Err(v) = config.validate() {
         print_errors(&a.config.display().to_string(), &v.errors);
         return Ok(ExitCode::from(1));

@@ -1048,3 +1048,38 @@ fn run_takes_the_servers_sampling_parameters() {
     bytes(&["--json-schema", "{not json"], "--json-schema is not JSON");
     bytes(&["--json-schema", "/nonexistent/schema.json"], "is neither a JSON object nor a file");
 }
+
+/// `headcount check FILE.gguf` reads the config a GGUF file's metadata gives (a file written
+/// by gguf-py, llama.cpp's own writer), checks it by config.json's rules, and names what is
+/// wrong with a broken file.
+#[test]
+fn check_reads_the_config_of_a_gguf_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let make = |name: &str, extra: &[&str]| -> String {
+        let out = tmp.path().join(name);
+        let status = Command::new(root().join(".venv/bin/python"))
+            .arg(root().join("python/make_gguf.py"))
+            .arg(&out)
+            .args(extra)
+            .status()
+            .expect("run python/make_gguf.py (scripts/setup --test installs gguf)");
+        assert!(status.success(), "python/make_gguf.py failed");
+        out.display().to_string()
+    };
+    let good = make("m.gguf", &[]);
+    expect(&headcount(&["check", &good]), 0, "ok (glm4, 2 layers, 4 heads over 2 kv heads, head_dim 16, rotary dim 8)");
+    let bad = make("bad.gguf", &["--kv-heads", "3"]);
+    expect(&headcount(&["check", &bad]), 1, "num_attention_heads (4) must be a multiple of num_key_value_heads (3)");
+    let bytes = std::fs::read(&good).unwrap();
+    let cut = tmp.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
+    expect(&headcount(&["check", cut.to_str().unwrap()]), 1, "the file is truncated");
+    std::fs::write(&cut, &bytes[..50]).unwrap();
+    expect(
+        &headcount(&["check", cut.to_str().unwrap()]),
+        1,
+        "the header claims 15 metadata entries, more than the file holds",
+    );
+    std::fs::write(&cut, b"GGUF\x02\x00\x00\x00").unwrap();
+    expect(&headcount(&["check", cut.to_str().unwrap()]), 1, "GGUF version 2: only version 3 is read");
+}
