@@ -492,17 +492,47 @@ pub fn config_of(g: &Gguf, path: &Path) -> Result<Config> {
         md.get(&full).and_then(Value::as_f64).ok_or_else(|| bad(path, format!("{full} is missing or not a number")))
     };
     let mut c = Map::new();
+    // The converter counts a glm4moe file's MTP layers in block_count.
+    let mut mtp = 0;
     match arch {
         "glm4" => {
             c.insert("model_type".into(), json!("glm4"));
             c.insert("architectures".into(), json!(["Glm4ForCausalLM"]));
         }
+        "glm4moe" => {
+            c.insert("model_type".into(), json!("glm4_moe"));
+            c.insert("architectures".into(), json!(["Glm4MoeForCausalLM"]));
+            for (k, hf) in [
+                ("expert_count", "n_routed_experts"),
+                ("expert_used_count", "num_experts_per_tok"),
+                ("expert_shared_count", "n_shared_experts"),
+                ("expert_feed_forward_length", "moe_intermediate_size"),
+                ("leading_dense_block_count", "first_k_dense_replace"),
+                ("expert_group_count", "n_group"),
+                ("expert_group_used_count", "topk_group"),
+                ("nextn_predict_layers", "num_nextn_predict_layers"),
+            ] {
+                if md.contains_key(&key(k)) {
+                    c.insert(hf.into(), json!(num(k)?));
+                }
+            }
+            if md.contains_key(&key("expert_weights_scale")) {
+                c.insert("routed_scaling_factor".into(), json!(float("expert_weights_scale")?));
+            }
+            if let Some(v) = md.get(&key("expert_weights_norm")) {
+                let norm =
+                    v.as_bool().ok_or_else(|| bad(path, format!("{} is not a bool", key("expert_weights_norm"))))?;
+                c.insert("norm_topk_prob".into(), json!(norm));
+            }
+            mtp = md.get(&key("nextn_predict_layers")).and_then(Value::as_u64).unwrap_or(0);
+            c.insert("use_qk_norm".into(), json!(g.tensor("blk.0.attn_q_norm.weight").is_some()));
+        }
         other => {
             return Err(bad(
                 path,
                 format!(
-                    "general.architecture {other:?}: the GGUF files read are glm4's (GLM-4-0414); glm4moe, deepseek2 \
-                     (GLM-4.7-Flash) and glm-dsa are not read yet"
+                    "general.architecture {other:?}: the GGUF files read are glm4's (GLM-4-0414) and glm4moe's \
+                     (GLM-4.5 to 4.7); deepseek2 (GLM-4.7-Flash) and glm-dsa are not read yet"
                 ),
             ));
         }
@@ -518,7 +548,11 @@ pub fn config_of(g: &Gguf, path: &Path) -> Result<Config> {
     };
     c.insert("hidden_size".into(), json!(hidden));
     c.insert("intermediate_size".into(), json!(num("feed_forward_length")?));
-    c.insert("num_hidden_layers".into(), json!(num("block_count")?));
+    let blocks = num("block_count")?;
+    let layers = blocks.checked_sub(mtp).ok_or_else(|| {
+        bad(path, format!("{} ({mtp}) is more than the blocks ({blocks})", key("nextn_predict_layers")))
+    })?;
+    c.insert("num_hidden_layers".into(), json!(layers));
     c.insert("num_attention_heads".into(), json!(heads));
     c.insert("num_key_value_heads".into(), json!(num("attention.head_count_kv")?));
     c.insert("head_dim".into(), json!(head_dim));
@@ -795,6 +829,47 @@ mod tests {
         std::fs::write(&path, w.bytes()).unwrap();
         let e = config_of(&Gguf::open(&path).unwrap(), &path).unwrap_err().to_string();
         assert!(e.contains("\"llama\""), "{e}");
+    }
+
+    /// A glm4moe file's MoE keys, as the converter writes GLM-4.5's: its MTP layer counted
+    /// in block_count, the gating scale and norm, q/k norms from the tensors.
+    #[test]
+    fn a_glm4moe_files_config_has_its_experts() {
+        let mut w = Writer::default();
+        w.str("general.architecture", "glm4moe")
+            .u32("glm4moe.block_count", 3)
+            .u32("glm4moe.context_length", 256)
+            .u32("glm4moe.embedding_length", 64)
+            .u32("glm4moe.feed_forward_length", 128)
+            .u32("glm4moe.attention.head_count", 4)
+            .u32("glm4moe.attention.head_count_kv", 2)
+            .u32("glm4moe.attention.key_length", 16)
+            .u32("glm4moe.rope.dimension_count", 8)
+            .f32("glm4moe.rope.freq_base", 10000.0)
+            .f32("glm4moe.attention.layer_norm_rms_epsilon", 1e-5)
+            .u32("glm4moe.vocab_size", 32)
+            .u32("glm4moe.expert_count", 8)
+            .u32("glm4moe.expert_used_count", 2)
+            .u32("glm4moe.expert_shared_count", 1)
+            .u32("glm4moe.expert_feed_forward_length", 32)
+            .u32("glm4moe.leading_dense_block_count", 1)
+            .f32("glm4moe.expert_weights_scale", 2.5)
+            .u32("glm4moe.nextn_predict_layers", 1);
+        string(&mut w.kv, "glm4moe.expert_weights_norm");
+        w.kv.extend(7u32.to_le_bytes());
+        w.kv.push(1);
+        w.n_kv += 1;
+        w.tensor("blk.0.attn_q_norm.weight", &[16], 0, 64);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        std::fs::write(&path, w.bytes()).unwrap();
+        let c = config_of(&Gguf::open(&path).unwrap(), &path).unwrap();
+        assert_eq!(c.family.model_type(), "glm4_moe");
+        assert_eq!((c.num_hidden_layers, c.num_nextn_predict_layers), (2, 1));
+        assert_eq!((c.n_routed_experts, c.num_experts_per_tok, c.moe_intermediate_size), (8, 2, 32));
+        assert_eq!((c.first_k_dense_replace, c.routed_scaling_factor), (1, 2.5));
+        assert!(c.norm_topk_prob && c.use_qk_norm && !c.attention_bias);
+        assert!(c.validate().is_ok(), "{:?}", c.validate().err());
     }
 
     #[test]
