@@ -192,8 +192,7 @@ impl<'m> Offline<'m> {
             self.decoder.as_mut().ok_or_else(|| Error::Internal("a static decode without its decoder".to_owned()))?;
         d.take_batch(&batch)?;
 
-        let t0 = Instant::now();
-        let comm0 = model.parallel().comm_time();
+        let clock = Clock::start(model);
         let logits = {
             let step =
                 d.batch.step(StepKind::Prefill, &d.rope, model.dtype().kind(), model.rounding(), model.device())?;
@@ -203,12 +202,7 @@ impl<'m> Offline<'m> {
         keep(&mut out, opts, &logits)?;
         let mut done = vec![false; b];
         let mut last: Vec<i64> = Vec::<i64>::try_from(&next)?;
-        out.prefill_tokens = prompts.iter().map(Vec::len).sum();
-        out.prefill_seconds = t0.elapsed().as_secs_f64();
-        let comm1 = model.parallel().comm_time();
-        out.prefill_comm_seconds = (comm1 - comm0).as_secs_f64();
-        let _threads = opts.decode_threads.filter(|_| model.splits_weights()).map(ThreadTorchThreads::set);
-        let t1 = Instant::now();
+        let decoding = clock.prefilled(&mut out, model, prompts, opts);
         for step_i in 0..opts.max_new_tokens {
             for r in 0..b {
                 if !done[r] {
@@ -263,8 +257,7 @@ impl<'m> Offline<'m> {
             out.decode_steps += 1;
             out.decode_tokens += done.iter().filter(|&&d| !d).count();
         }
-        out.decode_seconds = t1.elapsed().as_secs_f64();
-        out.decode_comm_seconds = (model.parallel().comm_time() - comm1).as_secs_f64();
+        decoding.finish(&mut out, model);
         out.decode_path = path.name();
         out.decode_note = note;
         Ok(out)
@@ -425,23 +418,16 @@ fn through_engine(
         }
         Ok(tokens)
     };
-    let t0 = Instant::now();
-    let comm0 = model.parallel().comm_time();
+    let clock = Clock::start(model);
     engine.admit();
-    out.prefill_tokens = prompts.iter().map(Vec::len).sum();
-    out.prefill_seconds = t0.elapsed().as_secs_f64();
-    let comm1 = model.parallel().comm_time();
-    out.prefill_comm_seconds = (comm1 - comm0).as_secs_f64();
-    let _threads = opts.decode_threads.filter(|_| model.splits_weights()).map(ThreadTorchThreads::set);
-    let t1 = Instant::now();
+    let decoding = clock.prefilled(&mut out, model, prompts, opts);
     // The first tokens go out as decoding starts, as every later one does.
     take(&mut out, &stats)?;
     while !engine.is_idle() {
         engine.step()?;
         out.decode_tokens += take(&mut out, &stats)?;
     }
-    out.decode_seconds = t1.elapsed().as_secs_f64();
-    out.decode_comm_seconds = (model.parallel().comm_time() - comm1).as_secs_f64();
+    decoding.finish(&mut out, model);
     out.decode_steps = stats.steps.get();
     out.drafted = stats.drafted.take();
     out.accepted = stats.accepted.take();
@@ -453,6 +439,47 @@ fn through_engine(
 
 /// What the rows sent, in order, each tagged with its row.
 type ByRow<T> = Rc<RefCell<Vec<(usize, T)>>>;
+
+/// A generation's timing: its prefill's wall and collective time from [`Clock::start`],
+/// then its decode's from [`Clock::prefilled`], which also holds libtorch's threads at
+/// `opts.decode_threads` while the model's own threads decode.
+struct Clock {
+    at: Instant,
+    comm: std::time::Duration,
+}
+
+struct Decoding {
+    clock: Clock,
+    _threads: Option<ThreadTorchThreads>,
+}
+
+impl Clock {
+    fn start(model: &dyn CausalLm) -> Clock {
+        Clock { at: Instant::now(), comm: model.parallel().comm_time() }
+    }
+
+    fn prefilled(
+        self,
+        out: &mut Generation,
+        model: &dyn CausalLm,
+        prompts: &[Vec<i64>],
+        opts: &GenerateOptions,
+    ) -> Decoding {
+        out.prefill_tokens = prompts.iter().map(Vec::len).sum();
+        out.prefill_seconds = self.at.elapsed().as_secs_f64();
+        let comm = model.parallel().comm_time();
+        out.prefill_comm_seconds = (comm - self.comm).as_secs_f64();
+        let _threads = opts.decode_threads.filter(|_| model.splits_weights()).map(ThreadTorchThreads::set);
+        Decoding { clock: Clock { at: Instant::now(), comm }, _threads }
+    }
+}
+
+impl Decoding {
+    fn finish(self, out: &mut Generation, model: &dyn CausalLm) {
+        out.decode_seconds = self.clock.at.elapsed().as_secs_f64();
+        out.decode_comm_seconds = (model.parallel().comm_time() - self.clock.comm).as_secs_f64();
+    }
+}
 
 /// A row's events, kept for the driver to read after each step.
 struct Row {

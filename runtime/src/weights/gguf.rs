@@ -672,20 +672,29 @@ mod tests {
         }
     }
 
+    /// The shape keys the converter writes for `arch`: 4 heads of 16 channels over `kv`
+    /// kv heads, half of them rotated (`key_length` only where `head_dim` is given).
+    fn shape<'w>(w: &'w mut Writer, arch: &str, blocks: u32, kv: u32, head_dim: bool) -> &'w mut Writer {
+        w.str("general.architecture", arch)
+            .u32(&format!("{arch}.block_count"), blocks)
+            .u32(&format!("{arch}.context_length"), 256)
+            .u32(&format!("{arch}.embedding_length"), 64)
+            .u32(&format!("{arch}.feed_forward_length"), 128)
+            .u32(&format!("{arch}.attention.head_count"), 4)
+            .u32(&format!("{arch}.attention.head_count_kv"), kv)
+            .u32(&format!("{arch}.rope.dimension_count"), 8)
+            .f32(&format!("{arch}.rope.freq_base"), 10000.0)
+            .f32(&format!("{arch}.attention.layer_norm_rms_epsilon"), 1e-5);
+        if head_dim {
+            w.u32(&format!("{arch}.attention.key_length"), 16);
+        }
+        w
+    }
+
     /// A glm4 file of two layers' worth of metadata and a few tensors of several types.
     fn glm4() -> Writer {
         let mut w = Writer::default();
-        w.str("general.architecture", "glm4")
-            .u32("glm4.block_count", 2)
-            .u32("glm4.context_length", 256)
-            .u32("glm4.embedding_length", 64)
-            .u32("glm4.feed_forward_length", 128)
-            .u32("glm4.attention.head_count", 4)
-            .u32("glm4.attention.head_count_kv", 2)
-            .u32("glm4.attention.key_length", 16)
-            .u32("glm4.rope.dimension_count", 8)
-            .f32("glm4.rope.freq_base", 10000.0)
-            .f32("glm4.attention.layer_norm_rms_epsilon", 1e-5)
+        shape(&mut w, "glm4", 2, 2, true)
             .strings("tokenizer.ggml.tokens", &["a"; 32])
             .u32("tokenizer.ggml.eos_token_id", 3);
         w.tensor("token_embd.weight", &[64, 32], 8, 64 / 32 * 32 * 34)
@@ -799,17 +808,7 @@ mod tests {
         let mut w = glm4();
         w.kv.clear();
         w.n_kv = 0;
-        w.str("general.architecture", "glm4")
-            .u32("glm4.block_count", 2)
-            .u32("glm4.context_length", 256)
-            .u32("glm4.embedding_length", 64)
-            .u32("glm4.feed_forward_length", 128)
-            .u32("glm4.attention.head_count", 4)
-            .u32("glm4.attention.head_count_kv", 3)
-            .u32("glm4.rope.dimension_count", 8)
-            .f32("glm4.rope.freq_base", 10000.0)
-            .f32("glm4.attention.layer_norm_rms_epsilon", 1e-5)
-            .u32("glm4.vocab_size", 32);
+        shape(&mut w, "glm4", 2, 3, false).u32("glm4.vocab_size", 32);
         std::fs::write(&path, w.bytes()).unwrap();
         let c = config_of(&Gguf::open(&path).unwrap(), &path).unwrap();
         let errors = c.validate().unwrap_err().errors;
@@ -836,17 +835,7 @@ mod tests {
     #[test]
     fn a_glm4moe_files_config_has_its_experts() {
         let mut w = Writer::default();
-        w.str("general.architecture", "glm4moe")
-            .u32("glm4moe.block_count", 3)
-            .u32("glm4moe.context_length", 256)
-            .u32("glm4moe.embedding_length", 64)
-            .u32("glm4moe.feed_forward_length", 128)
-            .u32("glm4moe.attention.head_count", 4)
-            .u32("glm4moe.attention.head_count_kv", 2)
-            .u32("glm4moe.attention.key_length", 16)
-            .u32("glm4moe.rope.dimension_count", 8)
-            .f32("glm4moe.rope.freq_base", 10000.0)
-            .f32("glm4moe.attention.layer_norm_rms_epsilon", 1e-5)
+        shape(&mut w, "glm4moe", 3, 2, true)
             .u32("glm4moe.vocab_size", 32)
             .u32("glm4moe.expert_count", 8)
             .u32("glm4moe.expert_used_count", 2)
