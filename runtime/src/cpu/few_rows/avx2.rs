@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use super::blocks::{self, Block, MAX_BLOCK, scale_min};
 use super::{Bf16, F32, Format, INT4_GROUP, Int8, Operands, PREFETCH_AHEAD, Weights, f16_to_f32};
 
 /// Output channels `lo..hi` of every row, eight lanes wide: the AVX-512 path's products
@@ -33,6 +34,14 @@ pub unsafe fn channels(o: &Operands, lo: usize, hi: usize) {
                     (Weights::F32(w), g) => group_rows::<F32>(o, w, c, r, g),
                     (Weights::Bf16(w), g) => group_rows::<Bf16>(o, w, c, r, g),
                     (Weights::Int8 { q, .. }, g) => group_rows::<Int8>(o, q, c, r, g),
+                    (Weights::Blocks { format, data }, 1) => block_group::<1>(o, format, data, c, r),
+                    (Weights::Blocks { format, data }, 2) => block_group::<2>(o, format, data, c, r),
+                    (Weights::Blocks { format, data }, 3) => block_group::<3>(o, format, data, c, r),
+                    (Weights::Blocks { format, data }, 4) => block_group::<4>(o, format, data, c, r),
+                    (Weights::Blocks { format, data }, 5) => block_group::<5>(o, format, data, c, r),
+                    (Weights::Blocks { format, data }, 6) => block_group::<6>(o, format, data, c, r),
+                    (Weights::Blocks { format, data }, 7) => block_group::<7>(o, format, data, c, r),
+                    (Weights::Blocks { format, data }, _) => block_group::<8>(o, format, data, c, r),
                 }
             }
             r += g;
@@ -261,6 +270,129 @@ pub unsafe fn dequantize_int4(codes: &[u8], scales: &[u16], range: std::ops::Ran
             {
                 let w = _mm256_cvtepi32_ps(_mm256_sub_epi32(v, eight));
                 _mm256_storeu_ps(out.add(g * 32 + 8 * i), _mm256_mul_ps(w, s));
+            }
+        }
+    }
+}
+
+/// Channel `c` of rows `r..r + G` of ggml blocks: each block decoded once ([`decode`]),
+/// then multiplied eight lanes at a time.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `format` and `data` are `o.w`'s; `r + G <= rows`, `c < n`, the
+/// slices as [`super::channels`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_group<const G: usize>(o: &Operands, format: Block, data: &[u8], c: usize, r: usize) {
+    let (k, values, bytes) = (o.k, format.values(), format.bytes());
+    let row = data.as_ptr().wrapping_add(c * format.row_bytes(k));
+    let xp = o.x.as_ptr().wrapping_add(r * k);
+    let mut w = [0f32; MAX_BLOCK];
+    let mut acc = [_mm256_setzero_ps(); G];
+    for b in 0..k / values {
+        let at = row.wrapping_add(b * bytes);
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD).cast());
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD + 64).cast());
+        // SAFETY: block b of channel c lies inside `data` (the kernel's length check), and
+        // `w` holds a block's values.
+        unsafe { decode(format, at, w.as_mut_ptr()) };
+        let t = b * values;
+        for i in (0..values).step_by(8) {
+            // SAFETY: i + 8 <= values, inside `w`.
+            let wv = unsafe { _mm256_loadu_ps(w.as_ptr().add(i)) };
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row r + j < rows of x; inputs t + i + 8 <= k.
+                let xv = unsafe { _mm256_loadu_ps(xp.add(j * k + t + i)) };
+                *a = _mm256_fmadd_ps(wv, xv, *a);
+            }
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        // SAFETY: r + j < rows and c < n.
+        unsafe { o.put(r + j, c, sum(*a)) };
+    }
+}
+
+/// Eight bytes from `p` widened to 32-bit lanes.
+///
+/// # Safety
+/// AVX2; eight bytes readable at `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bytes8(p: *const u8) -> __m256i {
+    // SAFETY: as the contract.
+    _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) })
+}
+
+/// One block at `b` decoded into `out`, exactly as [`blocks::decode`]: `Q8_0`, `Q4_0`,
+/// `Q4_K` and `Q6_K` eight weights at a time, the others by [`blocks::decode`].
+///
+/// # Safety
+/// AVX2; `b` points to one block of `format`, `out` to room for its values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn decode(format: Block, b: *const u8, out: *mut f32) {
+    // SAFETY: every read below lies inside the block's bytes (its layout, blocks.rs) and
+    // every write inside its values.
+    unsafe {
+        let half = |at: usize| f16_to_f32(u16::from_le_bytes([*b.add(at), *b.add(at + 1)]));
+        match format {
+            Block::Q8_0 => {
+                let d = _mm256_set1_ps(half(0));
+                for i in (0..32).step_by(8) {
+                    let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + i).cast()));
+                    _mm256_storeu_ps(out.add(i), _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+                }
+            }
+            Block::Q4_0 => {
+                let d = _mm256_set1_ps(half(0));
+                let (low, eight) = (_mm256_set1_epi32(15), _mm256_set1_epi32(8));
+                for i in [0, 8] {
+                    let v = bytes8(b.add(2 + i));
+                    let lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, low), eight));
+                    let hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32::<4>(v), eight));
+                    _mm256_storeu_ps(out.add(i), _mm256_mul_ps(lo, d));
+                    _mm256_storeu_ps(out.add(16 + i), _mm256_mul_ps(hi, d));
+                }
+            }
+            Block::Q4K => {
+                let (d, dmin) = (half(0), half(2));
+                let scales = std::slice::from_raw_parts(b.add(4), 12);
+                let low = _mm256_set1_epi32(15);
+                for s in 0..8 {
+                    let (sc, mn) = scale_min(scales, s);
+                    let ds = _mm256_set1_ps(d * f32::from(sc));
+                    let dm = _mm256_set1_ps(dmin * f32::from(mn));
+                    for h in (0..32).step_by(8) {
+                        let v = bytes8(b.add(16 + 32 * (s / 2) + h));
+                        let q = if s % 2 == 0 { _mm256_and_si256(v, low) } else { _mm256_srli_epi32::<4>(v) };
+                        let w = _mm256_sub_ps(_mm256_mul_ps(ds, _mm256_cvtepi32_ps(q)), dm);
+                        _mm256_storeu_ps(out.add(32 * s + h), w);
+                    }
+                }
+            }
+            Block::Q6K => {
+                let d = half(208);
+                let (low, three, off) = (_mm256_set1_epi32(15), _mm256_set1_epi32(3), _mm256_set1_epi32(32));
+                for e in (0..256).step_by(8) {
+                    let (h, w) = (e / 128, e % 128);
+                    let (j, l) = (w / 32, w % 32);
+                    let ql = bytes8(b.add(h * 64 + (j % 2) * 32 + l));
+                    let ql = if j / 2 == 0 { _mm256_and_si256(ql, low) } else { _mm256_srli_epi32::<4>(ql) };
+                    let qh = _mm256_and_si256(
+                        _mm256_srlv_epi32(bytes8(b.add(128 + h * 32 + l)), _mm256_set1_epi32(2 * j as i32)),
+                        three,
+                    );
+                    let q = _mm256_sub_epi32(_mm256_or_si256(ql, _mm256_slli_epi32::<4>(qh)), off);
+                    let ds = _mm256_set1_ps(d * f32::from(*b.add(192 + e / 16) as i8));
+                    _mm256_storeu_ps(out.add(e), _mm256_mul_ps(ds, _mm256_cvtepi32_ps(q)));
+                }
+            }
+            _ => {
+                let (bytes, values) = (format.bytes(), format.values());
+                blocks::decode(
+                    format,
+                    std::slice::from_raw_parts(b, bytes),
+                    std::slice::from_raw_parts_mut(out, values),
+                );
             }
         }
     }

@@ -3,7 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Bf16, F32, Format, INT4_GROUP, Int8, Operands, PREFETCH_AHEAD, Weights};
+use super::blocks::{self, Block, MAX_BLOCK, scale_min};
+use super::{Bf16, F32, Format, INT4_GROUP, Int8, Operands, PREFETCH_AHEAD, Weights, f16_to_f32};
 
 /// Output channels `lo..hi` of every row, sixteen lanes wide: each format's weights are
 /// handed on as the slice of its own element type, so no kernel below reads another's.
@@ -21,6 +22,7 @@ pub unsafe fn channels(o: &Operands, lo: usize, hi: usize) {
             Weights::Bf16(w) => rows::<Bf16>(o, w, lo, hi),
             Weights::Int8 { q, .. } => rows::<Int8>(o, q, lo, hi),
             Weights::Int4 { codes, scales } => int4_rows(o, codes, scales, lo, hi),
+            Weights::Blocks { format, data } => block_rows(o, format, data, lo, hi),
         }
     }
 }
@@ -331,4 +333,153 @@ unsafe fn group<F: Wide, const G: usize, const U: usize>(o: &Operands, w: &[F::E
     }
     // SAFETY: as this function's contract.
     unsafe { finish(o, &acc, c, r, full) };
+}
+
+/// [`channels`] of ggml blocks: each block of a channel decoded once ([`decode`]) for up
+/// to eight rows at a time, then multiplied sixteen lanes at a time.
+///
+/// # Safety
+/// As [`channels`]; `format` and `data` are `o.w`'s.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn block_rows(o: &Operands, format: Block, data: &[u8], lo: usize, hi: usize) {
+    for c in lo..hi {
+        let mut r = 0;
+        while r < o.rows {
+            let g = (o.rows - r).min(8);
+            // SAFETY: as this function's contract, for rows r..r + g.
+            unsafe {
+                match g {
+                    1 => block_group::<1>(o, format, data, c, r),
+                    2 => block_group::<2>(o, format, data, c, r),
+                    3 => block_group::<3>(o, format, data, c, r),
+                    4 => block_group::<4>(o, format, data, c, r),
+                    5 => block_group::<5>(o, format, data, c, r),
+                    6 => block_group::<6>(o, format, data, c, r),
+                    7 => block_group::<7>(o, format, data, c, r),
+                    _ => block_group::<8>(o, format, data, c, r),
+                }
+            }
+            r += g;
+        }
+    }
+}
+
+/// Channel `c` of rows `r..r + G` of ggml blocks.
+///
+/// # Safety
+/// AVX-512 F and BW; as [`block_rows`]; `r + G <= rows`, `c < n`.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn block_group<const G: usize>(o: &Operands, format: Block, data: &[u8], c: usize, r: usize) {
+    let (k, values, bytes) = (o.k, format.values(), format.bytes());
+    let row = data.as_ptr().wrapping_add(c * format.row_bytes(k));
+    let xp = o.x.as_ptr().wrapping_add(r * k);
+    let mut w = [0f32; MAX_BLOCK];
+    let mut acc = [_mm512_setzero_ps(); G];
+    for b in 0..k / values {
+        let at = row.wrapping_add(b * bytes);
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD).cast());
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD + 64).cast());
+        // SAFETY: block b of channel c lies inside `data` (the kernel's length check), and
+        // `w` holds a block's values.
+        unsafe { decode(format, at, w.as_mut_ptr()) };
+        let t = b * values;
+        for i in (0..values).step_by(16) {
+            // SAFETY: i + 16 <= values, inside `w`.
+            let wv = unsafe { _mm512_loadu_ps(w.as_ptr().add(i)) };
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row r + j < rows of x; inputs t + i + 16 <= k.
+                let xv = unsafe { _mm512_loadu_ps(xp.add(j * k + t + i)) };
+                *a = _mm512_fmadd_ps(wv, xv, *a);
+            }
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        // SAFETY: r + j < rows and c < n.
+        unsafe { o.put(r + j, c, _mm512_reduce_add_ps(*a)) };
+    }
+}
+
+/// Sixteen bytes from `p` widened to 32-bit lanes.
+///
+/// # Safety
+/// AVX-512 F; sixteen bytes readable at `p`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn bytes16(p: *const u8) -> __m512i {
+    // SAFETY: as the contract.
+    _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) })
+}
+
+/// One block at `b` decoded into `out`, exactly as [`blocks::decode`] (the same f32
+/// multiplications and subtractions, lane by lane): `Q8_0`, `Q4_0`, `Q4_K` and `Q6_K`
+/// sixteen weights at a time, the others by [`blocks::decode`].
+///
+/// # Safety
+/// AVX-512 F and BW; `b` points to one block of `format`, `out` to room for its values.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn decode(format: Block, b: *const u8, out: *mut f32) {
+    // SAFETY: every read below lies inside the block's bytes (its layout, blocks.rs) and
+    // every write inside its values.
+    unsafe {
+        let half = |at: usize| f16_to_f32(u16::from_le_bytes([*b.add(at), *b.add(at + 1)]));
+        match format {
+            Block::Q8_0 => {
+                let d = _mm512_set1_ps(half(0));
+                for i in [0, 16] {
+                    let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2 + i).cast()));
+                    _mm512_storeu_ps(out.add(i), _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+                }
+            }
+            Block::Q4_0 => {
+                let d = _mm512_set1_ps(half(0));
+                let (low, eight) = (_mm512_set1_epi32(15), _mm512_set1_epi32(8));
+                let v = bytes16(b.add(2));
+                let lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, low), eight));
+                let hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32::<4>(v), eight));
+                _mm512_storeu_ps(out, _mm512_mul_ps(lo, d));
+                _mm512_storeu_ps(out.add(16), _mm512_mul_ps(hi, d));
+            }
+            Block::Q4K => {
+                let (d, dmin) = (half(0), half(2));
+                let scales = std::slice::from_raw_parts(b.add(4), 12);
+                let low = _mm512_set1_epi32(15);
+                for s in 0..8 {
+                    let (sc, mn) = scale_min(scales, s);
+                    let ds = _mm512_set1_ps(d * f32::from(sc));
+                    let dm = _mm512_set1_ps(dmin * f32::from(mn));
+                    for h in [0, 16] {
+                        let v = bytes16(b.add(16 + 32 * (s / 2) + h));
+                        let q = if s % 2 == 0 { _mm512_and_si512(v, low) } else { _mm512_srli_epi32::<4>(v) };
+                        let w = _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(q)), dm);
+                        _mm512_storeu_ps(out.add(32 * s + h), w);
+                    }
+                }
+            }
+            Block::Q6K => {
+                let d = half(208);
+                let (low, three, off) = (_mm512_set1_epi32(15), _mm512_set1_epi32(3), _mm512_set1_epi32(32));
+                for e in (0..256).step_by(16) {
+                    let (h, w) = (e / 128, e % 128);
+                    let (j, l) = (w / 32, w % 32);
+                    let ql = bytes16(b.add(h * 64 + (j % 2) * 32 + l));
+                    let ql = if j / 2 == 0 { _mm512_and_si512(ql, low) } else { _mm512_srli_epi32::<4>(ql) };
+                    let qh = _mm512_and_si512(
+                        _mm512_srlv_epi32(bytes16(b.add(128 + h * 32 + l)), _mm512_set1_epi32(2 * j as i32)),
+                        three,
+                    );
+                    let q = _mm512_sub_epi32(_mm512_or_si512(ql, _mm512_slli_epi32::<4>(qh)), off);
+                    let ds = _mm512_set1_ps(d * f32::from(*b.add(192 + e / 16) as i8));
+                    _mm512_storeu_ps(out.add(e), _mm512_mul_ps(ds, _mm512_cvtepi32_ps(q)));
+                }
+            }
+            _ => {
+                let (bytes, values) = (format.bytes(), format.values());
+                blocks::decode(
+                    format,
+                    std::slice::from_raw_parts(b, bytes),
+                    std::slice::from_raw_parts_mut(out, values),
+                );
+            }
+        }
+    }
 }

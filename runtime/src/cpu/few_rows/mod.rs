@@ -26,7 +26,10 @@ use crate::error::{Error, Result};
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod blocks;
 mod plain;
+
+pub use blocks::{Block, MAX_BLOCK};
 
 /// Output channels below which a product stays on one thread (a hand-off costs more).
 const SPLIT_MIN_CHANNELS: usize = 256;
@@ -57,6 +60,12 @@ pub enum Weights<'a> {
         codes: &'a [u8],
         scales: &'a [u16],
     },
+    /// Rows of ggml blocks ([`Block`]): channel `c`'s `k / values` blocks from byte
+    /// `c * format.row_bytes(k)` on. `k` is a multiple of the format's block.
+    Blocks {
+        format: Block,
+        data: &'a [u8],
+    },
 }
 
 impl Weights<'_> {
@@ -68,6 +77,9 @@ impl Weights<'_> {
             Weights::Int8 { q, scales } => q.len() >= n * k && scales.len() >= n,
             Weights::Int4 { codes, scales } => {
                 k.is_multiple_of(INT4_GROUP) && codes.len() >= n * k / 2 && scales.len() >= n * k / INT4_GROUP
+            }
+            Weights::Blocks { format, data } => {
+                k.is_multiple_of(format.values()) && n.checked_mul(format.row_bytes(k)).is_some_and(|b| data.len() >= b)
             }
         }
     }
@@ -83,6 +95,13 @@ impl Weights<'_> {
                 let byte = codes[(c * k + g * INT4_GROUP) / 2 + j % 16];
                 let code = if j < 16 { byte & 15 } else { byte >> 4 };
                 (f32::from(code) - 8.0) * f16_to_f32(scales[c * (k / INT4_GROUP) + g])
+            }
+            Weights::Blocks { format, data } => {
+                let (values, bytes) = (format.values(), format.bytes());
+                let at = c * format.row_bytes(k) + t / values * bytes;
+                let mut out = [0f32; MAX_BLOCK];
+                blocks::decode(format, &data[at..at + bytes], &mut out);
+                out[t % values]
             }
         }
     }
@@ -185,6 +204,44 @@ fn dequantize_int4_on(path: Path, codes: &[u8], scales: &[u16], groups: std::ops
     #[cfg(not(target_arch = "x86_64"))]
     let _ = path;
     plain::dequantize_int4(codes, scales, groups, out)
+}
+
+/// The weight blocks of `format` stand for, `[n, k]` row-major f32, into `out`, on the
+/// calling thread (as [`dequantize_int4`]). An error if `data` or `out` is too short.
+pub fn dequantize_blocks(format: Block, data: &[u8], n: usize, k: usize, out: &mut [f32]) -> Result<()> {
+    if !(Weights::Blocks { format, data }).holds(n, k) || out.len() < n * k {
+        return Err(Error::Internal(format!("{} blocks or output too short for {n} x {k}", format.name())));
+    }
+    dequantize_blocks_on(Path::detected(), format, data, n * k / format.values(), out);
+    Ok(())
+}
+
+/// The first `count` blocks of `data` into `out` on `path`; the slices hold them (checked by
+/// the caller), and `path` is one this CPU runs.
+fn dequantize_blocks_on(path: Path, format: Block, data: &[u8], count: usize, out: &mut [f32]) {
+    let (values, bytes) = (format.values(), format.bytes());
+    for (b, o) in data[..count * bytes].chunks_exact(bytes).zip(out[..count * values].chunks_exact_mut(values)) {
+        // SAFETY: `b` and `o` are one whole block and its values; the path is this CPU's.
+        unsafe { decode_on(path, format, b, o) };
+    }
+}
+
+/// One block `b` into `out` with `path`'s instructions, exactly as [`blocks::decode`].
+///
+/// # Safety
+/// `b` holds one block of `format` and `out` its values; `path` is one this CPU runs.
+unsafe fn decode_on(path: Path, format: Block, b: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match path {
+        // SAFETY: the features were detected; the lengths are the contract's.
+        Path::Avx512 => return unsafe { avx512::decode(format, b.as_ptr(), out.as_mut_ptr()) },
+        // SAFETY: as above.
+        Path::Avx2 => return unsafe { avx2::decode(format, b.as_ptr(), out.as_mut_ptr()) },
+        Path::Plain => {}
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = path;
+    blocks::decode(format, b, out)
 }
 
 /// `y = x @ w^T * scale + bias`: `x` `[rows, k]`, `w` `[n, k]`, `bias` `[n]` when given,
@@ -599,6 +656,145 @@ mod tests {
         for (&h, &t) in all.iter().zip(&theirs) {
             let ours = f16_to_f32(h);
             assert!(ours.to_bits() == t.to_bits() || (ours.is_nan() && t.is_nan()), "{h:#06x}: {ours} vs {t}");
+        }
+    }
+
+    /// Random blocks of every ggml format (their f16 scales finite, 2^-10 .. 2^-3).
+    fn random_blocks(g: &mut Lcg, format: Block, count: usize) -> Vec<u8> {
+        let bytes = format.bytes();
+        let mut data: Vec<u8> = (0..count * bytes).map(|_| (g.next() % 256) as u8).collect();
+        let halves: &[usize] = match format {
+            Block::Q8_0 | Block::Q4_0 | Block::Q5_0 => &[0],
+            Block::Q4_1 | Block::Q5_1 | Block::Q4K | Block::Q5K => &[0, 2],
+            Block::Q6K => &[208],
+        };
+        for b in 0..count {
+            for &at in halves {
+                let h = (((g.next() % 8 + 5) << 10) | (g.next() % 1024)) as u16;
+                data[b * bytes + at..b * bytes + at + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        data
+    }
+
+    const BLOCKS: [Block; 8] =
+        [Block::Q8_0, Block::Q4_0, Block::Q4_1, Block::Q5_0, Block::Q5_1, Block::Q4K, Block::Q5K, Block::Q6K];
+
+    /// Every path decodes every block format to the plain decoding's values, bit for bit,
+    /// and hand-made blocks decode to the values their layout says.
+    #[test]
+    fn every_path_decodes_blocks_exactly() {
+        let mut g = Lcg(13);
+        for format in BLOCKS {
+            let (n, k) = (3, 512);
+            let data = random_blocks(&mut g, format, n * k / format.values());
+            let mut want = vec![f32::NAN; n * k];
+            for (b, o) in data.chunks_exact(format.bytes()).zip(want.chunks_exact_mut(format.values())) {
+                blocks::decode(format, b, o);
+            }
+            assert!(want.iter().all(|v| v.is_finite()), "{format:?}");
+            for path in Path::available() {
+                let mut got = vec![f32::NAN; n * k];
+                dequantize_blocks_on(path, format, &data, n * k / format.values(), &mut got);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{format:?} on {path:?}, weight {i}: {a} vs {b}");
+                }
+            }
+            let mut out = vec![0f32; n * k];
+            dequantize_blocks(format, &data, n, k, &mut out).unwrap();
+            assert_eq!(out, want);
+            assert!(dequantize_blocks(format, &data[1..], n, k, &mut out).is_err());
+            let w = Weights::Blocks { format, data: &data };
+            assert_eq!(w.at(k, 2, 300).to_bits(), want[2 * k + 300].to_bits());
+        }
+        // Q8_0: scale 0.5 (f16 0x3800), codes -3 and 100.
+        let mut b = vec![0u8; 34];
+        b[..2].copy_from_slice(&0x3800u16.to_le_bytes());
+        b[2] = (-3i8) as u8;
+        b[33] = 100;
+        let mut out = [0f32; 32];
+        blocks::decode(Block::Q8_0, &b, &mut out);
+        assert_eq!((out[0], out[31], out[5]), (-1.5, 50.0, 0.0));
+        // Q4_K: d 1, dmin 0.5; sub-block 0 scale 3 min 2, sub-block 5 scale 17 + 16 min 1 + 32.
+        let mut b = vec![0u8; 144];
+        b[..2].copy_from_slice(&0x3c00u16.to_le_bytes());
+        b[2..4].copy_from_slice(&0x3800u16.to_le_bytes());
+        b[4] = 3;
+        b[8] = 2;
+        // Sub-block 5: low four bits of scale and min in byte 9, high two in bytes 5 and 9-4.
+        b[4 + 9] = 1 | 1 << 4; // scale low 1, min low 1
+        b[4 + 1] = 1 << 6; // scale high bits 01 -> +16
+        b[4 + 5] = 2 << 6; // min high bits 10 -> +32
+        b[16] = 0x5a; // sub-block 0 weight 0: low nibble 10; sub-block 1 weight 0: 5
+        b[16 + 64] = 0x70; // sub-block 5 weight 0: high nibble 7
+        let mut out = [0f32; 256];
+        blocks::decode(Block::Q4K, &b, &mut out);
+        assert_eq!(out[0], 3.0 * 10.0 - 0.5 * 2.0);
+        assert_eq!(out[5 * 32], 17.0 * 7.0 - 0.5 * 33.0);
+        // Q6_K: d 1, the scale of weights 0..16 is -2; weight 0's low nibble 9, high pair 2.
+        let mut b = vec![0u8; 210];
+        b[208..].copy_from_slice(&0x3c00u16.to_le_bytes());
+        b[192] = (-2i8) as u8;
+        b[0] = 9;
+        b[128] = 2;
+        let mut out = [0f32; 256];
+        blocks::decode(Block::Q6K, &b, &mut out);
+        assert_eq!(out[0], -2.0 * ((9 | 2 << 4) as f32 - 32.0));
+        assert_eq!(out[1], -2.0 * -32.0);
+    }
+
+    /// Products of block weights on every path and thread count equal an f64 product of
+    /// the decoded weights.
+    #[test]
+    fn block_products_equal_the_plain_sum() {
+        let mut g = Lcg(17);
+        for format in BLOCKS {
+            for (rows, k, n) in [(1, 256, 300), (3, 512, 40), (9, 1024, 17), (16, 256, 260)] {
+                let data = random_blocks(&mut g, format, n * k / format.values());
+                let w = Weights::Blocks { format, data: &data };
+                let x: Vec<f32> = (0..rows * k).map(|_| (g.next() % 2001 - 1000) as f32 / 500.0).collect();
+                let mut dq = vec![0f32; n * k];
+                dequantize_blocks(format, &data, n, k, &mut dq).unwrap();
+                let mut want = vec![0f64; rows * n];
+                for r in 0..rows {
+                    for c in 0..n {
+                        want[r * n + c] =
+                            (0..k).map(|t| f64::from(dq[c * k + t]) * f64::from(x[r * k + t])).sum::<f64>();
+                    }
+                }
+                let scale = want.iter().fold(1f64, |m, v| m.max(v.abs()));
+                let check = |y: &[f32], what: &str| {
+                    for (i, (&a, &b)) in y.iter().zip(&want).enumerate() {
+                        assert!(
+                            (f64::from(a) - b).abs() <= 1e-5 * scale,
+                            "{format:?} {what} {rows}x{k}x{n} [{i}]: {a} vs {b}"
+                        );
+                    }
+                };
+                for threads in [1, 3] {
+                    let mut y = vec![0f32; rows * n];
+                    product(&x, rows, k, n, w, None, &mut y, &CpuPool::new(threads)).unwrap();
+                    check(&y, &format!("{threads} threads"));
+                }
+                for path in Path::available() {
+                    let mut y = vec![0f32; rows * n];
+                    let o = Operands {
+                        x: &x,
+                        rows,
+                        k,
+                        w,
+                        bias: None,
+                        y: SendPtr(y.as_mut_ptr()),
+                        n,
+                        xsum: &[],
+                        xb: &[],
+                    };
+                    // SAFETY: y has rows * n floats; the slices hold what `product` checks;
+                    // the path is this CPU's.
+                    unsafe { channels_on(path, &o, 0, n) };
+                    check(&y, &format!("{path:?}"));
+                }
+            }
         }
     }
 
