@@ -35,6 +35,7 @@ pub use models::{
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
 pub use text::{StreamDecoder, TextCodec};
 pub use typed::Declared;
+pub use weights::{gguf_file, model_config};
 
 /// A model can move to another thread (tch tensors are `Send`, not `Sync`).
 const _: () = {

@@ -5,8 +5,11 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::nn::Quantized;
+use crate::nn::quantized::BlockWeight;
 
-/// A source of weights: a checkpoint, or seeded random values.
+/// A source of weights: a checkpoint (safetensors or GGUF), or seeded random values. Each
+/// tensor is asked for by its Hugging Face name and checkpoint shape.
 pub(crate) trait WeightSource {
     /// Rows `rows` (all for `None`) of a stored tensor, as `kind` on `device`.
     fn rows(
@@ -17,6 +20,95 @@ pub(crate) trait WeightSource {
         kind: Kind,
         device: Device,
     ) -> Result<Tensor>;
+
+    /// Rows `rows` of a stored 2-D weight `[out, in]` as the source holds it: values in
+    /// `kind` on `device` ([`WeightSource::rows`]), or its stored codes where the source
+    /// keeps a quantized format.
+    fn matrix(
+        &mut self,
+        name: &str,
+        shape: &[i64],
+        rows: Option<(usize, usize)>,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Matrix> {
+        Ok(Matrix::Values(self.rows(name, shape, rows, kind, device)?))
+    }
+
+    /// Bytes a weight takes as the source keeps it, where that is not the model dtype's
+    /// (a GGUF file's blocks): what the memory check counts.
+    fn bytes_per_weight(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// A 2-D weight `[out, in]` as a source gives it: values, or ggml blocks kept as stored.
+/// Joining rows, taking input columns and reordering rows keep the blocks where the
+/// format allows (whole blocks of one format), and fall back to values otherwise.
+pub(crate) enum Matrix {
+    Values(Tensor),
+    Blocks(BlockWeight),
+}
+
+impl Matrix {
+    /// The weight's values, in `kind` on `device`.
+    pub fn values(self, kind: Kind, device: Device) -> Result<Tensor> {
+        match self {
+            Matrix::Values(t) => Ok(t),
+            Matrix::Blocks(b) => Ok(b.dequantized(kind)?.f_to_device(device)?),
+        }
+    }
+
+    /// The rows of `parts` one after another.
+    pub fn cat_rows(parts: Vec<Matrix>, kind: Kind, device: Device) -> Result<Matrix> {
+        if parts.iter().all(|p| matches!(p, Matrix::Blocks(_))) {
+            let blocks: Vec<BlockWeight> =
+                parts.into_iter().filter_map(|p| if let Matrix::Blocks(b) = p { Some(b) } else { None }).collect();
+            if let Some(joined) = BlockWeight::cat_rows(&blocks)? {
+                return Ok(Matrix::Blocks(joined));
+            }
+            let values = blocks.into_iter().map(|b| Matrix::Blocks(b).values(kind, device));
+            return Ok(Matrix::Values(Tensor::f_cat(&values.collect::<Result<Vec<_>>>()?, 0)?));
+        }
+        let values = parts.into_iter().map(|p| p.values(kind, device)).collect::<Result<Vec<_>>>()?;
+        Ok(Matrix::Values(Tensor::f_cat(&values, 0)?))
+    }
+
+    /// Input columns `start..start + len` of every row.
+    pub fn narrow_inputs(self, start: i64, len: i64, kind: Kind, device: Device) -> Result<Matrix> {
+        if let Matrix::Blocks(b) = &self
+            && let Some(part) = b.narrow_inputs(start, len)?
+        {
+            return Ok(Matrix::Blocks(part));
+        }
+        Ok(Matrix::Values(self.values(kind, device)?.f_narrow(1, start, len)?))
+    }
+
+    /// The rows `index` lists, in its order.
+    pub fn select_rows(self, index: &Tensor) -> Result<Matrix> {
+        Ok(match self {
+            Matrix::Values(t) => Matrix::Values(t.f_index_select(0, index)?),
+            Matrix::Blocks(b) => Matrix::Blocks(b.select_rows(index)?),
+        })
+    }
+
+    /// `pad` rows of zeros after the weight's.
+    pub fn pad_rows(self, pad: i64, kind: Kind, device: Device) -> Result<Matrix> {
+        if pad == 0 {
+            return Ok(self);
+        }
+        match self {
+            Matrix::Values(t) => {
+                let inputs = t.size()[1]; // cannot fire: a 2-dimensional weight
+                let zeros = Tensor::f_zeros([pad, inputs], (kind, device))?;
+                Ok(Matrix::Values(Tensor::f_cat(&[t, zeros], 0)?))
+            }
+            Matrix::Blocks(b) => {
+                let zeros = BlockWeight::zeros(b.format(), pad, b.shape().1)?;
+                Matrix::cat_rows(vec![Matrix::Blocks(b), Matrix::Blocks(zeros)], kind, device)
+            }
+        }
+    }
 }
 
 impl WeightSource for (&Checkpoint, Progress) {

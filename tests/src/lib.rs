@@ -87,7 +87,12 @@ fn rows(t: &Tensor) -> Vec<Vec<i64>> {
 
 /// Reads `reference.safetensors` of a fixture.
 pub fn reference(dir: &Path) -> Reference {
-    let named = Tensor::read_safetensors(dir.join("reference.safetensors")).expect("reference.safetensors");
+    reference_file(&dir.join("reference.safetensors"))
+}
+
+/// Reads a reference file with the keys of `reference.safetensors`.
+pub fn reference_file(path: &Path) -> Reference {
+    let named = Tensor::read_safetensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let get = |n: &str| {
         named.iter().find(|(k, _)| k == n).map(|(_, t)| t.shallow_clone()).unwrap_or_else(|| panic!("{n} missing"))
     };

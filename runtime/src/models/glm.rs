@@ -4,11 +4,9 @@
 //! post-attention RMSNorm; the gated MLP, its gate and up stored as one `gate_up_proj`; the
 //! residual add.
 
-use tch::Tensor;
-
 use super::layers::{DecoderLayer, Ffn, Loader, SelfAttention};
 use crate::error::Result;
-use crate::load::WeightSource;
+use crate::load::{Matrix, WeightSource};
 
 /// Layer `l`, this rank's part of it.
 pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
@@ -28,10 +26,10 @@ pub(crate) fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> R
 pub(crate) fn fused_mlp(cx: &Loader, src: &mut dyn WeightSource, p: &str) -> Result<Ffn> {
     let inter = cx.plan.intermediate(cx.shard);
     let name = format!("{p}.mlp.gate_up_proj.weight");
-    let gate = cx.rows(src, &name, (inter.start, inter.len()))?;
-    let up = cx.rows(src, &name, (cx.dims.intermediate + inter.start, inter.len()))?;
-    let gate_up = cx.linear(&Tensor::f_cat(&[gate, up], 0)?, None)?;
-    let down = cx.whole(src, &format!("{p}.mlp.down_proj.weight"))?;
-    let down = down.f_narrow(1, inter.start as i64, inter.len() as i64)?;
-    Ok(cx.mlp(gate_up, cx.linear(&down, None)?))
+    let gate = cx.matrix(src, &name, Some((inter.start, inter.len())))?;
+    let up = cx.matrix(src, &name, Some((cx.dims.intermediate + inter.start, inter.len())))?;
+    let gate_up = cx.linear_of(Matrix::cat_rows(vec![gate, up], cx.kind, cx.dev)?, None)?;
+    let down = cx.matrix(src, &format!("{p}.mlp.down_proj.weight"), None)?;
+    let down = down.narrow_inputs(inter.start as i64, inter.len() as i64, cx.kind, cx.dev)?;
+    Ok(cx.mlp(gate_up, cx.linear_of(down, None)?))
 }

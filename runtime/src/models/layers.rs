@@ -13,7 +13,7 @@ use super::{Keys, Step};
 use crate::config::{Activation, Dims, MlaDims};
 use crate::cpu::paged_attention;
 use crate::error::{Error, Result};
-use crate::load::WeightSource;
+use crate::load::{Matrix, WeightSource};
 use crate::moe::Moe;
 use crate::nn::{Linear, Quantize, Rounding, WeightLayout, qk_norm_in_place, rms_norm, rope_in_place};
 use crate::parallel::group::ProcessGroup;
@@ -709,6 +709,28 @@ impl<'a> Loader<'a> {
         src.rows(name, self.shape(name)?, Some(rows), self.kind, self.dev)
     }
 
+    /// Rows `rows` (all for `None`) of the 2-D weight `name`, as the source holds it.
+    pub fn matrix(&self, src: &mut dyn WeightSource, name: &str, rows: Option<(usize, usize)>) -> Result<Matrix> {
+        src.matrix(name, self.shape(name)?, rows, self.kind, self.dev)
+    }
+
+    /// A projection of `w` as the source gave it: its stored codes where it holds them and
+    /// the model runs on the CPU (the kernel that reads them), else its values, laid out
+    /// and stored as the model's.
+    pub fn linear_of(&self, w: Matrix, b: Option<Tensor>) -> Result<Linear> {
+        self.linear_of_as(w, b, self.layout)
+    }
+
+    /// [`Loader::linear_of`] in `layout`.
+    pub fn linear_of_as(&self, w: Matrix, b: Option<Tensor>, layout: WeightLayout) -> Result<Linear> {
+        match w {
+            Matrix::Blocks(blocks) if self.dev == Device::Cpu && !self.codes_as_weights => {
+                Ok(Linear::packed(Box::new(blocks), b, &self.pool))
+            }
+            w => self.linear_as(&w.values(self.kind, self.dev)?, b, layout),
+        }
+    }
+
     /// A projection of weight `w` (`[out, in]`) and bias `b`, laid out and stored as the model's.
     pub fn linear(&self, w: &Tensor, b: Option<Tensor>) -> Result<Linear> {
         self.linear_as(w, b, self.layout)
@@ -749,18 +771,42 @@ impl<'a> Loader<'a> {
             let viewed = t.f_reshape(&shape)?;
             Ok(viewed.f_index_select(1, order)?.f_reshape(t.size())?)
         };
-        let fused = |src: &mut dyn WeightSource, what: &str| -> Result<Tensor> {
-            Ok(Tensor::f_cat(
+        // Each head's channels of q or k rows permuted by `order`, as row indices.
+        let head_rows = |heads: usize| -> Result<Option<Tensor>> {
+            let Some(order) = order else { return Ok(None) };
+            let starts = Tensor::f_arange((heads * d) as i64, (Kind::Int64, order.device()))?;
+            let starts = starts.f_view([heads as i64, d as i64])?.f_narrow(1, 0, 1)?;
+            Ok(Some(starts.f_add(&order.f_unsqueeze(0)?)?.f_reshape([-1])?))
+        };
+        let (q_order, k_order) = (head_rows(qh.len())?, head_rows(kvh.len())?);
+        let reordered = |m: Matrix, index: &Option<Tensor>| -> Result<Matrix> {
+            match index {
+                Some(index) => m.select_rows(index),
+                None => Ok(m),
+            }
+        };
+        let name = |part: &str, what: &str| format!("{p}.self_attn.{part}.{what}");
+        let w = Matrix::cat_rows(
+            vec![
+                reordered(self.matrix(src, &name("q_proj", "weight"), Some(q_rows))?, &q_order)?,
+                reordered(self.matrix(src, &name("k_proj", "weight"), Some(kv_rows))?, &k_order)?,
+                self.matrix(src, &name("v_proj", "weight"), Some(kv_rows))?,
+            ],
+            self.kind,
+            self.dev,
+        )?;
+        let b = if dims.attention_bias {
+            Some(Tensor::f_cat(
                 &[
-                    reorder(self.rows(src, &format!("{p}.self_attn.q_proj.{what}"), q_rows)?, qh.len())?,
-                    reorder(self.rows(src, &format!("{p}.self_attn.k_proj.{what}"), kv_rows)?, kvh.len())?,
-                    self.rows(src, &format!("{p}.self_attn.v_proj.{what}"), kv_rows)?,
+                    reorder(self.rows(src, &name("q_proj", "bias"), q_rows)?, qh.len())?,
+                    reorder(self.rows(src, &name("k_proj", "bias"), kv_rows)?, kvh.len())?,
+                    self.rows(src, &name("v_proj", "bias"), kv_rows)?,
                 ],
                 0,
             )?)
+        } else {
+            None
         };
-        let w = fused(src, "weight")?;
-        let b = if dims.attention_bias { Some(fused(src, "bias")?) } else { None };
         let qk_norm = if qk_norm {
             let norm = |src: &mut dyn WeightSource, n: &str| -> Result<Tensor> {
                 let t = self.whole(src, &format!("{p}.self_attn.{n}.weight"))?;
@@ -773,11 +819,15 @@ impl<'a> Loader<'a> {
         } else {
             None
         };
-        let o =
-            self.whole(src, &format!("{p}.self_attn.o_proj.weight"))?.f_narrow(1, q_rows.0 as i64, q_rows.1 as i64)?;
+        let o = self.matrix(src, &name("o_proj", "weight"), None)?.narrow_inputs(
+            q_rows.0 as i64,
+            q_rows.1 as i64,
+            self.kind,
+            self.dev,
+        )?;
         Ok(Attention {
-            qkv: ColumnParallel { linear: self.linear(&w, b)? },
-            o: RowParallel { linear: self.linear(&o, None)?, bias: None },
+            qkv: ColumnParallel { linear: self.linear_of(w, b)? },
+            o: RowParallel { linear: self.linear_of(o, None)?, bias: None },
             qk_norm,
             heads: plan.heads_per_shard as i64,
             kv_heads: plan.kv_per_shard as i64,
@@ -918,12 +968,13 @@ impl<'a> Loader<'a> {
         cols: Range<usize>,
         layout: WeightLayout,
     ) -> Result<(Linear, Linear)> {
-        let gate = self.rows(src, &format!("{prefix}gate_proj.weight"), (cols.start, cols.len()))?;
-        let up = self.rows(src, &format!("{prefix}up_proj.weight"), (cols.start, cols.len()))?;
-        let gate_up = self.linear_as(&Tensor::f_cat(&[gate, up], 0)?, None, layout)?;
-        let down =
-            self.whole(src, &format!("{prefix}down_proj.weight"))?.f_narrow(1, cols.start as i64, cols.len() as i64)?;
-        Ok((gate_up, self.linear_as(&down, None, layout)?))
+        let rows = Some((cols.start, cols.len()));
+        let gate = self.matrix(src, &format!("{prefix}gate_proj.weight"), rows)?;
+        let up = self.matrix(src, &format!("{prefix}up_proj.weight"), rows)?;
+        let gate_up = self.linear_of_as(Matrix::cat_rows(vec![gate, up], self.kind, self.dev)?, None, layout)?;
+        let down = self.matrix(src, &format!("{prefix}down_proj.weight"), None)?;
+        let down = down.narrow_inputs(cols.start as i64, cols.len() as i64, self.kind, self.dev)?;
+        Ok((gate_up, self.linear_of_as(down, None, layout)?))
     }
 
     /// A dense MLP of this rank's intermediate channels.

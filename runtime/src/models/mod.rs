@@ -35,13 +35,15 @@ use crate::checkpoint::Checkpoint;
 pub use crate::config::{Activation, Dims};
 use crate::device::DType;
 use crate::error::{Error, Result};
-use crate::load::{Progress, RandomSource, WeightSource};
+use crate::load::{Matrix, Progress, RandomSource, WeightSource};
 use crate::memory::check_ranks_memory;
-use crate::nn::rms_norm;
 pub use crate::nn::{Linear, Quantize, Rope, Rounding, WeightLayout};
-use crate::parallel::layers::{ParallelLmHead, VocabParallelEmbedding};
+use crate::nn::{Weight, rms_norm};
+use crate::parallel::layers::{EmbeddingTable, ParallelLmHead, VocabParallelEmbedding};
 use crate::parallel::plan::ShardPlan;
 use crate::parallel::world::Parallel;
+use crate::weights::gguf::Gguf;
+use crate::weights::gguf_source::GgufSource;
 use layers::Loader;
 pub use layers::{Attention, DecoderLayer, Ffn, Indexer, LatentAttention, LatentQuery, Mlp, Pick, SelfAttention};
 
@@ -316,7 +318,7 @@ impl CausalLm for Model {
     }
     fn parameter_count(&self) -> i64 {
         let mut n = self.lm_head.as_ref().map_or(0, |h| h.linear.numel())
-            + self.embed_tokens.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64)
+            + self.embed_tokens.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, EmbeddingTable::numel)
             + self.norm.as_ref().map_or(0, |t| t.numel() as i64);
         for l in &self.layers {
             n += l.self_attn.numel();
@@ -326,7 +328,7 @@ impl CausalLm for Model {
             n += norms.into_iter().chain(more).flatten().map(|t| t.numel() as i64).sum::<i64>();
         }
         n += self.mtp.iter().map(mtp::MtpLayer::numel).sum::<i64>();
-        n += self.mtp_embed.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, |r| r.numel() as i64);
+        n += self.mtp_embed.as_ref().and_then(|e| e.rows.as_ref()).map_or(0, EmbeddingTable::numel);
         n
     }
     fn mtp_layers(&self) -> usize {
@@ -475,6 +477,9 @@ impl Model {
 
     /// Loads this rank's part of the checkpoint in `dir` (all of it for a run of one).
     pub fn load_rank(dir: &Path, opts: &LoadOptions, parallel: Parallel) -> Result<Model> {
+        if let Some(file) = crate::weights::gguf_file(dir)? {
+            return Model::load_gguf(&file, opts, parallel);
+        }
         let config = Config::from_file(dir.join("config.json"))?;
         Model::load_with_config(dir, &config, opts, parallel)
     }
@@ -560,6 +565,44 @@ impl Model {
         Model::build(dims, opts, parallel, &mut src)
     }
 
+    /// Loads this rank's part of the GGUF model at `path` (the first part of a split one):
+    /// the config from its metadata, checked by config.json's rules, then every tensor's name,
+    /// shape and type, before any weight is read. Projections stored in a block type keep
+    /// their blocks (on the CPU); the rest is read as values in the model's dtype.
+    pub fn load_gguf(path: &Path, opts: &LoadOptions, parallel: Parallel) -> Result<Model> {
+        let g = Gguf::open(path)?;
+        let config = crate::weights::gguf::config_of(&g, path)?;
+        let mut dims = Dims::new(&config)?;
+        if let Some(m) = &mut dims.moe {
+            // The converter stacks each layer's experts: one expert is a range of rows.
+            m.fused_experts = false;
+        }
+        if opts.mtp {
+            return Err(Error::InvalidArgument(
+                "--speculative-tokens: a GGUF file's multi-token-prediction layers are not read; run without it"
+                    .to_owned(),
+            ));
+        }
+        let shapes = dims.weight_shapes();
+        let total: u64 = g.header.tensors.iter().map(|t| t.bytes).sum();
+        parallel.agree(
+            "model",
+            &Model::fingerprint(&dims, opts, &format!("GGUF, {} tensors, {total} bytes", g.header.tensors.len())),
+        )?;
+        let enabled = parallel.rank == 0 && opts.progress_above_bytes.is_some_and(|b| total as usize > b);
+        let progress = Progress { total: total as usize, done: 0, shown: 0, enabled };
+        let mut src = GgufSource::new(&g, path, &dims, &shapes, progress)?;
+        let model = Model::build(dims, opts, parallel, &mut src)?;
+        // Each tensor's blocks were copied out of the file and joined (q/k/v, gate/up): the
+        // freed copies go back to the system, so the model holds about the file's size.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free memory of malloc's heaps to the system.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        Ok(model)
+    }
+
     /// A model with seeded random weights (benchmarks, shapes without a checkpoint), as a
     /// run of one rank.
     pub fn random(config: &Config, opts: &LoadOptions, seed: i64) -> Result<Model> {
@@ -603,9 +646,10 @@ impl Model {
         let mtp_loaded = if opts.mtp { dims.mtp_layers() } else { 0 };
         if opts.device == Device::Cpu {
             let mtp_params = if last { rank_mtp_parameter_count(&dims, &plan, mtp_loaded, first) } else { 0 };
-            let need = rank_parameter_count(&dims, &plan, stage_layers.clone(), first, last)
-                .saturating_add(mtp_params)
-                .saturating_mul(opts.dtype.kind().elt_size_in_bytes() as u64);
+            let params =
+                rank_parameter_count(&dims, &plan, stage_layers.clone(), first, last).saturating_add(mtp_params);
+            let per_weight = src.bytes_per_weight().unwrap_or(opts.dtype.kind().elt_size_in_bytes() as f64);
+            let need = (params as f64 * per_weight) as u64;
             let advice = "use fewer layers, a smaller dtype or more ranks, or free memory";
             check_ranks_memory(|| "the weights".to_owned(), need, parallel.local_size, opts.dtype, advice)?;
         }
@@ -645,31 +689,31 @@ impl Model {
         // Vocabulary rows of this rank; rows past the real vocabulary are zero padding.
         let vr = plan.vocab(s);
         let real = vr.start.min(dims.vocab)..vr.end.min(dims.vocab);
-        let vocab_rows = |src: &mut dyn WeightSource, name: &str| -> Result<Tensor> {
-            let t = if real.is_empty() {
-                Tensor::f_zeros([0, dims.hidden as i64], (kind, dev))?
+        let vocab_rows = |src: &mut dyn WeightSource, name: &str| -> Result<Matrix> {
+            let m = if real.is_empty() {
+                Matrix::Values(Tensor::f_zeros([0, dims.hidden as i64], (kind, dev))?)
             } else {
-                cx.rows(src, name, (real.start, real.len()))?
+                cx.matrix(src, name, Some((real.start, real.len())))?
             };
-            let pad = (vr.len() - real.len()) as i64; // cannot wrap: `real` is a part of `vr`
-            if pad > 0 {
-                Ok(Tensor::f_cat(&[t, Tensor::f_zeros([pad, dims.hidden as i64], (kind, dev))?], 0)?)
-            } else {
-                Ok(t)
-            }
+            m.pad_rows((vr.len() - real.len()) as i64, kind, dev) // cannot wrap: `real` is a part of `vr`
+        };
+        // An embedding table keeps a source's blocks on the CPU (rows decoded as looked up).
+        let table = |src: &mut dyn WeightSource, name: &str| -> Result<EmbeddingTable> {
+            Ok(match vocab_rows(src, name)? {
+                Matrix::Blocks(b) if dev == Device::Cpu => EmbeddingTable::Codes(Box::new(b), kind),
+                m => EmbeddingTable::Values(m.values(kind, dev)?),
+            })
         };
         let head_name = if dims.tie_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
         let lm_head =
-            if last { Some(ParallelLmHead { linear: cx.linear(&vocab_rows(src, head_name)?, None)? }) } else { None };
+            if last { Some(ParallelLmHead { linear: cx.linear_of(vocab_rows(src, head_name)?, None)? }) } else { None };
         let norm = if last { Some(cx.whole(src, "model.norm.weight")?) } else { None };
         let embed_tokens = if first {
             // Tied and on the same rank as lm_head: read lm_head's columns, no second copy
             // (a quantized lm_head keeps the embedding's rows in the model's dtype).
-            let rows = if dims.tie_embeddings && last && opts.quantize == Quantize::None {
-                None
-            } else {
-                Some(vocab_rows(src, "model.embed_tokens.weight")?)
-            };
+            let head_dense = lm_head.as_ref().is_some_and(|h| !matches!(h.linear.weight, Weight::Quantized(_)));
+            let rows =
+                if dims.tie_embeddings && head_dense { None } else { Some(table(src, "model.embed_tokens.weight")?) };
             Some(VocabParallelEmbedding { rows, vocab_start: vr.start as i64, vocab_len: vr.len() as i64 })
         } else {
             None
@@ -677,7 +721,7 @@ impl Model {
         // The MTP layers embed the tokens they draft from: a last stage that is not the
         // first holds its own copy of the embedding's rows.
         let mtp_embed = if last && !first && mtp_loaded > 0 {
-            let rows = Some(vocab_rows(src, "model.embed_tokens.weight")?);
+            let rows = Some(table(src, "model.embed_tokens.weight")?);
             Some(VocabParallelEmbedding { rows, vocab_start: vr.start as i64, vocab_len: vr.len() as i64 })
         } else {
             None

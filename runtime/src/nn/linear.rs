@@ -79,6 +79,11 @@ impl Linear {
         Ok(Linear { weight, b, pool: pool.clone() })
     }
 
+    /// A projection of a weight already held as codes (read in its stored format).
+    pub(crate) fn packed(weight: Packed, b: Option<Tensor>, pool: &Arc<CpuPool>) -> Linear {
+        Linear { weight: Weight::Quantized(weight), b, pool: pool.clone() }
+    }
+
     /// The dense weight's `[in, out]` parts (one, or the column blocks); none when quantized.
     pub fn parts(&self) -> &[Tensor] {
         match &self.weight {

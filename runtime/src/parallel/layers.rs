@@ -2,11 +2,11 @@
 //! weight and does its own communication, so the model above them reads the same at every
 //! tensor-parallel size (a group of one communicates nothing).
 
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 use super::group::ProcessGroup;
-use crate::error::Result;
-use crate::nn::Linear;
+use crate::error::{Error, Result};
+use crate::nn::{Linear, Packed};
 
 /// A projection split by output features (q/k/v by whole heads, gate/up by matching
 /// halves): each rank computes its own outputs, no communication.
@@ -55,12 +55,50 @@ impl RowParallel {
     }
 }
 
+/// An embedding's rows: values, or a quantized format's codes (a GGUF file's blocks,
+/// kept as stored), whose rows are decoded as they are looked up, in the model's dtype.
+pub enum EmbeddingTable {
+    Values(Tensor),
+    Codes(Packed, Kind),
+}
+
+impl EmbeddingTable {
+    /// The rows `idx` lists (int64, one dimension), `[len, hidden]`.
+    fn lookup(&self, idx: &Tensor) -> Result<Tensor> {
+        match self {
+            EmbeddingTable::Values(e) => Ok(e.f_index_select(0, idx)?),
+            EmbeddingTable::Codes(codes, kind) => {
+                let (rows, hidden) = codes.shape();
+                let ids = Vec::<i64>::try_from(&idx.f_to_device(Device::Cpu)?)?;
+                let out = Tensor::f_empty([ids.len() as i64, hidden], (Kind::Float, Device::Cpu))?;
+                for (i, &id) in ids.iter().enumerate() {
+                    if !(0..rows).contains(&id) {
+                        return Err(Error::InvalidArgument(format!(
+                            "token id {id} is outside the vocabulary: ids must be below {rows}"
+                        )));
+                    }
+                    codes.dequantize_rows_into(id, &out.f_narrow(0, i as i64, 1)?)?;
+                }
+                Ok(if *kind == Kind::Float { out } else { out.f_to_kind(*kind)? })
+            }
+        }
+    }
+
+    /// Parameters the table holds.
+    pub fn numel(&self) -> i64 {
+        match self {
+            EmbeddingTable::Values(e) => e.numel() as i64,
+            EmbeddingTable::Codes(codes, _) => codes.shape().0 * codes.shape().1,
+        }
+    }
+}
+
 /// The embedding split by vocabulary rows: each rank looks up the ids in its range (zero
 /// rows for the others) and the group sums them.
 pub struct VocabParallelEmbedding {
     /// This rank's rows, `[vocab_len, hidden]`; `None` when tied to an lm_head on the same
     /// rank, whose columns are then read.
-    pub rows: Option<Tensor>,
+    pub rows: Option<EmbeddingTable>,
     pub vocab_start: i64,
     pub vocab_len: i64,
 }
@@ -70,7 +108,7 @@ impl VocabParallelEmbedding {
     pub fn forward(&self, ids: &Tensor, tied: Option<&ParallelLmHead>, group: &ProcessGroup) -> Result<Tensor> {
         let lookup = |idx: &Tensor| -> Result<Tensor> {
             match (&self.rows, tied) {
-                (Some(e), _) => Ok(e.f_index_select(0, idx)?),
+                (Some(e), _) => e.lookup(idx),
                 (None, Some(head)) => lookup_columns(head.linear.parts(), idx),
                 (None, None) => {
                     Err(crate::error::Error::Internal("a tied embedding without its lm_head on this rank".to_owned()))

@@ -276,6 +276,29 @@ impl Gguf {
         &self.maps[t.part][t.start as usize..(t.start + t.bytes) as usize]
     }
 
+    /// Drops from this process's memory the whole pages of `bytes` (a slice of one of this
+    /// model's maps, already copied out): a loaded model then holds its copy, not the file's
+    /// pages as well. They are read again from the file if asked for (the map is read-only).
+    pub fn release(&self, bytes: &[u8]) {
+        const PAGE: usize = 4096;
+        for map in &self.maps {
+            let base = map.as_ptr() as usize;
+            let at = bytes.as_ptr() as usize;
+            if at < base || at + bytes.len() > base + map.len() {
+                continue;
+            }
+            let start = (at - base).next_multiple_of(PAGE);
+            let end = (at - base + bytes.len()) / PAGE * PAGE;
+            if start < end {
+                // SAFETY: the map is a read-only mapping of the file: dropping its pages loses
+                // nothing (they are the file's, read again on the next access), and no slice
+                // of them is written through. A failure only leaves the pages in memory.
+                let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+            }
+            return;
+        }
+    }
+
     /// The architecture the converter wrote (`general.architecture`).
     pub fn architecture(&self) -> Option<&str> {
         self.header.metadata.get("general.architecture").and_then(Value::as_str)

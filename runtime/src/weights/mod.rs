@@ -1,4 +1,8 @@
 //! The weight files headcount reads besides safetensors checkpoints: GGUF (llama.cpp's
-//! format) so far; its header, metadata and the config they give.
+//! format): its header, metadata and the config they give, and the model's weights from its
+//! tensors.
 
 pub mod gguf;
+pub(crate) mod gguf_source;
+
+pub use gguf_source::{gguf_file, model_config};

@@ -273,7 +273,7 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
                 "ms": median * 1e3,
                 "weight_gb_s": match *variant {
                     "int8" => (out * inp) as f64,
-                    "int4" => int4[0].format().bytes_per_weight().unwrap_or(1.0) * (out * inp) as f64,
+                    "int4" => int4[0].stored_bytes() as f64,
                     _ => bytes as f64,
                 } / median.max(1e-12) / 1e9,
                 "max_rel_diff": diff,

@@ -91,10 +91,7 @@ pub(super) fn scale_min(scales: &[u8], s: usize) -> (u8, u8) {
     if s < 4 {
         (scales[s] & 63, scales[s + 4] & 63)
     } else {
-        (
-            (scales[s + 4] & 15) | ((scales[s - 4] >> 2) & 0x30),
-            (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30),
-        )
+        ((scales[s + 4] & 15) | ((scales[s - 4] >> 2) & 0x30), (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30))
     }
 }
 

@@ -778,17 +778,8 @@ mod tests {
                 }
                 for path in Path::available() {
                     let mut y = vec![0f32; rows * n];
-                    let o = Operands {
-                        x: &x,
-                        rows,
-                        k,
-                        w,
-                        bias: None,
-                        y: SendPtr(y.as_mut_ptr()),
-                        n,
-                        xsum: &[],
-                        xb: &[],
-                    };
+                    let o =
+                        Operands { x: &x, rows, k, w, bias: None, y: SendPtr(y.as_mut_ptr()), n, xsum: &[], xb: &[] };
                     // SAFETY: y has rows * n floats; the slices hold what `product` checks;
                     // the path is this CPU's.
                     unsafe { channels_on(path, &o, 0, n) };
