@@ -269,6 +269,17 @@ def gguf(llama, hf, kind):
     return path
 
 
+def block_types(path):
+    """The block types of a GGUF file's matrices with their counts ("Q4_K x11, Q6_K x3")."""
+    import gguf as gguf_py
+
+    counts = {}
+    for t in gguf_py.GGUFReader(path).tensors:
+        if len(t.shape) > 1:
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def llama_bench(llama, model, threads, prompt_len, new_tokens, repeat):
     bench = llama.bin("llama-bench")
     common = ["-m", model, "-t", threads, "-r", repeat, "-o", "json", "-ngl", "0"]
@@ -294,6 +305,9 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--gguf", action="append", default=[], metavar="FILE",
+                   help="compare on this GGUF file instead of the shapes: both engines read the very same file "
+                        "(repeatable; headcount runs it from its blocks with f32 activations)")
     p.add_argument("--without-amx", action="store_true",
                    help="build llama.cpp without AMX from the start (the CPU's other vector features still on)")
     a = p.parse_args()
@@ -304,7 +318,26 @@ def main():
 
     llama = LlamaCpp(llama_cpp_source(), native=not a.without_amx).ensure()
     rows = []
-    for shape in shapes:
+    for file in a.gguf:
+        model = Path(file).resolve()
+        llama = working_llama_cpp(llama, model, a.threads)
+        runs = {"headcount": [], "llama.cpp": []}
+        for r in range(a.rounds):
+            order = [
+                ("headcount", lambda: headcount_bench(model, ["--dtype", "f32"], a.threads, a.prompt_len,
+                                                      a.new_tokens, a.repeat)),
+                ("llama.cpp", lambda: llama_bench(llama, model, a.threads, a.prompt_len, a.new_tokens, a.repeat)),
+            ]
+            if r % 2:
+                order.reverse()
+            for name, f in order:
+                runs[name].append(f())
+        med = {n: {k: statistics.median(x[k] for x in rs) for k in ("prefill_tokens_per_s", "decode_tokens_per_s")}
+               for n, rs in runs.items()}
+        bound = statistics.median(x["decode_bound_tokens_per_s"] for x in runs["headcount"])
+        rows.append((model.name, "same file", block_types(model), med, bound))
+        print(f"done {model.name}", file=sys.stderr)
+    for shape in (shapes if not a.gguf else []):
         hf = checkpoint(shape)
         for precision in precisions:
             flags, kind = PRECISIONS[precision]

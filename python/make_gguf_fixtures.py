@@ -41,6 +41,25 @@ SPECS = {
         vocab_size=320, hidden_size=256, intermediate_size=512, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, partial_rotary_factor=0.5, rope_theta=10000.0,
         tie_word_embeddings=False, attention_bias=True, rms_norm_eps=1e-5, num_hidden_layers=2)),
+    # A dense first layer, then 4 routed experts (2 a token) and a shared one, q/k norms.
+    "glm4_moe": (202, dict(
+        vocab_size=320, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, partial_rotary_factor=0.5, rope_theta=10000.0,
+        tie_word_embeddings=False, attention_bias=True, rms_norm_eps=1e-5, num_hidden_layers=2,
+        moe_intermediate_size=256, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True,
+        routed_scaling_factor=1.5, use_qk_norm=True, num_nextn_predict_layers=0)),
+    # GLM-4.7-Flash's family (the converter's deepseek2): latent attention with queries of low
+    # rank, interleaved rotary pairs (as llama.cpp rotates them), a dense first layer, then
+    # 4 routed experts (2 a token) and a shared one.
+    "glm4_moe_lite": (203, dict(
+        vocab_size=320, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=256, kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
+        v_head_dim=64, partial_rotary_factor=1.0, rope_theta=10000.0, rope_interleave=True,
+        tie_word_embeddings=False, attention_bias=False, rms_norm_eps=1e-5, num_hidden_layers=2,
+        mlp_layer_types=["dense", "sparse"], moe_intermediate_size=256, n_routed_experts=4,
+        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=1.8)),
 }
 
 # The mixed file: Q4_K_M with one block type a tensor kind, so that every type headcount
@@ -51,8 +70,9 @@ MIXED = ["--tensor-type", "attn_q=q4_0", "--tensor-type", "attn_k=q4_1", "--tens
 KINDS = {"q8_0": ["Q8_0"], "q4_k_m": ["Q4_K_M"], "mixed": [*MIXED, "Q4_K_M"]}
 
 
-def hf_name(name: str) -> str:
-    """The Hugging Face name of a glm4 GGUF tensor (the converter's names, reversed)."""
+def hf_name(name: str, arch: str) -> str:
+    """The Hugging Face name of a glm4 or glm4moe GGUF tensor (the converter's names,
+    reversed); a stacked expert tensor's by its part (`experts.gate`, `.up`, `.down`)."""
     top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
     if name in top:
@@ -63,7 +83,20 @@ def hf_name(name: str) -> str:
     hf = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
           "post_attention_norm": "post_self_attn_layernorm", "ffn_norm": "post_attention_layernorm",
-          "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj", "post_ffw_norm": "post_mlp_layernorm"}[part]
+          "ffn_up": "mlp.up_proj", "ffn_gate": "mlp.gate_proj", "ffn_down": "mlp.down_proj",
+          "post_ffw_norm": "post_mlp_layernorm", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+          "ffn_gate_inp": "mlp.gate", "exp_probs_b": "mlp.gate", "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+          "ffn_up_shexp": "mlp.shared_experts.up_proj", "ffn_down_shexp": "mlp.shared_experts.down_proj",
+          "ffn_gate_exps": "experts.gate", "ffn_up_exps": "experts.up", "ffn_down_exps": "experts.down",
+          "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+          "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+          "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_k_b": "split.k_b", "attn_v_b": "split.v_b"}[part]
+    if arch == "glm4moe" and part == "post_attention_norm":
+        # glm4_moe has no norm after attention: its post_attention_layernorm (before the MLP)
+        # is written under this name.
+        hf = "post_attention_layernorm"
+    if part == "exp_probs_b":
+        what = "e_score_correction_bias"
     return f"model.layers.{layer}.{hf}.{what}"
 
 
@@ -71,12 +104,30 @@ def dequantized_state(path: Path) -> tuple[dict, dict]:
     """Every tensor of the file as gguf-py dequantizes it, by Hugging Face name, and the
     count of tensors of each block type."""
     reader = gguf.GGUFReader(path)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     state, types = {}, {}
     for t in reader.tensors:
         values = gguf.quants.dequantize(t.data, t.tensor_type)
         shape = tuple(int(d) for d in reversed(t.shape))
-        state[hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(shape))
+        state[hf_name(t.name, arch)] = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    # transformers 5 holds a layer's experts fused: gate and up as one [E, 2I, H].
+    for name in [n for n in state if n.endswith(".experts.gate.weight")]:
+        layer = name.removesuffix(".experts.gate.weight")
+        gate, up = state.pop(name), state.pop(f"{layer}.experts.up.weight")
+        state[f"{layer}.mlp.experts.gate_up_proj"] = torch.cat([gate, up], dim=1)
+        state[f"{layer}.mlp.experts.down_proj"] = state.pop(f"{layer}.experts.down.weight")
+    # Latent attention: the converter splits kv_b_proj into k_b (each head's key rows,
+    # transposed) and v_b; joined back as each head's key rows then its value rows.
+    for name in [n for n in state if n.endswith(".split.k_b.weight")]:
+        layer = name.removesuffix(".split.k_b.weight")
+        k_b, v_b = state.pop(name), state.pop(f"{layer}.split.v_b.weight")
+        kv_b = torch.cat([k_b.transpose(1, 2), v_b], dim=1)
+        state[f"{layer}.self_attn.kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    # glm4's MLP is one fused gate_up_proj (its ffn_up), glm4_moe's dense layers two.
+    for name in [n for n in state if n.endswith(".mlp.up_proj.weight")]:
+        if name.replace("up_proj", "gate_proj") not in state:
+            state[name.replace("up_proj", "gate_up_proj")] = state.pop(name)
     return state, types
 
 
@@ -97,6 +148,12 @@ def make(family: str, llama) -> None:
         hf = Path(tmp) / family
         model.save_pretrained(hf)
         peer.word_tokenizer(hf, config.vocab_size)
+        # The converter counts leading dense layers by first_k_dense_replace, which transformers
+        # 5 saves as mlp_layer_types.
+        saved = json.loads((hf / "config.json").read_text())
+        if saved.get("mlp_layer_types"):
+            saved["first_k_dense_replace"] = saved["mlp_layer_types"].index("sparse")
+            (hf / "config.json").write_text(json.dumps(saved, indent=2))
         f32 = peer.gguf(llama, hf, "f32")
         # The names mapped back give the checkpoint itself from the converter's f32 file.
         unquantized, _ = dequantized_state(f32)

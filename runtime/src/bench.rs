@@ -177,7 +177,10 @@ pub fn bench(generator: &mut Offline<'_>, opts: &BenchOptions, device_name: &str
     // Every rank copies at once and their bandwidths add up (ranks on one CPU share it).
     p.world.barrier()?;
     let d = model.dims();
-    let elt = model.quantize().bytes_per_weight().unwrap_or(model.dtype().kind().elt_size_in_bytes() as f64);
+    let elt = model
+        .stored_bytes_per_weight()
+        .or(model.quantize().bytes_per_weight())
+        .unwrap_or(model.dtype().kind().elt_size_in_bytes() as f64);
     let spec = d.config.spec(&[], &[]);
     let layout = headcount_spec::memory::RankLayout::new(p.tp as u64, p.pp as u64);
     let cache_elt = model.dtype().kind().elt_size_in_bytes() as u64;

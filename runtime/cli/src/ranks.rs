@@ -3,8 +3,7 @@
 use std::process::ExitCode;
 
 use headcount_runtime::parallel::launch::LaunchOptions;
-use headcount_runtime::{Error, Parallel, RankEnv, Result, Timeouts};
-use headcount_spec::Config;
+use headcount_runtime::{Error, Parallel, RankEnv, Result, Timeouts, model_config};
 
 use crate::args::{Command, ParallelArgs};
 
@@ -40,11 +39,11 @@ pub fn rank_device(device: tch::Device, p: &Parallel) -> tch::Device {
 fn precheck(command: &Command, p: &ParallelArgs) -> Result<()> {
     headcount_runtime::parallel::group::available()?;
     let config = match command {
-        Command::Run(a) => Config::from_file(a.model.join("config.json"))?,
-        Command::Logits(l) => Config::from_file(l.model.join("config.json"))?,
-        Command::Serve(a) => Config::from_file(a.model.join("config.json"))?,
+        Command::Run(a) => model_config(&a.model)?,
+        Command::Logits(l) => model_config(&l.model)?,
+        Command::Serve(a) => model_config(&a.model)?,
         Command::Bench(b) => match (&b.model, &b.config) {
-            (Some(dir), _) => Config::from_file(dir.join("config.json"))?,
+            (Some(dir), _) => model_config(dir)?,
             (None, Some(path)) => b.config_file(path)?,
             (None, None) => return Err(Error::InvalidArgument("give --model or --config".to_owned())),
         },

@@ -1083,3 +1083,51 @@ fn check_reads_the_config_of_a_gguf_file() {
     std::fs::write(&cut, b"GGUF\x02\x00\x00\x00").unwrap();
     expect(&headcount(&["check", cut.to_str().unwrap()]), 1, "GGUF version 2: only version 3 is read");
 }
+
+/// `run`, `logits` and `bench` read a GGUF file made by llama.cpp's converter and
+/// `llama-quantize` (tests/fixtures/gguf-*): given as the file or as a folder holding it,
+/// the same tokens on one rank, two tensor-parallel ranks and two pipeline stages (each rank
+/// reading its own blocks); a folder of several GGUF models and an MTP run are refused
+/// naming why.
+#[test]
+fn run_logits_and_bench_read_a_gguf_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let families =
+        [("glm4", &["--pp", "2"][..]), ("glm4_moe", &["--ep", "2"][..]), ("glm4_moe_lite", &["--pp", "2"][..])];
+    for (family, extra) in families {
+        let file = fixture(&format!("gguf-{family}/q4_k_m.gguf"));
+        let run = |more: &[&str]| -> String {
+            let o = headcount(
+                &[&["run", "--model", &file, "--ids", "5,6,7,8", "--max-new-tokens", "8"][..], more].concat(),
+            );
+            expect(&o, 0, "decode:");
+            text(&o).0.lines().next().unwrap_or_default().to_owned()
+        };
+        let one = run(&[]);
+        assert_eq!(one.split(',').count(), 8, "{one}");
+        assert_eq!(run(&["--tp", "2"]), one, "{family} --tp 2");
+        assert_eq!(run(&[&["--tp", "2"][..], extra].concat()), one, "{family} {extra:?}");
+        let out = tmp.path().join(format!("{family}.safetensors"));
+        let logits = headcount(&["logits", "--model", &file, "--ids", "5,6,7,8", "--out", out.to_str().unwrap()]);
+        expect(&logits, 0, "");
+        assert!(std::fs::metadata(&out).unwrap().len() > 4 * 320 * 4, "{family}: the logits written");
+        let o =
+            headcount(&["bench", "-q", "--model", &file, "--prompt-len", "8", "--new-tokens", "4", "--repeat", "1"]);
+        expect(&o, 0, "decode_tokens_per_s");
+    }
+    std::fs::copy(fixture("gguf-glm4/q8_0.gguf"), tmp.path().join("model.gguf")).unwrap();
+    let folder = tmp.path().display().to_string();
+    expect(&headcount(&["run", "--model", &folder, "--ids", "5,6", "--max-new-tokens", "2"]), 0, "decode:");
+    std::fs::copy(fixture("gguf-glm4/mixed.gguf"), tmp.path().join("other.gguf")).unwrap();
+    expect(
+        &headcount(&["run", "--model", &folder, "--ids", "5,6"]),
+        1,
+        "holds several GGUF models (model.gguf, other.gguf)",
+    );
+    let moe = fixture("gguf-glm4_moe/q8_0.gguf");
+    expect(
+        &headcount(&["run", "--model", &moe, "--ids", "5,6", "--speculative-tokens", "1"]),
+        1,
+        "multi-token-prediction layers are not read",
+    );
+}

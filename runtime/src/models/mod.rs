@@ -147,6 +147,10 @@ pub struct Model {
     pub weight_layout: WeightLayout,
     /// How the projections' weights are stored (see [`Quantize`]).
     pub quantize: Quantize,
+    /// Bytes a weight takes as loaded from a file of a quantized format (a GGUF file's
+    /// blocks, on average over its tensors); `None` for weights in the model's dtype or
+    /// `quantize`'s format.
+    pub stored_bytes_per_weight: Option<f64>,
     pub device: Device,
     /// First stage only.
     pub embed_tokens: Option<VocabParallelEmbedding>,
@@ -183,6 +187,8 @@ pub trait CausalLm: Send {
     /// The layout the projection weights got (never `Auto`).
     fn weight_layout(&self) -> WeightLayout;
     fn quantize(&self) -> Quantize;
+    /// Bytes a weight takes as loaded from a quantized file (`Model::stored_bytes_per_weight`).
+    fn stored_bytes_per_weight(&self) -> Option<f64>;
     /// Query rows a prefill's attention lays out per cached key/value head: an additive
     /// mask over several positions repeats each position's row this many times.
     fn query_group(&self) -> i64;
@@ -255,6 +261,9 @@ impl CausalLm for Model {
     }
     fn weight_layout(&self) -> WeightLayout {
         self.weight_layout
+    }
+    fn stored_bytes_per_weight(&self) -> Option<f64> {
+        self.stored_bytes_per_weight
     }
     fn quantize(&self) -> Quantize {
         self.quantize
@@ -731,6 +740,7 @@ impl Model {
         Ok(Model {
             weight_layout: layout,
             quantize: opts.quantize,
+            stored_bytes_per_weight: src.bytes_per_weight(),
             dims,
             plan,
             stage_layers,

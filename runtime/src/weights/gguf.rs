@@ -550,12 +550,69 @@ pub fn config_of(g: &Gguf, path: &Path) -> Result<Config> {
             mtp = md.get(&key("nextn_predict_layers")).and_then(Value::as_u64).unwrap_or(0);
             c.insert("use_qk_norm".into(), json!(g.tensor("blk.0.attn_q_norm.weight").is_some()));
         }
+        // GLM-4.7-Flash, written through the converter's DeepSeek-2 path: latent attention
+        // (kv_b split into k_b and v_b), sigmoid routing with a correction bias.
+        "deepseek2" => {
+            if g.tensor("blk.0.exp_probs_b.bias").is_none()
+                && (0..num("block_count")?).all(|l| g.tensor(&format!("blk.{l}.exp_probs_b.bias")).is_none())
+            {
+                return Err(bad(
+                    path,
+                    "a deepseek2 file without expert correction biases (exp_probs_b) is DeepSeek's own, not \
+                     GLM-4.7-Flash's: headcount runs GLM models",
+                ));
+            }
+            c.insert("model_type".into(), json!("glm4_moe_lite"));
+            c.insert("architectures".into(), json!(["Glm4MoeLiteForCausalLM"]));
+            for (k, hf) in [
+                ("expert_count", "n_routed_experts"),
+                ("expert_used_count", "num_experts_per_tok"),
+                ("expert_shared_count", "n_shared_experts"),
+                ("expert_feed_forward_length", "moe_intermediate_size"),
+                ("leading_dense_block_count", "first_k_dense_replace"),
+                ("expert_group_count", "n_group"),
+                ("expert_group_used_count", "topk_group"),
+                ("attention.kv_lora_rank", "kv_lora_rank"),
+                ("rope.dimension_count", "qk_rope_head_dim"),
+                ("attention.value_length_mla", "v_head_dim"),
+                ("nextn_predict_layers", "num_nextn_predict_layers"),
+            ] {
+                if md.contains_key(&key(k)) {
+                    c.insert(hf.into(), json!(num(k)?));
+                }
+            }
+            let q_lora = if md.contains_key(&key("attention.q_lora_rank")) {
+                json!(num("attention.q_lora_rank")?)
+            } else {
+                Json::Null
+            };
+            c.insert("q_lora_rank".into(), q_lora);
+            let rope = num("rope.dimension_count")?;
+            let qk = num("attention.key_length_mla")?;
+            let nope = qk.checked_sub(rope).ok_or_else(|| {
+                bad(
+                    path,
+                    format!("{} ({qk}) is less than the rotary dimensions ({rope})", key("attention.key_length_mla")),
+                )
+            })?;
+            c.insert("qk_nope_head_dim".into(), json!(nope));
+            c.insert("qk_head_dim".into(), json!(qk));
+            // llama.cpp rotates a latent head's rotary channels as interleaved pairs, and the
+            // converter writes them as they are: the model's own pairing is interleaved.
+            c.insert("rope_interleave".into(), json!(true));
+            if md.contains_key(&key("expert_weights_scale")) {
+                c.insert("routed_scaling_factor".into(), json!(float("expert_weights_scale")?));
+            }
+            let norm = md.get(&key("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(false);
+            c.insert("norm_topk_prob".into(), json!(norm));
+            mtp = md.get(&key("nextn_predict_layers")).and_then(Value::as_u64).unwrap_or(0);
+        }
         other => {
             return Err(bad(
                 path,
                 format!(
-                    "general.architecture {other:?}: the GGUF files read are glm4's (GLM-4-0414) and glm4moe's \
-                     (GLM-4.5 to 4.7); deepseek2 (GLM-4.7-Flash) and glm-dsa are not read yet"
+                    "general.architecture {other:?}: the GGUF files read are glm4's (GLM-4-0414), glm4moe's \
+                     (GLM-4.5 to 4.7) and deepseek2's (GLM-4.7-Flash); glm-dsa (GLM-5) is not read yet"
                 ),
             ));
         }
@@ -577,14 +634,22 @@ pub fn config_of(g: &Gguf, path: &Path) -> Result<Config> {
     })?;
     c.insert("num_hidden_layers".into(), json!(layers));
     c.insert("num_attention_heads".into(), json!(heads));
-    c.insert("num_key_value_heads".into(), json!(num("attention.head_count_kv")?));
-    c.insert("head_dim".into(), json!(head_dim));
+    if arch == "deepseek2" {
+        // The converter writes one kv head (the shared latent); the model's are its heads.
+        c.insert("num_key_value_heads".into(), json!(heads));
+    } else {
+        c.insert("num_key_value_heads".into(), json!(num("attention.head_count_kv")?));
+        c.insert("head_dim".into(), json!(head_dim));
+    }
     c.insert("max_position_embeddings".into(), json!(num("context_length")?));
     c.insert("rms_norm_eps".into(), json!(float("attention.layer_norm_rms_epsilon")?));
     c.insert("rope_theta".into(), json!(float("rope.freq_base")?));
-    // The converter writes the rotated channels (head_dim x partial_rotary_factor).
+    // The converter writes the rotated channels (head_dim x partial_rotary_factor); a latent
+    // head's rotary part is its own (qk_rope_head_dim), rotated whole.
     let rotated = num("rope.dimension_count")?;
-    if head_dim > 0 {
+    if arch == "deepseek2" {
+        c.insert("partial_rotary_factor".into(), json!(1.0));
+    } else if head_dim > 0 {
         c.insert("partial_rotary_factor".into(), json!(rotated as f64 / head_dim as f64));
     }
     let vocab = match md.get(&key("vocab_size")).and_then(Value::as_u64) {

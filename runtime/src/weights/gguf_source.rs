@@ -7,8 +7,9 @@
 //! The names, as the pinned llama.cpp's converter writes them for `glm4` and `glm4moe`
 //! (conversion/glm.py, gguf-py's tensor map): `token_embd`, `output_norm`, `output`, and a
 //! block's `attn_norm`, `attn_{q,k,v}` (weight and bias), `attn_output`, `attn_{q,k}_norm`,
-//! `post_attention_norm` (GLM-4's `post_self_attn_layernorm`), `ffn_norm`
-//! (`post_attention_layernorm`), `post_ffw_norm` (`post_mlp_layernorm`), `ffn_up` (GLM-4's
+//! `post_attention_norm` (GLM-4's `post_self_attn_layernorm`, and glm4moe's
+//! `post_attention_layernorm`), `ffn_norm` (GLM-4's `post_attention_layernorm`),
+//! `post_ffw_norm` (`post_mlp_layernorm`), `ffn_up` (GLM-4's
 //! fused `gate_up_proj`, or a dense layer's `up_proj`), `ffn_gate`, `ffn_down`,
 //! `ffn_gate_inp` (the router), `exp_probs_b` (its correction bias), `ffn_{gate,up,down}_exps`
 //! (every expert's weights stacked, `[experts, out, in]`), `ffn_{gate,up,down}_shexp`. A
@@ -69,9 +70,9 @@ pub fn model_config(path: &Path) -> Result<Config> {
     }
 }
 
-/// Where a Hugging Face tensor lies: the converter's tensor, and for one expert of a
-/// stacked tensor, which expert.
-fn converter_name(hf: &str) -> Option<(String, Option<usize>)> {
+/// Where a Hugging Face tensor of an `arch` file lies: the converter's tensor, and for one
+/// expert of a stacked tensor, which expert.
+fn converter_name(arch: &str, hf: &str) -> Option<(String, Option<usize>)> {
     let top = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -102,9 +103,16 @@ fn converter_name(hf: &str) -> Option<(String, Option<usize>)> {
         "self_attn.k_proj.bias" => "attn_k.bias",
         "self_attn.v_proj.bias" => "attn_v.bias",
         "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_a_proj.weight" => "attn_q_a.weight",
+        "self_attn.q_a_layernorm.weight" => "attn_q_a_norm.weight",
+        "self_attn.q_b_proj.weight" => "attn_q_b.weight",
+        "self_attn.kv_a_proj_with_mqa.weight" => "attn_kv_a_mqa.weight",
+        "self_attn.kv_a_layernorm.weight" => "attn_kv_a_norm.weight",
         "self_attn.q_norm.weight" => "attn_q_norm.weight",
         "self_attn.k_norm.weight" => "attn_k_norm.weight",
         "post_self_attn_layernorm.weight" => "post_attention_norm.weight",
+        // glm4moe's norm before the MLP is written as the norm after attention.
+        "post_attention_layernorm.weight" if arch == "glm4moe" => "post_attention_norm.weight",
         "post_attention_layernorm.weight" => "ffn_norm.weight",
         "post_mlp_layernorm.weight" => "post_ffw_norm.weight",
         "mlp.gate_up_proj.weight" | "mlp.up_proj.weight" => "ffn_up.weight",
@@ -156,6 +164,8 @@ pub(crate) struct GgufSource<'a> {
     g: &'a Gguf,
     path: PathBuf,
     places: HashMap<String, Place>,
+    /// A latent attention's `kv_b_proj`, split by the converter: its `attn_k_b` and `attn_v_b`.
+    split_kv_b: HashMap<String, (usize, usize)>,
     progress: Progress,
 }
 
@@ -174,8 +184,25 @@ impl<'a> GgufSource<'a> {
             g.header.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
         let mut places = HashMap::new();
         let mut used = HashSet::new();
+        let mut split_kv_b = HashMap::new();
         for (hf, shape) in shapes {
-            let Some((name, expert)) = converter_name(hf) else {
+            if let Some(layer) =
+                hf.strip_suffix(".self_attn.kv_b_proj.weight").and_then(|p| p.strip_prefix("model.layers."))
+            {
+                let (k_b, v_b) = (format!("blk.{layer}.attn_k_b.weight"), format!("blk.{layer}.attn_v_b.weight"));
+                let find = |name: &str| {
+                    index.get(name).copied().ok_or_else(|| Error::MissingTensor {
+                        name: format!("{name} (for {hf})"),
+                        expected: shape.iter().rev().copied().collect(),
+                    })
+                };
+                let (k, v) = (find(&k_b)?, find(&v_b)?);
+                check_kv_b(&g.header.tensors[k], &g.header.tensors[v], hf, shape, dims, path)?;
+                split_kv_b.insert(hf.clone(), (k, v));
+                used.extend([k, v]);
+                continue;
+            }
+            let Some((name, expert)) = converter_name(g.architecture().unwrap_or_default(), hf) else {
                 return Err(Error::BadFile {
                     file: path.to_owned(),
                     reason: format!("{hf}: headcount knows no GGUF tensor for this weight"),
@@ -201,7 +228,41 @@ impl<'a> GgufSource<'a> {
                 return Err(Error::UnexpectedTensor { name: t.name.clone(), file: path.to_owned() });
             }
         }
-        Ok(GgufSource { g, path: path.to_owned(), places, progress })
+        Ok(GgufSource { g, path: path.to_owned(), places, split_kv_b, progress })
+    }
+
+    /// All of tensor `t` as f32 values in Hugging Face order (ggml's dimensions reversed).
+    fn values_of(&mut self, t: &TensorInfo) -> Result<Tensor> {
+        let shape: Vec<i64> = t.dims.iter().rev().map(|&d| d as i64).collect();
+        let bytes = self.g.bytes(t);
+        let values = match (float_kind(t.kind), block_of(t.kind)) {
+            (Some(stored), _) => Tensor::f_from_data_size(bytes, &shape, stored)?.f_to_kind(Kind::Float)?,
+            (_, Some(format)) => {
+                let width = t.dims.first().copied().unwrap_or(1) as usize;
+                let count = t.dims.iter().product::<u64>() as usize;
+                let mut out = vec![0f32; count];
+                kernel::dequantize_blocks(format, bytes, count / width.max(1), width, &mut out)?;
+                Tensor::f_from_slice(&out)?.f_view(shape.as_slice())?
+            }
+            _ => return Err(Error::Internal(format!("{}: type {} passed the check", t.name, t.kind.name()))),
+        };
+        self.progress.tick(&t.name, bytes.len());
+        self.g.release(bytes);
+        Ok(values)
+    }
+
+    /// Rows of a latent attention's `kv_b_proj` (`[heads x (nope + v), kv_lora]`, each head's
+    /// key rows then its value rows) from the converter's `attn_k_b` (`[heads, kv_lora,
+    /// nope]`, the key part transposed) and `attn_v_b` (`[heads, v, kv_lora]`).
+    fn kv_b_rows(&mut self, (k, v): (usize, usize), shape: &[i64], rows: Option<(usize, usize)>) -> Result<Tensor> {
+        let g = self.g;
+        let k_b = self.values_of(&g.header.tensors[k])?.f_transpose(1, 2)?;
+        let v_b = self.values_of(&g.header.tensors[v])?;
+        let whole = Tensor::f_cat(&[k_b, v_b], 1)?.f_reshape(shape)?;
+        Ok(match rows {
+            Some((start, n)) => whole.f_narrow(0, start as i64, n as i64)?,
+            None => whole,
+        })
     }
 
     /// The tensor and byte range of rows `rows` (all for `None`) of `name`, with the rows'
@@ -222,7 +283,10 @@ impl<'a> GgufSource<'a> {
             [n, k] => (*n as usize, *k as usize),
             [n] => (*n as usize, 1),
             _ => {
-                return Err(Error::Internal(format!("{name}: a weight of {} dimensions from a GGUF file", shape.len())));
+                return Err(Error::Internal(format!(
+                    "{name}: a weight of {} dimensions from a GGUF file",
+                    shape.len()
+                )));
             }
         };
         let (start, n) = rows.unwrap_or((0, count));
@@ -299,6 +363,30 @@ fn check(t: &TensorInfo, hf: &str, shape: &[i64], expert: Option<usize>, path: &
     Ok(())
 }
 
+/// Checks `attn_k_b` and `attn_v_b` hold Hugging Face weight `hf` (`kv_b_proj`, `[heads x
+/// (nope + v), kv_lora]`) split as the converter splits it.
+fn check_kv_b(k_b: &TensorInfo, v_b: &TensorInfo, hf: &str, shape: &[i64], dims: &Dims, path: &Path) -> Result<()> {
+    let Some(m) = dims.mla.as_ref() else {
+        return Err(Error::Internal(format!("{hf} in a model without latent attention")));
+    };
+    let heads = dims.heads as u64;
+    let (nope, v, lora) = (m.nope as u64, m.v as u64, m.kv_lora as u64);
+    for (t, want) in [(k_b, vec![nope, lora, heads]), (v_b, vec![lora, v, heads])] {
+        if !t.kind.supported() {
+            return check(t, hf, &[], None, path);
+        }
+        if t.dims != want || shape != [(heads * (nope + v)) as i64, lora as i64] {
+            return Err(Error::ShapeMismatch {
+                name: format!("{} (for {hf})", t.name),
+                file: path.to_owned(),
+                got: t.dims.iter().rev().map(|&d| d as usize).collect(),
+                expected: want.iter().rev().map(|&d| d as i64).collect(),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl WeightSource for GgufSource<'_> {
     fn rows(
         &mut self,
@@ -308,6 +396,10 @@ impl WeightSource for GgufSource<'_> {
         kind: Kind,
         device: Device,
     ) -> Result<Tensor> {
+        if let Some(&parts) = self.split_kv_b.get(name) {
+            let values = self.kv_b_rows(parts, shape, rows)?.f_to_kind(kind)?;
+            return Ok(if device == Device::Cpu { values } else { values.f_to_device(device)? });
+        }
         let (t, bytes, n) = self.locate(name, shape, rows)?;
         let mut out_shape = shape.to_vec();
         if let Some(first) = out_shape.first_mut() {
@@ -344,6 +436,9 @@ impl WeightSource for GgufSource<'_> {
         kind: Kind,
         device: Device,
     ) -> Result<Matrix> {
+        if self.split_kv_b.contains_key(name) {
+            return Ok(Matrix::Values(self.rows(name, shape, rows, kind, device)?));
+        }
         let (t, bytes, n) = self.locate(name, shape, rows)?;
         let (Some(format), [_, k]) = (block_of(t.kind), shape) else {
             return Ok(Matrix::Values(self.rows(name, shape, rows, kind, device)?));
