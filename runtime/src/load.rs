@@ -5,8 +5,8 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::nn::Quantized;
-use crate::nn::quantized::BlockWeight;
+use crate::nn::quantized::{BlockRows, BlockWeight};
+use crate::nn::{Packed, Quantized};
 
 /// A source of weights: a checkpoint (safetensors or GGUF), or seeded random values. Each
 /// tensor is asked for by its Hugging Face name and checkpoint shape.
@@ -42,12 +42,13 @@ pub(crate) trait WeightSource {
     }
 }
 
-/// A 2-D weight `[out, in]` as a source gives it: values, or ggml blocks kept as stored.
-/// Joining rows, taking input columns and reordering rows keep the blocks where the
-/// format allows (whole blocks of one format), and fall back to values otherwise.
+/// A 2-D weight `[out, in]` as a source gives it: values, or ggml blocks kept as stored (one
+/// part, or several of different block types whose rows follow one another). Joining rows,
+/// taking input columns on block edges and reordering a part's rows keep the blocks; what
+/// blocks cannot do falls back to values.
 pub(crate) enum Matrix {
     Values(Tensor),
-    Blocks(BlockWeight),
+    Blocks(Vec<BlockWeight>),
 }
 
 impl Matrix {
@@ -55,20 +56,43 @@ impl Matrix {
     pub fn values(self, kind: Kind, device: Device) -> Result<Tensor> {
         match self {
             Matrix::Values(t) => Ok(t),
-            Matrix::Blocks(b) => Ok(b.dequantized(kind)?.f_to_device(device)?),
+            Matrix::Blocks(parts) => {
+                let values = parts.iter().map(|p| p.dequantized(kind)).collect::<Result<Vec<_>>>()?;
+                Ok(Tensor::f_cat(&values, 0)?.f_to_device(device)?)
+            }
         }
     }
 
-    /// The rows of `parts` one after another.
+    /// The weight as a projection's codes: one part as it is, several as rows of parts.
+    pub fn into_packed(parts: Vec<BlockWeight>) -> Result<Packed> {
+        let mut parts = parts;
+        if parts.len() == 1
+            && let Some(one) = parts.pop()
+        {
+            return Ok(Box::new(one));
+        }
+        match BlockRows::new(parts) {
+            Some(rows) => Ok(Box::new(rows)),
+            None => Err(crate::error::Error::Internal("block rows of different widths".to_owned())),
+        }
+    }
+
+    /// The rows of `parts` one after another: blocks where every part is (neighbouring
+    /// parts of one block type joined), else values.
     pub fn cat_rows(parts: Vec<Matrix>, kind: Kind, device: Device) -> Result<Matrix> {
         if parts.iter().all(|p| matches!(p, Matrix::Blocks(_))) {
-            let blocks: Vec<BlockWeight> =
-                parts.into_iter().filter_map(|p| if let Matrix::Blocks(b) = p { Some(b) } else { None }).collect();
-            if let Some(joined) = BlockWeight::cat_rows(&blocks)? {
-                return Ok(Matrix::Blocks(joined));
+            let mut joined: Vec<BlockWeight> = Vec::new();
+            for part in parts.into_iter().flat_map(|p| if let Matrix::Blocks(b) = p { b } else { Vec::new() }) {
+                match joined.pop() {
+                    Some(last) if last.format() == part.format() => match BlockWeight::cat_rows(&[last, part])? {
+                        Some(both) => joined.push(both),
+                        None => return Err(crate::error::Error::Internal("block rows of different widths".to_owned())),
+                    },
+                    Some(last) => joined.extend([last, part]),
+                    None => joined.push(part),
+                }
             }
-            let values = blocks.into_iter().map(|b| Matrix::Blocks(b).values(kind, device));
-            return Ok(Matrix::Values(Tensor::f_cat(&values.collect::<Result<Vec<_>>>()?, 0)?));
+            return Ok(Matrix::Blocks(joined));
         }
         let values = parts.into_iter().map(|p| p.values(kind, device)).collect::<Result<Vec<_>>>()?;
         Ok(Matrix::Values(Tensor::f_cat(&values, 0)?))
@@ -76,20 +100,21 @@ impl Matrix {
 
     /// Input columns `start..start + len` of every row.
     pub fn narrow_inputs(self, start: i64, len: i64, kind: Kind, device: Device) -> Result<Matrix> {
-        if let Matrix::Blocks(b) = &self
-            && let Some(part) = b.narrow_inputs(start, len)?
-        {
-            return Ok(Matrix::Blocks(part));
+        if let Matrix::Blocks(parts) = &self {
+            let narrowed = parts.iter().map(|p| p.narrow_inputs(start, len)).collect::<Result<Vec<_>>>()?;
+            if let Some(all) = narrowed.into_iter().collect::<Option<Vec<_>>>() {
+                return Ok(Matrix::Blocks(all));
+            }
         }
         Ok(Matrix::Values(self.values(kind, device)?.f_narrow(1, start, len)?))
     }
 
     /// The rows `index` lists, in its order.
-    pub fn select_rows(self, index: &Tensor) -> Result<Matrix> {
-        Ok(match self {
-            Matrix::Values(t) => Matrix::Values(t.f_index_select(0, index)?),
-            Matrix::Blocks(b) => Matrix::Blocks(b.select_rows(index)?),
-        })
+    pub fn select_rows(self, index: &Tensor, kind: Kind, device: Device) -> Result<Matrix> {
+        match self {
+            Matrix::Blocks(parts) if parts.len() == 1 => Ok(Matrix::Blocks(vec![parts[0].select_rows(index)?])),
+            m => Ok(Matrix::Values(m.values(kind, device)?.f_index_select(0, index)?)),
+        }
     }
 
     /// `pad` rows of zeros after the weight's.
@@ -103,9 +128,10 @@ impl Matrix {
                 let zeros = Tensor::f_zeros([pad, inputs], (kind, device))?;
                 Ok(Matrix::Values(Tensor::f_cat(&[t, zeros], 0)?))
             }
-            Matrix::Blocks(b) => {
-                let zeros = BlockWeight::zeros(b.format(), pad, b.shape().1)?;
-                Matrix::cat_rows(vec![Matrix::Blocks(b), Matrix::Blocks(zeros)], kind, device)
+            Matrix::Blocks(parts) => {
+                let Some(last) = parts.last() else { return Ok(Matrix::Blocks(parts)) };
+                let zeros = BlockWeight::zeros(last.format(), pad, last.shape().1)?;
+                Matrix::cat_rows(vec![Matrix::Blocks(parts), Matrix::Blocks(vec![zeros])], kind, device)
             }
         }
     }

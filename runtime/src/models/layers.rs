@@ -724,8 +724,8 @@ impl<'a> Loader<'a> {
     /// [`Loader::linear_of`] in `layout`.
     pub fn linear_of_as(&self, w: Matrix, b: Option<Tensor>, layout: WeightLayout) -> Result<Linear> {
         match w {
-            Matrix::Blocks(blocks) if self.dev == Device::Cpu && !self.codes_as_weights => {
-                Ok(Linear::packed(Box::new(blocks), b, &self.pool))
+            Matrix::Blocks(parts) if self.dev == Device::Cpu && !self.codes_as_weights => {
+                Ok(Linear::packed(Matrix::into_packed(parts)?, b, &self.pool))
             }
             w => self.linear_as(&w.values(self.kind, self.dev)?, b, layout),
         }
@@ -781,7 +781,7 @@ impl<'a> Loader<'a> {
         let (q_order, k_order) = (head_rows(qh.len())?, head_rows(kvh.len())?);
         let reordered = |m: Matrix, index: &Option<Tensor>| -> Result<Matrix> {
             match index {
-                Some(index) => m.select_rows(index),
+                Some(index) => m.select_rows(index, self.kind, self.dev),
                 None => Ok(m),
             }
         };

@@ -709,7 +709,7 @@ impl Model {
         // An embedding table keeps a source's blocks on the CPU (rows decoded as looked up).
         let table = |src: &mut dyn WeightSource, name: &str| -> Result<EmbeddingTable> {
             Ok(match vocab_rows(src, name)? {
-                Matrix::Blocks(b) if dev == Device::Cpu => EmbeddingTable::Codes(Box::new(b), kind),
+                Matrix::Blocks(parts) if dev == Device::Cpu => EmbeddingTable::Codes(Matrix::into_packed(parts)?, kind),
                 m => EmbeddingTable::Values(m.values(kind, dev)?),
             })
         };

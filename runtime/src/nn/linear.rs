@@ -123,7 +123,7 @@ impl Linear {
             return None;
         }
         if let Weight::Quantized(p) = &self.weight {
-            return Some(p.kernel_view());
+            return p.kernel_view();
         }
         let w = self.kernel_weight().filter(|w| w.kind() == kind)?;
         let (inputs, outputs) = w.size2().ok()?;

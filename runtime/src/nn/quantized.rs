@@ -57,8 +57,9 @@ pub type Packed = Box<dyn Quantized>;
 /// A weight `[out, in]` held as codes in a quantized format: packed at load
 /// ([`Int8Weight`], [`Int4Weight`]) or read as stored ([`BlockWeight`], GGUF's blocks).
 pub trait Quantized: Send {
-    /// The kernel's view of the codes and scales.
-    fn kernel_view(&self) -> kernel::Weights<'_>;
+    /// The kernel's view of the codes and scales (`None` for rows of several formats, each
+    /// part multiplied on its own).
+    fn kernel_view(&self) -> Option<kernel::Weights<'_>>;
 
     /// Writes output rows `first..first + len` of the weight the codes stand for into `w`,
     /// an f32 `[len, in]` contiguous CPU tensor that nothing else reads or writes meanwhile
@@ -84,38 +85,49 @@ pub trait Quantized: Send {
     /// through BLAS on the weight dequantized into `pool`'s scratch buffer, output rows of at
     /// most [`DEQUANTIZED_WEIGHTS`] weights at a time.
     fn product(&self, x: &Tensor, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
-        let (n, k) = self.shape();
         let rows = x.size2()?.0;
-        if rows > KERNEL_MAX_ROWS || x.device() != Device::Cpu {
-            let y = if x.kind() == Kind::Float && x.device() == Device::Cpu {
-                let chunk = (DEQUANTIZED_WEIGHTS / k.max(1)).clamp(1, n.max(1));
-                pool.with_scratch(chunk * k, |buf| {
-                    if chunk >= n {
-                        let w = buf.f_narrow(0, 0, n * k)?.f_view([n, k])?;
-                        self.dequantize_rows_into(0, &w)?;
-                        return Ok(x.f_matmul(&w.f_transpose(0, 1)?)?);
-                    }
-                    let y = Tensor::f_empty([rows, n], (Kind::Float, Device::Cpu))?;
-                    let mut first = 0;
-                    while first < n {
-                        let len = chunk.min(n - first);
-                        let w = buf.f_narrow(0, 0, len * k)?.f_view([len, k])?;
-                        self.dequantize_rows_into(first, &w)?;
-                        y.f_narrow(1, first, len)?.f_copy_(&x.f_matmul(&w.f_transpose(0, 1)?)?)?;
-                        first += len;
-                    }
-                    Ok(y)
-                })?
-            } else {
-                x.f_matmul(&self.dequantized(x.kind())?.f_transpose(0, 1)?)?
-            };
-            return Ok(match b {
-                Some(b) => y.f_add(b)?,
-                None => y,
-            });
+        match self.kernel_view() {
+            Some(w) if rows <= KERNEL_MAX_ROWS && x.device() == Device::Cpu => {
+                kernel_product(x, w, self.shape().0, b, pool)
+            }
+            _ => dequantized_product(self, x, b, pool),
         }
-        kernel_product(x, self.kernel_view(), n, b, pool)
     }
+}
+
+/// `x @ w^T + b` through BLAS on the weight `q`'s codes stand for: f32 CPU rows against
+/// the weight dequantized into `pool`'s scratch buffer, output rows of at most
+/// [`DEQUANTIZED_WEIGHTS`] weights at a time; other rows against the whole weight in their
+/// dtype.
+fn dequantized_product<Q: Quantized + ?Sized>(q: &Q, x: &Tensor, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
+    let (n, k) = q.shape();
+    let rows = x.size2()?.0;
+    let y = if x.kind() == Kind::Float && x.device() == Device::Cpu {
+        let chunk = (DEQUANTIZED_WEIGHTS / k.max(1)).clamp(1, n.max(1));
+        pool.with_scratch(chunk * k, |buf| {
+            if chunk >= n {
+                let w = buf.f_narrow(0, 0, n * k)?.f_view([n, k])?;
+                q.dequantize_rows_into(0, &w)?;
+                return Ok(x.f_matmul(&w.f_transpose(0, 1)?)?);
+            }
+            let y = Tensor::f_empty([rows, n], (Kind::Float, Device::Cpu))?;
+            let mut first = 0;
+            while first < n {
+                let len = chunk.min(n - first);
+                let w = buf.f_narrow(0, 0, len * k)?.f_view([len, k])?;
+                q.dequantize_rows_into(first, &w)?;
+                y.f_narrow(1, first, len)?.f_copy_(&x.f_matmul(&w.f_transpose(0, 1)?)?)?;
+                first += len;
+            }
+            Ok(y)
+        })?
+    } else {
+        x.f_matmul(&q.dequantized(x.kind())?.f_transpose(0, 1)?)?
+    };
+    Ok(match b {
+        Some(b) => y.f_add(b)?,
+        None => y,
+    })
 }
 
 /// Weights of a quantized projection dequantized at a time for BLAS (16 MB of f32): a
@@ -188,16 +200,16 @@ impl Quantized for Int8Weight {
         self.0.bytes()
     }
 
-    fn kernel_view(&self) -> kernel::Weights<'_> {
+    fn kernel_view(&self) -> Option<kernel::Weights<'_>> {
         // cannot wrap: sizes of allocated tensors.
         let (n, k) = (self.0.outputs as usize, self.0.inputs as usize);
         // SAFETY: `pack` made the codes a contiguous CPU int8 [n, k] tensor and the scales a
         // contiguous CPU f32 [n] one, owned by `self` (private fields) for the borrow.
         unsafe {
-            kernel::Weights::Int8 {
+            Some(kernel::Weights::Int8 {
                 q: std::slice::from_raw_parts(self.0.codes.data_ptr() as *const i8, n * k),
                 scales: std::slice::from_raw_parts(self.0.scales.data_ptr() as *const f32, n),
-            }
+            })
         }
     }
 
@@ -258,17 +270,17 @@ impl Quantized for Int4Weight {
         self.0.bytes()
     }
 
-    fn kernel_view(&self) -> kernel::Weights<'_> {
+    fn kernel_view(&self) -> Option<kernel::Weights<'_>> {
         // cannot wrap: sizes of allocated tensors.
         let (n, k) = (self.0.outputs as usize, self.0.inputs as usize);
         // SAFETY: `pack` made the codes a contiguous CPU uint8 [n, k / 2] tensor and the
         // scales a contiguous CPU f16 [n, k / 32] one, owned by `self` (private fields) for
         // the borrow.
         unsafe {
-            kernel::Weights::Int4 {
+            Some(kernel::Weights::Int4 {
                 codes: std::slice::from_raw_parts(self.0.codes.data_ptr() as *const u8, n * k / 2),
                 scales: std::slice::from_raw_parts(self.0.scales.data_ptr() as *const u16, n * k / kernel::INT4_GROUP),
-            }
+            })
         }
     }
 
@@ -276,7 +288,7 @@ impl Quantized for Int4Weight {
     fn dequantize_rows_into(&self, first: i64, w: &Tensor) -> Result<()> {
         let rows = check_target(w, first, self.0.outputs, self.0.inputs)?;
         let k = self.0.inputs as usize; // cannot wrap: a size of an allocated tensor
-        let kernel::Weights::Int4 { codes, scales } = self.kernel_view() else {
+        let Some(kernel::Weights::Int4 { codes, scales }) = self.kernel_view() else {
             return Err(Error::Internal("an int4 weight's view is not int4".to_owned()));
         };
         let (codes, scales) = (
@@ -370,18 +382,18 @@ impl Quantized for BlockWeight {
         self.data.numel()
     }
 
-    fn kernel_view(&self) -> kernel::Weights<'_> {
+    fn kernel_view(&self) -> Option<kernel::Weights<'_>> {
         // SAFETY: the data is a contiguous CPU uint8 tensor (made by `from_bytes`, `zeros`,
         // `cat` or a contiguous narrow or selection) of `outputs` rows of the format's row
         // bytes, owned by `self` (a private field) for the borrow.
         let data = unsafe { std::slice::from_raw_parts(self.data.data_ptr() as *const u8, self.data.numel()) };
-        kernel::Weights::Blocks { format: self.format, data }
+        Some(kernel::Weights::Blocks { format: self.format, data })
     }
 
     fn dequantize_rows_into(&self, first: i64, w: &Tensor) -> Result<()> {
         let rows = check_target(w, first, self.outputs, self.inputs)?;
         let k = self.inputs as usize; // cannot wrap: a size of an allocated tensor
-        let kernel::Weights::Blocks { data, .. } = self.kernel_view() else {
+        let Some(kernel::Weights::Blocks { data, .. }) = self.kernel_view() else {
             return Err(Error::Internal("a block weight's view is not blocks".to_owned()));
         };
         let width = self.format.row_bytes(k);
@@ -393,9 +405,114 @@ impl Quantized for BlockWeight {
     }
 }
 
+/// Rows of block weights of several formats one after another (a q/k/v or gate/up join of
+/// a file that stores its parts in different block types), each part kept as stored and
+/// multiplied on its own.
+pub struct BlockRows {
+    parts: Vec<BlockWeight>,
+}
+
+impl BlockRows {
+    /// The parts' rows in order; `None` unless they share their inputs.
+    pub fn new(parts: Vec<BlockWeight>) -> Option<BlockRows> {
+        let inputs = parts.first()?.inputs;
+        parts.iter().all(|p| p.inputs == inputs).then_some(BlockRows { parts })
+    }
+
+    pub fn parts(&self) -> &[BlockWeight] {
+        &self.parts
+    }
+}
+
+impl Quantized for BlockRows {
+    fn shape(&self) -> (i64, i64) {
+        (self.parts.iter().map(|p| p.outputs).sum(), self.parts.first().map_or(0, |p| p.inputs))
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.parts.iter().map(Quantized::stored_bytes).sum()
+    }
+
+    fn kernel_view(&self) -> Option<kernel::Weights<'_>> {
+        None
+    }
+
+    fn dequantize_rows_into(&self, first: i64, w: &Tensor) -> Result<()> {
+        let (n, k) = self.shape();
+        let rows = check_target(w, first, n, k)?;
+        let (mut start, end) = (rows.start as i64, rows.end as i64);
+        let mut at = 0;
+        for p in &self.parts {
+            let (lo, hi) = (at, at + p.outputs);
+            if start < hi && start < end {
+                let len = hi.min(end) - start;
+                p.dequantize_rows_into(start - lo, &w.f_narrow(0, start - first, len)?)?;
+                start += len;
+            }
+            at = hi;
+        }
+        Ok(())
+    }
+
+    /// Few CPU rows: each part's product through the kernel, side by side; more rows as
+    /// any quantized weight's.
+    fn product(&self, x: &Tensor, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
+        if x.size2()?.0 > KERNEL_MAX_ROWS || x.device() != Device::Cpu {
+            return dequantized_product(self, x, b, pool);
+        }
+        let parts = self.parts.iter().map(|p| p.product(x, None, pool)).collect::<Result<Vec<_>>>()?;
+        let y = Tensor::f_cat(&parts, 1)?;
+        Ok(match b {
+            Some(b) => y.f_add(b)?,
+            None => y,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Q8_0 blocks of `rows` x `inputs` weights: scale 2^-6, codes from a running count.
+    fn q8_blocks(rows: i64, inputs: i64, seed: u8) -> BlockWeight {
+        let blocks = (rows * inputs / 32) as usize;
+        let mut bytes = Vec::with_capacity(blocks * 34);
+        for b in 0..blocks {
+            bytes.extend(0x2400u16.to_le_bytes());
+            bytes.extend((0..32u8).map(|j| j.wrapping_mul(7).wrapping_add(b as u8).wrapping_add(seed)));
+        }
+        BlockWeight::from_bytes(kernel::Block::Q8_0, &bytes, rows, inputs).unwrap()
+    }
+
+    /// Joined rows, input columns on block edges, reordered rows and zero rows of block
+    /// weights stand for what the same operations on their values give; few rows multiply
+    /// through the kernel, many through BLAS, both equal to the values' product; bytes that
+    /// are not whole rows are refused.
+    #[test]
+    fn block_weights_keep_their_values_through_joins_and_splits() {
+        let _g = tch::no_grad_guard();
+        let (a, b) = (q8_blocks(6, 96, 1), q8_blocks(4, 96, 2));
+        let (va, vb) = (a.dequantized(Kind::Float).unwrap(), b.dequantized(Kind::Float).unwrap());
+        let joined = BlockWeight::cat_rows(&[a, b]).unwrap().unwrap();
+        assert!(joined.dequantized(Kind::Float).unwrap().equal(&Tensor::cat(&[&va, &vb], 0)));
+        let all = joined.dequantized(Kind::Float).unwrap();
+        let part = joined.narrow_inputs(32, 64).unwrap().unwrap();
+        assert!(part.dequantized(Kind::Float).unwrap().equal(&all.narrow(1, 32, 64)));
+        assert!(joined.narrow_inputs(16, 64).unwrap().is_none(), "not on a block edge");
+        let order = Tensor::from_slice(&[3i64, 0, 9, 1]);
+        let picked = joined.select_rows(&order).unwrap();
+        assert!(picked.dequantized(Kind::Float).unwrap().equal(&all.index_select(0, &order)));
+        let zeros = BlockWeight::zeros(kernel::Block::Q8_0, 3, 96).unwrap();
+        assert_eq!(zeros.dequantized(Kind::Float).unwrap().abs().sum(Kind::Float).double_value(&[]), 0.0);
+        for rows in [1, 5, 40] {
+            let x = Tensor::randn([rows, 96], (Kind::Float, Device::Cpu));
+            let want = x.matmul(&all.transpose(0, 1));
+            let got = joined.product(&x, None, &CpuPool::new(2)).unwrap();
+            assert!((&got - &want).abs().max().double_value(&[]) <= 1e-4, "{rows} rows");
+        }
+        assert!(BlockWeight::from_bytes(kernel::Block::Q8_0, &[0; 33], 1, 32).is_err());
+        assert!(BlockWeight::from_bytes(kernel::Block::Q8_0, &[0; 34], 1, 48).is_err());
+    }
 
     /// int4 packing: every weight within half a step of its group's scale (one step for a
     /// value past +7 steps, which clamps: the group's largest magnitude maps to -8 exactly),
@@ -439,9 +556,17 @@ mod tests {
                 assert!(d <= 1e-4, "{format:?} {rows} rows: {d}");
             }
         }
+        // Many rows of a weight larger than the dequantized chunk: its output rows in parts.
+        let big = Tensor::randn([2100, 2048], (Kind::Float, Device::Cpu)).f_mul_scalar(0.05).unwrap();
+        let p = Quantize::Int4.pack(&big).unwrap();
+        let x = Tensor::randn([20, 2048], (Kind::Float, Device::Cpu));
+        let want = x.matmul(&p.dequantized(Kind::Float).unwrap().transpose(0, 1));
+        let got = p.product(&x, None, &CpuPool::new(2)).unwrap();
+        let d = (&got - &want).abs().max().double_value(&[]);
+        assert!(2100 * 2048 > DEQUANTIZED_WEIGHTS && d <= 1e-4, "chunked product: {d}");
         // int4 leaves inputs that are not whole groups of 32 to int8.
         let odd = Quantize::Int4.pack(&Tensor::randn([8, 80], (Kind::Float, Device::Cpu))).unwrap();
-        assert!(matches!(odd.kernel_view(), kernel::Weights::Int8 { .. }));
+        assert!(matches!(odd.kernel_view(), Some(kernel::Weights::Int8 { .. })));
         let int4 = Int4Weight::pack(&w).unwrap();
         assert_eq!(int4.0.codes.size(), [70, 48]);
     }

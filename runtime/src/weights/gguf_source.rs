@@ -446,6 +446,6 @@ impl WeightSource for GgufSource<'_> {
         let w = BlockWeight::from_bytes(format, bytes, n as i64, *k)?;
         self.progress.tick(name, bytes.len());
         self.g.release(bytes);
-        Ok(Matrix::Blocks(w))
+        Ok(Matrix::Blocks(vec![w]))
     }
 }
