@@ -510,6 +510,27 @@ mod tests {
             let got = joined.product(&x, None, &CpuPool::new(2)).unwrap();
             assert!((&got - &want).abs().max().double_value(&[]) <= 1e-4, "{rows} rows");
         }
+        // Rows of two block types one after another: each part as stored.
+        let mut q4 = Vec::new();
+        for b in 0..(3 * 96 / 32) {
+            q4.extend(0x2800u16.to_le_bytes());
+            q4.extend((0..16u8).map(|j| j.wrapping_mul(29).wrapping_add(b as u8)));
+        }
+        let q4 = BlockWeight::from_bytes(kernel::Block::Q4_0, &q4, 3, 96).unwrap();
+        let v4 = q4.dequantized(Kind::Float).unwrap();
+        let mixed = BlockRows::new(vec![q8_blocks(6, 96, 1), q4]).unwrap();
+        let all = Tensor::cat(&[&va, &v4], 0);
+        assert!(mixed.dequantized(Kind::Float).unwrap().equal(&all));
+        let some = Tensor::zeros([4, 96], (Kind::Float, Device::Cpu));
+        mixed.dequantize_rows_into(4, &some).unwrap();
+        assert!(some.equal(&all.narrow(0, 4, 4)), "rows across the parts' edge");
+        for rows in [1, 5, 40] {
+            let x = Tensor::randn([rows, 96], (Kind::Float, Device::Cpu));
+            let want = x.matmul(&all.transpose(0, 1));
+            let got = mixed.product(&x, None, &CpuPool::new(2)).unwrap();
+            assert!((&got - &want).abs().max().double_value(&[]) <= 1e-4, "mixed, {rows} rows");
+        }
+        assert!(BlockRows::new(vec![q8_blocks(1, 64, 0), q8_blocks(1, 96, 0)]).is_none());
         assert!(BlockWeight::from_bytes(kernel::Block::Q8_0, &[0; 33], 1, 32).is_err());
         assert!(BlockWeight::from_bytes(kernel::Block::Q8_0, &[0; 34], 1, 48).is_err());
     }
