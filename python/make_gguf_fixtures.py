@@ -192,13 +192,86 @@ def make(family: str, llama) -> None:
     (out / "reference.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
+# GLM-4's pre-tokenizer (the split llama.cpp applies for `tokenizer.ggml.pre` "glm4"), and
+# its special tokens, for a small BPE vocabulary trained here.
+GLM4_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GLM4_SPECIAL = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+                "<|assistant|>", "<|observation|>", "<think>", "</think>"]
+CHAT_TEMPLATE = ("[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def tokenizer_corpus() -> list[str]:
+    """Text to train and test on: the project's own docs, with lines in other scripts."""
+    text = [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))] + [(ROOT / "README.md").read_text()]
+    text.append("你好，世界！这是一个测试。 Привет, мир! مرحبا بالعالم 🎉🚀 naïve café 12345678 3.14159\n\n\t  end")
+    return text
+
+
+def make_tokenizer(llama) -> None:
+    """tests/fixtures/gguf-tokenizer: a byte-level BPE tokenizer.json with GLM-4's split and
+    special tokens (trained by `tokenizers` on tokenizer_corpus) and a chat template in
+    GLM's format, and a small random glm4 model with that vocabulary as llama.cpp's converter
+    writes it (pre-tokenizer "glm4"), quantized to Q8_0 by llama-quantize (model.gguf)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out = ROOT / "tests" / "fixtures" / "gguf-tokenizer"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GLM4_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=[], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(tokenizer_corpus(), trainer)
+    tok.add_special_tokens(GLM4_SPECIAL)
+    vocab = tok.get_vocab_size()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = Path(tmp) / "glm4-tokenizer"
+        config = mf.build_config("glm4", dict(SPECS["glm4"][1], vocab_size=vocab + 4, hidden_size=64,
+                                              intermediate_size=64, head_dim=16, num_hidden_layers=1),
+                                 mf.DEFAULT_EOS_ID)
+        model = mf.FAMILIES["glm4"][1]._from_config(config)
+        mf.randomize(model, 204)
+        model.save_pretrained(hf)
+        tok.save(str(hf / "tokenizer.json"))
+        (hf / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE,
+            "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}))
+        shutil.copy(hf / "tokenizer.json", out / "tokenizer.json")
+        shutil.copy(hf / "tokenizer_config.json", out / "tokenizer_config.json")
+        script = (
+            "import sys, runpy\n"
+            f"sys.path.insert(0, {str(llama.tree)!r})\n"
+            f"sys.path.insert(0, {str(llama.tree / 'gguf-py')!r})\n"
+            "import conversion.base as base\n"
+            # The trained vocabulary's hash is not among the converter's known ones: it is
+            # GLM-4's split, which the converter names "glm4".
+            "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'glm4'\n"
+            f"sys.argv = ['convert_hf_to_gguf.py', {str(hf)!r}, '--outtype', 'f32', '--outfile', "
+            f"{str(hf / 'model-f32.gguf')!r}]\n"
+            f"runpy.run_path({str(llama.tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n"
+        )
+        peer.sh([sys.executable, "-c", script])
+        peer.sh([llama.bin("llama-quantize"), hf / "model-f32.gguf", out / "model.gguf", "Q8_0"])
+    print(f"tokenizer: {vocab} tokens, {(out / 'model.gguf').stat().st_size} bytes of GGUF", flush=True)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
     llama = peer.LlamaCpp(peer.llama_cpp_source(), native=True).ensure()
-    for family in sys.argv[1:] or SPECS:
-        make(family, llama)
+    for family in sys.argv[1:] or [*SPECS, "tokenizer"]:
+        if family == "tokenizer":
+            make_tokenizer(llama)
+        else:
+            make(family, llama)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ fn gguf_fixtures() -> Vec<PathBuf> {
                 std::fs::read_dir(&dir)
                     .expect("a fixture folder")
                     .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.extension().is_some_and(|e| e == "gguf")),
+                    .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+                    .filter(|p| p.with_extension("reference.safetensors").is_file()),
             );
         }
     }
@@ -162,4 +163,40 @@ fn refused_gguf_files_say_why() {
         let err = Model::load(&path, &LoadOptions::default()).err().expect("a cut file refused").to_string();
         assert!(err.contains(what), "cut at {cut}: {err}");
     }
+}
+
+/// A GGUF file's vocabulary (`tokenizer.ggml.*`, written by llama.cpp's converter from a
+/// byte-level BPE tokenizer.json with GLM-4's split and special tokens,
+/// tests/fixtures/gguf-tokenizer) tokenizes and decodes every text of a corpus as that
+/// tokenizer.json does, special tokens included, and gives its chat template and special
+/// tokens.
+#[test]
+fn a_gguf_vocabulary_tokenizes_as_its_tokenizer_json() {
+    use headcount_runtime::{TextCodec, tokenizer_files};
+    let dir = fixtures_dir().join("gguf-tokenizer");
+    let theirs = TextCodec::from_dir(&dir).unwrap().expect("tokenizer.json");
+    let ours = TextCodec::from_dir(&dir.join("model.gguf")).unwrap().expect("the GGUF file's vocabulary");
+    let corpus = [
+        "Hello, world! The tokenizer's split: don't, I'll, we've, they're, it's, I'd, I'm.",
+        "[gMASK]<sop><|system|>\nYou are GLM.<|user|>\nWhat is 1234567 + 89?<|assistant|>\n<think>sum</think>1234656",
+        "numbers 1 12 123 1234 12345 3.14159 -0.5e10 and   spaces\t\ttabs\n\n\nnewlines \r\n crlf",
+        "你好，世界！这是一个测试。 Привет, мир! مرحبا 🎉🚀 naïve café Ünïcödé ß ﬁ",
+        "unseenwordsthatthetrainerneversaw xylophone zygote qwerty asdfgh",
+        "    leading spaces, trailing spaces    ",
+        "<|endoftext|><|user|>inline<|observation|>[MASK][sMASK]<eop>",
+        "fn main() { println!(\"{}\", x.iter().map(|v| v * 2).sum::<i64>()); }",
+        "",
+    ];
+    for text in corpus {
+        let (a, b) = (ours.encode_plain(text).unwrap(), theirs.encode_plain(text).unwrap());
+        assert_eq!(a, b, "{text:?}");
+        assert_eq!(ours.encode(text).unwrap(), theirs.encode(text).unwrap(), "{text:?} with special tokens");
+        assert_eq!(ours.decode(&a).unwrap(), theirs.decode(&b).unwrap(), "{text:?} decoded");
+    }
+    let long: String = corpus.concat().repeat(20);
+    assert_eq!(ours.encode_plain(&long).unwrap(), theirs.encode_plain(&long).unwrap());
+    let (gguf, folder) = (tokenizer_files(&dir.join("model.gguf")).unwrap(), tokenizer_files(&dir).unwrap());
+    assert_eq!(gguf.config["chat_template"], folder.config["chat_template"]);
+    assert_eq!(gguf.config["eos_token"], folder.config["eos_token"]);
+    assert_eq!(ours.token_id("<|user|>"), theirs.token_id("<|user|>"));
 }

@@ -33,7 +33,7 @@ pub use models::{
     rank_mtp_parameter_count, rank_parameter_count,
 };
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};
-pub use text::{StreamDecoder, TextCodec};
+pub use text::{StreamDecoder, TextCodec, TokenizerFiles, tokenizer_files};
 pub use typed::Declared;
 pub use weights::{gguf_file, model_config};
 

@@ -1,4 +1,5 @@
-//! Text in and out through a checkpoint's `tokenizer.json` (the `tokenizers` crate).
+//! Text in and out through a checkpoint's `tokenizer.json` (the `tokenizers` crate), read
+//! from its folder or built from a GGUF file's vocabulary ([`tokenizer_files`]).
 //!
 //! `tokenizers` 0.22 panics on some malformed files instead of returning an error (a file
 //! cut inside its `decoder` object, a `Precompiled` normalizer with a bad charsmap), so the
@@ -9,9 +10,58 @@
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+
+/// A model's tokenizer documents: its folder's `tokenizer.json`, `tokenizer_config.json` and
+/// `chat_template.jinja`, or, for a GGUF model without a tokenizer.json beside it, the
+/// documents its metadata gives (`crate::weights::gguf_tokenizer`).
+pub struct TokenizerFiles {
+    /// Where they come from (the tokenizer.json, or the GGUF file), for messages.
+    pub origin: PathBuf,
+    /// tokenizer.json's text, `None` when the model has none.
+    pub tokenizer: Option<String>,
+    /// tokenizer_config.json (`Null` when the model has none).
+    pub config: serde_json::Value,
+    /// chat_template.jinja's text.
+    pub chat_template: Option<String>,
+}
+
+/// The tokenizer documents of the model `path` names (a folder, or a GGUF file or a folder
+/// holding one). A document that cannot be read is an error naming its file.
+pub fn tokenizer_files(path: &Path) -> Result<TokenizerFiles> {
+    let json_path = path.join("tokenizer.json");
+    if !json_path.is_file()
+        && let Some(file) = crate::weights::gguf_file(path)?
+    {
+        let g = crate::weights::gguf::Gguf::open(&file)?;
+        let tokenizer = crate::weights::gguf_tokenizer::tokenizer_json(&g, &file)?.map(|t| t.to_string());
+        let config = crate::weights::gguf_tokenizer::tokenizer_config(&g, &file)?;
+        return Ok(TokenizerFiles { origin: file, tokenizer, config, chat_template: None });
+    }
+    let read = |p: &Path| -> Result<Option<String>> {
+        if !p.is_file() {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(p).map_err(|source| Error::Io { path: p.to_owned(), source })?;
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|e| Error::BadFile { file: p.to_owned(), reason: format!("not valid UTF-8: {e}") })
+    };
+    let config_path = path.join("tokenizer_config.json");
+    let config = match read(&config_path)? {
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| Error::BadFile { file: config_path.clone(), reason: format!("not valid JSON: {e}") })?,
+        None => serde_json::Value::Null,
+    };
+    Ok(TokenizerFiles {
+        tokenizer: read(&json_path)?,
+        origin: json_path,
+        config,
+        chat_template: read(&path.join("chat_template.jinja"))?,
+    })
+}
 
 /// A checkpoint's tokenizer.
 pub struct TextCodec {
@@ -19,15 +69,13 @@ pub struct TextCodec {
 }
 
 impl TextCodec {
-    /// `dir/tokenizer.json`, or `None` when the checkpoint has none.
+    /// The tokenizer of the model `dir` names ([`tokenizer_files`]: `dir/tokenizer.json`, or
+    /// a GGUF file's vocabulary), or `None` when the model has none.
     pub fn from_dir(dir: &Path) -> Result<Option<TextCodec>> {
-        let p = dir.join("tokenizer.json");
-        if !p.is_file() {
-            return Ok(None);
-        }
+        let files = tokenizer_files(dir)?;
+        let Some(text) = files.tokenizer else { return Ok(None) };
+        let p = files.origin;
         let bad = |reason: String| Error::BadFile { file: p.clone(), reason };
-        let bytes = std::fs::read(&p).map_err(|source| Error::Io { path: p.clone(), source })?;
-        let text = String::from_utf8(bytes).map_err(|e| bad(format!("not valid UTF-8: {e}")))?;
         serde_json::from_str::<serde_json::Value>(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let inner = guarded(|| text.parse::<tokenizers::Tokenizer>())
             .map_err(|panic| bad(format!("not a usable tokenizer: {panic}")))?

@@ -48,7 +48,7 @@ pub fn run(a: &RunArgs, quiet: bool) -> Result<ExitCode> {
     }
     if a.prompt.is_some() && codec.is_none() {
         return Err(Error::InvalidArgument(format!(
-            "{} has no tokenizer.json, so --prompt cannot be tokenized: give --ids instead",
+            "{} has no tokenizer.json (nor a GGUF vocabulary), so --prompt cannot be tokenized: give --ids instead",
             a.model.display()
         )));
     }
@@ -206,9 +206,6 @@ fn read_schema(arg: &str) -> Result<serde_json::Value> {
 /// checkpoint's tokenizer.json; an error names why the schema or the tokenizer is refused.
 fn json_constraint(dir: &Path, schema: &serde_json::Value, vocab: usize, eos: &[i64]) -> Result<Constraints> {
     let refused = |e: String| Error::InvalidArgument(format!("--json-schema: {e}"));
-    if !dir.join("tokenizer.json").is_file() {
-        return Err(refused(format!("{} has no tokenizer.json to write JSON with", dir.display())));
-    }
     let grammars = Grammars::from_dir(dir, vocab, eos).map_err(refused)?;
     let first = std::sync::Mutex::new(grammars.matcher(schema).map_err(refused)?);
     Ok(Constraints(std::sync::Arc::new(move || {

@@ -573,3 +573,36 @@ fn replicas_behind_vllm_router_answer_as_one_server() {
     drop(router);
     assert!(status.success(), "python/router_test.py failed: {status}");
 }
+
+/// A GGUF file serves chat with the tokenizer and chat template its metadata holds
+/// (tests/fixtures/gguf-tokenizer: llama.cpp's converter wrote them from a tokenizer.json
+/// and tokenizer_config.json): the answer is what generating from the template's prompt,
+/// tokenized by the file's vocabulary, gives.
+#[test]
+fn a_gguf_file_serves_chat_with_its_own_tokenizer_and_template() {
+    let file = root().join("tests/fixtures/gguf-tokenizer/model.gguf");
+    let model = Model::load(&file, &LoadOptions::default()).unwrap();
+    let codec = TextCodec::from_dir(&file).unwrap().expect("the file vocabulary");
+    let prompt = codec.encode_plain("[gMASK]<sop><|user|>\nhello there<|assistant|>\n").unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        sampling: Sampling::greedy(),
+        eos_token_ids: vec![],
+        ..Default::default()
+    };
+    let ids = generate(&model, std::slice::from_ref(&prompt), &opts, |_, _| {}).unwrap().tokens.remove(0);
+    let want = codec.decode(&ids).unwrap();
+    let file_arg = file.display().to_string();
+    let server = start(&["--model", &file_arg], &[]);
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 6,
+                                  "temperature": 0, "ignore_eos": true});
+    let (status, text) = post(&server.url, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len(), "{text}");
+    assert_eq!(v["choices"][0]["message"]["content"], want, "{text}");
+    let (status, text) = post(&server.url, "/tokenize", r#"{"prompt": "hello there"}"#);
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["tokens"], serde_json::json!(codec.encode_plain("hello there").unwrap()), "{text}");
+}

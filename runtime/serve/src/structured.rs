@@ -22,10 +22,14 @@ pub struct Grammars {
 }
 
 impl Grammars {
-    /// From `dir/tokenizer.json`, for a model of `vocab` ids whose answers end on `eos`.
+    /// From the tokenizer of the model `dir` names (its tokenizer.json, or a GGUF file's
+    /// vocabulary), for a model of `vocab` ids whose answers end on `eos`.
     pub fn from_dir(dir: &Path, vocab: usize, eos: &[i64]) -> Result<Grammars, String> {
-        let path = dir.join("tokenizer.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let files = headcount_runtime::tokenizer_files(dir).map_err(|e| e.to_string())?;
+        let path = files.origin;
+        let text = files.tokenizer.ok_or_else(|| {
+            format!("{} has no tokenizer.json (nor a GGUF vocabulary) to write JSON with", dir.display())
+        })?;
         let json: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut bytes = llguidance::token_bytes_from_tokenizer_json(&json)
             .map_err(|e| format!("structured output cannot read {}: {e}", path.display()))?;

@@ -28,18 +28,13 @@ pub struct ChatTemplate {
 impl ChatTemplate {
     /// The template of the checkpoint in `dir`: `chat_template.jinja`, else
     /// tokenizer_config.json's `chat_template` (a string, or a list of named templates, the
-    /// one named `default` taken); `None` when it has neither.
+    /// one named `default` taken), else a GGUF model's `tokenizer.chat_template` with its
+    /// special tokens; `None` when it has none.
     pub fn from_dir(dir: &Path) -> Result<Option<ChatTemplate>, String> {
-        let config_path = dir.join("tokenizer_config.json");
-        let config: serde_json::Value = match std::fs::read_to_string(&config_path) {
-            Ok(text) => {
-                serde_json::from_str(&text).map_err(|e| format!("{}: not valid JSON: {e}", config_path.display()))?
-            }
-            Err(_) => serde_json::Value::Null,
-        };
-        let jinja = dir.join("chat_template.jinja");
-        let source = if jinja.is_file() {
-            std::fs::read_to_string(&jinja).map_err(|e| format!("{}: {e}", jinja.display()))?
+        let files = headcount_runtime::tokenizer_files(dir).map_err(|e| e.to_string())?;
+        let (config, config_path) = (files.config, files.origin.with_file_name("tokenizer_config.json"));
+        let source = if let Some(jinja) = files.chat_template {
+            jinja
         } else {
             match config.get("chat_template") {
                 None | Some(serde_json::Value::Null) => return Ok(None),

@@ -4,5 +4,6 @@
 
 pub mod gguf;
 pub(crate) mod gguf_source;
+pub mod gguf_tokenizer;
 
 pub use gguf_source::{gguf_file, model_config};

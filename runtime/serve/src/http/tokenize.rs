@@ -128,16 +128,15 @@ pub async fn version() -> Response {
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
-/// What `/tokenizer_info` answers for the checkpoint in `dir`: `None` without a
-/// tokenizer.json.
+/// What `/tokenizer_info` answers for the checkpoint in `dir`: `None` without a tokenizer
+/// (a tokenizer.json, or a GGUF file's vocabulary).
 pub fn tokenizer_info_of(dir: &Path, chat_template: Option<&str>, max_model_len: usize) -> Option<Value> {
-    if !dir.join("tokenizer.json").is_file() {
-        return None;
-    }
-    let config: Map<String, Value> = std::fs::read_to_string(dir.join("tokenizer_config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let files = headcount_runtime::tokenizer_files(dir).ok()?;
+    files.tokenizer.as_ref()?;
+    let config: Map<String, Value> = match files.config {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
     let mut info = Map::new();
     for (k, v) in config {
         match (k.as_str(), v) {
