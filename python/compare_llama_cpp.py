@@ -142,8 +142,8 @@ class LlamaCpp:
     def bin(self, name):
         return self.build / "bin" / name
 
-    def ensure(self, server=False):
-        targets = ["llama-bench", "llama-quantize"] + (["llama-server"] if server else [])
+    def ensure(self, server=False, extra=()):
+        targets = ["llama-bench", "llama-quantize"] + (["llama-server"] if server else []) + list(extra)
         if all(self.bin(t).exists() for t in targets):
             return self
         print(f"building {', '.join(targets)}, {self.note} (a few minutes)", file=sys.stderr)

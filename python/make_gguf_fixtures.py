@@ -12,7 +12,9 @@ the file's reference (the keys python/make_fixtures.py writes, input ids drawn u
 greedy step has a clear margin).
 
 Writes tests/fixtures/gguf-<family>/<kind>.gguf, <kind>.reference.safetensors and
-reference.json. Usage: .venv/bin/python python/make_gguf_fixtures.py
+reference.json (for glm4 also split/: the Q8_0 file split in three by `llama-gguf-split`),
+and tests/fixtures/gguf-tokenizer (make_tokenizer). Usage:
+.venv/bin/python python/make_gguf_fixtures.py [glm4|glm4_moe|glm4_moe_lite|tokenizer]...
 """
 
 import importlib.metadata
@@ -183,6 +185,11 @@ def make(family: str, llama) -> None:
                 "bytes": path.stat().st_size, "min_greedy_logit_margin": round(margin, 4),
                 "logits_abs_max": round(logits.abs().max().item(), 4)}
             print(f"{family} {kind}: {path.stat().st_size} bytes, types {types}, margin {margin:.4f}", flush=True)
+        if family == "glm4":
+            # The Q8_0 file in three parts, as llama.cpp's gguf-split writes a split model.
+            (out / "split").mkdir()
+            peer.sh([llama.bin("llama-gguf-split"), "--split", "--split-max-tensors", "12", out / "q8_0.gguf",
+                     out / "split" / "q8_0"])
     info["notes"] = (
         "A random checkpoint (python/make_fixtures.py randomize) converted to f32 GGUF by llama.cpp's "
         "convert_hf_to_gguf.py with a one-word-an-id vocabulary (python/compare_llama_cpp.py), quantized "
@@ -266,7 +273,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
-    llama = peer.LlamaCpp(peer.llama_cpp_source(), native=True).ensure()
+    llama = peer.LlamaCpp(peer.llama_cpp_source(), native=True).ensure(extra=["llama-gguf-split"])
     for family in sys.argv[1:] or [*SPECS, "tokenizer"]:
         if family == "tokenizer":
             make_tokenizer(llama)

@@ -200,3 +200,21 @@ fn a_gguf_vocabulary_tokenizes_as_its_tokenizer_json() {
     assert_eq!(gguf.config["eos_token"], folder.config["eos_token"]);
     assert_eq!(ours.token_id("<|user|>"), theirs.token_id("<|user|>"));
 }
+
+/// A model split by llama.cpp's `llama-gguf-split` (tests/fixtures/gguf-glm4/split: the Q8_0
+/// file in three parts, `--split-max-tensors 12`) loads from its first part, or from the
+/// folder holding the parts, to the very logits of the whole file; a later part alone is
+/// refused.
+#[test]
+fn a_split_gguf_model_is_the_whole_file() {
+    let dir = fixtures_dir().join("gguf-glm4");
+    let whole = Model::load(&dir.join("q8_0.gguf"), &LoadOptions::default()).unwrap();
+    let ids = [5i64, 6, 7, 8, 100, 3];
+    let want = logits(&whole, &ids).unwrap();
+    for path in [dir.join("split/q8_0-00001-of-00003.gguf"), dir.join("split")] {
+        let split = Model::load(&path, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(logits(&split, &ids).unwrap().equal(&want), "{}", path.display());
+    }
+    let err = Model::load(&dir.join("split/q8_0-00002-of-00003.gguf"), &LoadOptions::default()).err().unwrap();
+    assert!(err.to_string().contains("part 2 of 3"), "{err}");
+}

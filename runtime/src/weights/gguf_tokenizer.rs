@@ -75,7 +75,6 @@ pub fn tokenizer_json(g: &Gguf, path: &Path) -> Result<Option<Json>> {
             format!("tokenizer.ggml.token_type has {} entries for {} tokens", types.len(), tokens.len()),
         ));
     }
-    let merges = strings(g, path, "tokenizer.ggml.merges")?.unwrap_or_default();
     let mut vocab = Map::new();
     let mut added = Vec::new();
     for (id, (&token, &kind)) in tokens.iter().zip(&types).enumerate() {
@@ -88,6 +87,17 @@ pub fn tokenizer_json(g: &Gguf, path: &Path) -> Result<Option<Json>> {
         // A token twice keeps its first id (the vocabulary maps strings to ids).
         vocab.entry(token.to_owned()).or_insert(json!(id));
     }
+    // A merge of pieces the vocabulary lacks, or into one it lacks, can make no token: left
+    // out (a tokenizer.json may not hold it; llama.cpp never applies it).
+    let merges: Vec<&str> = strings(g, path, "tokenizer.ggml.merges")?
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| {
+            m.split_once(' ').is_some_and(|(a, b)| {
+                vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{a}{b}"))
+            })
+        })
+        .collect();
     let bos = md.get("tokenizer.ggml.bos_token_id").and_then(Value::as_u64);
     let add_bos = md.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(false);
     // llama.cpp never adds a bos token under GLM's split.
