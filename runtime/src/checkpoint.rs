@@ -97,6 +97,46 @@ impl Checkpoint {
         self.tensors.values().map(|e| e.end - e.start).sum()
     }
 
+    /// Checks `name` is an FP8 weight of `shape` (`[out, in]`, `float8_e4m3fn`) with its
+    /// `weight_scale` beside it, one an output channel (`[out, 1]`) or one for the weight:
+    /// `Ok(false)` where the weight is stored otherwise (an unquantized module).
+    pub fn check_fp8(&self, name: &str, shape: &[i64]) -> Result<bool> {
+        let Some(e) = self.tensors.get(name).filter(|e| e.dtype == Dtype::F8_E4M3) else { return Ok(false) };
+        let file = self.file_of(e).to_owned();
+        let same = |got: &[usize], want: &[i64]| {
+            got.len() == want.len() && got.iter().zip(want).all(|(a, b)| i64::try_from(*a).is_ok_and(|a| a == *b))
+        };
+        if shape.len() != 2 || !same(&e.shape, shape) {
+            return Err(Error::ShapeMismatch {
+                name: name.to_owned(),
+                file,
+                got: e.shape.clone(),
+                expected: shape.to_vec(),
+            });
+        }
+        let scale = format!("{}_scale", name);
+        let s = self
+            .tensors
+            .get(&scale)
+            .ok_or_else(|| Error::MissingTensor { name: scale.clone(), expected: vec![shape[0], 1] })?;
+        if !matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(Error::UnsupportedDtype {
+                name: scale,
+                file: self.file_of(s).to_owned(),
+                dtype: format!("{:?}", s.dtype),
+            });
+        }
+        if !(same(&s.shape, &[shape[0], 1]) || same(&s.shape, &[shape[0]]) || s.shape.iter().product::<usize>() == 1) {
+            return Err(Error::ShapeMismatch {
+                name: scale,
+                file: self.file_of(s).to_owned(),
+                got: s.shape.clone(),
+                expected: vec![shape[0], 1],
+            });
+        }
+        Ok(true)
+    }
+
     /// Checks a tensor exists with this shape and a float dtype.
     pub fn check(&self, name: &str, expected: &[i64]) -> Result<&TensorEntry> {
         let e = self
@@ -104,7 +144,7 @@ impl Checkpoint {
             .get(name)
             .ok_or_else(|| Error::MissingTensor { name: name.to_owned(), expected: expected.to_vec() })?;
         let file = self.file_of(e).to_owned();
-        if kind_of(e.dtype).is_none() {
+        if kind_of(e.dtype).is_none() || e.dtype == Dtype::F8_E4M3 {
             return Err(Error::UnsupportedDtype { name: name.to_owned(), file, dtype: format!("{:?}", e.dtype) });
         }
         let same = e.shape.len() == expected.len()
@@ -201,12 +241,14 @@ fn check_offsets(bytes: &[u8]) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The float dtypes the runtime reads.
+/// The dtypes the runtime reads: floats, and FP8 codes (read as codes, with their scales,
+/// by a quantized checkpoint's source).
 fn kind_of(d: Dtype) -> Option<Kind> {
     match d {
         Dtype::F32 => Some(Kind::Float),
         Dtype::BF16 => Some(Kind::BFloat16),
         Dtype::F16 => Some(Kind::Half),
+        Dtype::F8_E4M3 => Some(Kind::Float8e4m3fn),
         _ => None,
     }
 }

@@ -5,8 +5,9 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::nn::quantized::{BlockRows, BlockWeight};
+use crate::nn::quantized::{BlockRows, BlockWeight, Fp8Weight};
 use crate::nn::{Packed, Quantized};
+use crate::weights::compressed::StoredQuantization;
 
 /// A source of weights: a checkpoint (safetensors or GGUF), or seeded random values. Each
 /// tensor is asked for by its Hugging Face name and checkpoint shape.
@@ -49,6 +50,8 @@ pub(crate) trait WeightSource {
 pub(crate) enum Matrix {
     Values(Tensor),
     Blocks(Vec<BlockWeight>),
+    /// FP8 codes with their channels' scales (a compressed-tensors checkpoint's).
+    Fp8(Fp8Weight),
 }
 
 impl Matrix {
@@ -60,6 +63,7 @@ impl Matrix {
                 let values = parts.iter().map(|p| p.dequantized(kind)).collect::<Result<Vec<_>>>()?;
                 Ok(Tensor::f_cat(&values, 0)?.f_to_device(device)?)
             }
+            Matrix::Fp8(w) => Ok(w.dequantized(kind)?.f_to_device(device)?),
         }
     }
 
@@ -80,6 +84,16 @@ impl Matrix {
     /// The rows of `parts` one after another: blocks where every part is (neighbouring
     /// parts of one block type joined), else values.
     pub fn cat_rows(parts: Vec<Matrix>, kind: Kind, device: Device) -> Result<Matrix> {
+        if parts.iter().all(|p| matches!(p, Matrix::Fp8(_))) {
+            let codes: Vec<Fp8Weight> =
+                parts.into_iter().filter_map(|p| if let Matrix::Fp8(w) = p { Some(w) } else { None }).collect();
+            if let Some(joined) = Fp8Weight::cat_rows(&codes)? {
+                return Ok(Matrix::Fp8(joined));
+            }
+            let values =
+                codes.iter().map(|w| Ok(w.dequantized(kind)?.f_to_device(device)?)).collect::<Result<Vec<_>>>()?;
+            return Ok(Matrix::Values(Tensor::f_cat(&values, 0)?));
+        }
         if parts.iter().all(|p| matches!(p, Matrix::Blocks(_))) {
             let mut joined: Vec<BlockWeight> = Vec::new();
             for part in parts.into_iter().flat_map(|p| if let Matrix::Blocks(b) = p { b } else { Vec::new() }) {
@@ -100,6 +114,9 @@ impl Matrix {
 
     /// Input columns `start..start + len` of every row.
     pub fn narrow_inputs(self, start: i64, len: i64, kind: Kind, device: Device) -> Result<Matrix> {
+        if let Matrix::Fp8(w) = &self {
+            return Ok(Matrix::Fp8(w.narrow_inputs(start, len)?));
+        }
         if let Matrix::Blocks(parts) = &self {
             let narrowed = parts.iter().map(|p| p.narrow_inputs(start, len)).collect::<Result<Vec<_>>>()?;
             if let Some(all) = narrowed.into_iter().collect::<Option<Vec<_>>>() {
@@ -113,6 +130,7 @@ impl Matrix {
     pub fn select_rows(self, index: &Tensor, kind: Kind, device: Device) -> Result<Matrix> {
         match self {
             Matrix::Blocks(parts) if parts.len() == 1 => Ok(Matrix::Blocks(vec![parts[0].select_rows(index)?])),
+            Matrix::Fp8(w) => Ok(Matrix::Fp8(w.select_rows(index)?)),
             m => Ok(Matrix::Values(m.values(kind, device)?.f_index_select(0, index)?)),
         }
     }
@@ -128,6 +146,7 @@ impl Matrix {
                 let zeros = Tensor::f_zeros([pad, inputs], (kind, device))?;
                 Ok(Matrix::Values(Tensor::f_cat(&[t, zeros], 0)?))
             }
+            Matrix::Fp8(w) => Ok(Matrix::Fp8(w.pad_rows(pad)?)),
             Matrix::Blocks(parts) => {
                 let Some(last) = parts.last() else { return Ok(Matrix::Blocks(parts)) };
                 let zeros = BlockWeight::zeros(last.format(), pad, last.shape().1)?;
@@ -137,7 +156,32 @@ impl Matrix {
     }
 }
 
-impl WeightSource for (&Checkpoint, Progress) {
+/// A safetensors checkpoint as a source: its tensors as stored, and for a quantized
+/// checkpoint (`quantization`), each FP8 projection as its codes and scales.
+pub(crate) struct SafetensorsSource<'a> {
+    pub ckpt: &'a Checkpoint,
+    pub progress: Progress,
+    pub quantization: Option<StoredQuantization>,
+}
+
+impl SafetensorsSource<'_> {
+    /// Rows `rows` of `name` as FP8 codes with their scales, where the checkpoint stores it
+    /// so (checked at load by [`Checkpoint::check_fp8`]); `None` otherwise.
+    fn fp8(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>) -> Result<Option<Fp8Weight>> {
+        let Some(StoredQuantization::Fp8 { dynamic_activations }) = self.quantization else { return Ok(None) };
+        if !self.ckpt.check_fp8(name, shape)? {
+            return Ok(None);
+        }
+        let codes = self.ckpt.load_rows(name, rows, Kind::Float8e4m3fn, Device::Cpu)?;
+        let scale = format!("{name}_scale");
+        let per_channel = self.ckpt.tensors.get(&scale).is_some_and(|s| s.shape.iter().product::<usize>() > 1);
+        let scales = self.ckpt.load_rows(&scale, if per_channel { rows } else { None }, Kind::Float, Device::Cpu)?;
+        self.progress.tick(name, codes.numel() + 4 * scales.numel());
+        Ok(Some(Fp8Weight::new(&codes, &scales, dynamic_activations)?))
+    }
+}
+
+impl WeightSource for SafetensorsSource<'_> {
     fn rows(
         &mut self,
         name: &str,
@@ -146,10 +190,34 @@ impl WeightSource for (&Checkpoint, Progress) {
         kind: Kind,
         device: Device,
     ) -> Result<Tensor> {
-        self.0.check(name, shape)?;
-        let t = self.0.load_rows(name, rows, kind, device)?;
-        self.1.tick(name, t.numel() * t.kind().elt_size_in_bytes());
+        if let Some(w) = self.fp8(name, shape, rows)? {
+            return Ok(w.dequantized(kind)?.f_to_device(device)?);
+        }
+        self.ckpt.check(name, shape)?;
+        let t = self.ckpt.load_rows(name, rows, kind, device)?;
+        self.progress.tick(name, t.numel() * t.kind().elt_size_in_bytes());
         Ok(t)
+    }
+
+    /// An FP8 checkpoint's bytes a weight (its codes, scales and unquantized tensors).
+    fn bytes_per_weight(&self) -> Option<f64> {
+        self.quantization?;
+        let weights: usize = self.ckpt.tensors.values().map(|e| e.shape.iter().product::<usize>()).sum();
+        Some(self.ckpt.total_bytes() as f64 / weights.max(1) as f64)
+    }
+
+    fn matrix(
+        &mut self,
+        name: &str,
+        shape: &[i64],
+        rows: Option<(usize, usize)>,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Matrix> {
+        match self.fp8(name, shape, rows)? {
+            Some(w) => Ok(Matrix::Fp8(w)),
+            None => Ok(Matrix::Values(self.rows(name, shape, rows, kind, device)?)),
+        }
     }
 }
 

@@ -1131,3 +1131,23 @@ fn run_logits_and_bench_read_a_gguf_file() {
         "multi-token-prediction layers are not read",
     );
 }
+
+/// An FP8 checkpoint (compressed-tensors float-quantized, tests/fixtures/quantized/fp8-glm4)
+/// gives the same tokens on one rank, two tensor-parallel ranks (each rounding its part of a
+/// row-parallel input with the whole row's scale) and two pipeline stages.
+#[test]
+fn run_reads_an_fp8_checkpoint_on_every_layout() {
+    let model = fixture("quantized/fp8-glm4");
+    let run = |more: &[&str]| -> String {
+        let ids = "171,215,120,112,290,55,160,66,113,171,104,44";
+        let o =
+            headcount(&[&["run", "-q", "--model", &model, "--ids", ids, "--max-new-tokens", "8"][..], more].concat());
+        expect(&o, 0, "");
+        text(&o).0.trim().to_owned()
+    };
+    let one = run(&[]);
+    // transformers' greedy continuation (the fixture's reference.safetensors).
+    assert_eq!(one, "176,104,52,216,82,139,93,317");
+    assert_eq!(run(&["--tp", "2"]), one);
+    assert_eq!(run(&["--tp", "2", "--pp", "2"]), one);
+}

@@ -727,6 +727,7 @@ impl<'a> Loader<'a> {
             Matrix::Blocks(parts) if self.dev == Device::Cpu && !self.codes_as_weights => {
                 Ok(Linear::packed(Matrix::into_packed(parts)?, b, &self.pool))
             }
+            Matrix::Fp8(w) if self.dev == Device::Cpu => Ok(Linear::packed(Box::new(w), b, &self.pool)),
             w => self.linear_as(&w.values(self.kind, self.dev)?, b, layout),
         }
     }

@@ -530,12 +530,49 @@ impl Model {
             let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
             layer.is_some_and(|l| l >= dims.layers && l < dims.layers + declared_mtp)
         };
+        let quantization = crate::weights::compressed::stored_quantization(dir)?;
+        if quantization.is_some() && opts.device != Device::Cpu {
+            return Err(Error::InvalidArgument(format!(
+                "{}: FP8 checkpoints run on the CPU so far (their activations rounded as compressed-tensors \
+                 rounds them); this model is placed on {:?}",
+                dir.display(),
+                opts.device
+            )));
+        }
+        if quantization == Some(crate::weights::compressed::StoredQuantization::Fp8 { dynamic_activations: true })
+            && parallel.tp > 1
+            && dims.moe.is_some()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{}: an FP8 checkpoint with dynamic activations runs a mixture of experts on one \
+                 tensor-parallel rank so far (ranks holding parts of an expert's input would each round theirs \
+                 with their own scale, not transformers' arithmetic): run without --tp {} (--pp splits it)",
+                dir.display(),
+                parallel.tp
+            )));
+        }
+        // An FP8 weight or an unquantized one, whichever the checkpoint stores.
+        let check = |name: &str, shape: &[i64]| -> Result<()> {
+            if quantization.is_some() && ckpt.check_fp8(name, shape)? {
+                return Ok(());
+            }
+            ckpt.check(name, shape).map(|_| ())
+        };
         let mut mtp_stored = 0usize;
         for (name, e) in &ckpt.tensors {
             // A tied checkpoint may still store lm_head.weight (the embedding again).
             let tied_head = dims.tie_embeddings && name == "lm_head.weight";
+            // An FP8 weight's scale (checked with its weight).
+            let scale_of_fp8 = quantization.is_some()
+                && name
+                    .strip_suffix("_scale")
+                    .and_then(|w| ckpt.tensors.get(w))
+                    .is_some_and(|w| w.dtype == safetensors::Dtype::F8_E4M3);
+            if scale_of_fp8 {
+                continue;
+            }
             if let Some(shape) = mtp_known.get(name) {
-                ckpt.check(name, shape)?;
+                check(name, shape)?;
                 mtp_stored += 1;
                 continue;
             }
@@ -549,11 +586,11 @@ impl Model {
         }
         // Check everything before reading anything, so a bad checkpoint fails fast.
         for (name, shape) in dims.weight_shapes() {
-            ckpt.check(&name, &shape)?;
+            check(&name, &shape)?;
         }
         if opts.mtp {
             for (name, shape) in &mtp_required {
-                ckpt.check(name, shape)?;
+                check(name, shape)?;
             }
         }
         if mtp_stored > 0 && !opts.mtp && parallel.rank == 0 && opts.progress_above_bytes.is_some() {
@@ -570,7 +607,8 @@ impl Model {
             &Model::fingerprint(&dims, opts, &format!("{} tensors, {total} bytes", ckpt.tensors.len())),
         )?;
         let enabled = parallel.rank == 0 && opts.progress_above_bytes.is_some_and(|b| total > b);
-        let mut src = (&ckpt, Progress { total, done: 0, shown: 0, enabled });
+        let progress = Progress { total, done: 0, shown: 0, enabled };
+        let mut src = crate::load::SafetensorsSource { ckpt: &ckpt, progress, quantization };
         Model::build(dims, opts, parallel, &mut src)
     }
 
@@ -720,7 +758,10 @@ impl Model {
         let embed_tokens = if first {
             // Tied and on the same rank as lm_head: read lm_head's columns, no second copy
             // (a quantized lm_head keeps the embedding's rows in the model's dtype).
-            let head_dense = lm_head.as_ref().is_some_and(|h| !matches!(h.linear.weight, Weight::Quantized(_)));
+            // (`--quantize` keeps the embedding's own rows even where lm_head holds the values
+            // its codes stand for: the test hook's model embeds as the quantized one does.)
+            let head_dense = opts.quantize == Quantize::None
+                && lm_head.as_ref().is_some_and(|h| !matches!(h.linear.weight, Weight::Quantized(_)));
             let rows =
                 if dims.tie_embeddings && head_dense { None } else { Some(table(src, "model.embed_tokens.weight")?) };
             Some(VocabParallelEmbedding { rows, vocab_start: vr.start as i64, vocab_len: vr.len() as i64 })

@@ -123,13 +123,34 @@ impl Linear {
             return None;
         }
         if let Weight::Quantized(p) = &self.weight {
-            return p.kernel_view();
+            // A weight whose product rounds its input rows first multiplies through its own
+            // product, not the kernel's batches of raw rows.
+            return if p.rounds_activations() { None } else { p.kernel_view() };
         }
         let w = self.kernel_weight().filter(|w| w.kind() == kind)?;
         let (inputs, outputs) = w.size2().ok()?;
         // SAFETY: `w` is the transposed view of a contiguous `[out, in]` CPU tensor
         // (`kernel_weight`), alive as long as `self`.
         unsafe { dense_weights(w, outputs, inputs) }
+    }
+
+    /// Whether the product rounds its input rows to FP8 first (an FP8 checkpoint's dynamic
+    /// activations): a row-parallel part then rounds with the whole row's scale
+    /// ([`Linear::forward_rounded`]).
+    pub(crate) fn rounds_activations(&self) -> bool {
+        matches!(&self.weight, Weight::Quantized(p) if p.rounds_activations())
+    }
+
+    /// [`Linear::forward`] of input rows already rounded as the weight rounds them.
+    pub(crate) fn forward_rounded(&self, x: &Tensor) -> Result<Tensor> {
+        let Weight::Quantized(p) = &self.weight else { return self.forward(x) };
+        let (outputs, inputs) = p.shape();
+        let mut shape = x.size();
+        if let Some(last) = shape.last_mut() {
+            *last = outputs;
+        }
+        let rows = x.f_reshape([-1, inputs])?;
+        Ok(p.product_of_rounded(&rows, self.b.as_ref(), &self.pool)?.f_view(shape.as_slice())?)
     }
 
     /// `[in, out]`.

@@ -72,6 +72,23 @@ pub trait Quantized: Send {
     /// Bytes the codes and scales take in memory.
     fn stored_bytes(&self) -> usize;
 
+    /// Whether [`Quantized::product`] rounds each input row to FP8 first (a checkpoint's
+    /// dynamic per-token activations).
+    fn rounds_activations(&self) -> bool {
+        false
+    }
+
+    /// The product of rows already rounded as [`Quantized::product`] would round them.
+    fn product_of_rounded(&self, x: &Tensor, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
+        let rows = x.size2()?.0;
+        match self.kernel_view() {
+            Some(w) if rows <= KERNEL_MAX_ROWS && x.device() == Device::Cpu => {
+                kernel_product(x, w, self.shape().0, b, pool)
+            }
+            _ => dequantized_product(self, x, b, pool),
+        }
+    }
+
     /// The weight the codes stand for, `[out, in]`, in `kind`.
     fn dequantized(&self, kind: Kind) -> Result<Tensor> {
         let (n, k) = self.shape();
@@ -85,13 +102,7 @@ pub trait Quantized: Send {
     /// through BLAS on the weight dequantized into `pool`'s scratch buffer, output rows of at
     /// most [`DEQUANTIZED_WEIGHTS`] weights at a time.
     fn product(&self, x: &Tensor, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
-        let rows = x.size2()?.0;
-        match self.kernel_view() {
-            Some(w) if rows <= KERNEL_MAX_ROWS && x.device() == Device::Cpu => {
-                kernel_product(x, w, self.shape().0, b, pool)
-            }
-            _ => dequantized_product(self, x, b, pool),
-        }
+        self.product_of_rounded(x, b, pool)
     }
 }
 
@@ -466,6 +477,158 @@ impl Quantized for BlockRows {
             Some(b) => y.f_add(b)?,
             None => y,
         })
+    }
+}
+
+/// FP8 E4M3 weights with one scale an output channel (or one for the whole weight, given as
+/// one a channel), as a compressed-tensors `float-quantized` checkpoint stores them
+/// (`weight` in `float8_e4m3fn`, `weight_scale`). With `dynamic_activations` (the
+/// checkpoint's `input_activations`: dynamic, per token), each input row is first rounded to
+/// FP8 with its own scale, as compressed-tensors' forward rounds it ([`fp8_activations`]).
+pub struct Fp8Weight {
+    codes: Tensor,
+    scales: Tensor,
+    dynamic_activations: bool,
+}
+
+impl Fp8Weight {
+    /// `codes` (`[out, in]`, `float8_e4m3fn` or their bytes) and `scales` (`[out]`,
+    /// `[out, 1]` or one for all, any float dtype; kept as f32, which every f16, bf16 and f32
+    /// value is exactly).
+    pub fn new(codes: &Tensor, scales: &Tensor, dynamic_activations: bool) -> Result<Fp8Weight> {
+        let (n, _) = codes.size2()?;
+        let codes = match codes.kind() {
+            Kind::Float8e4m3fn => codes.f_view_dtype(Kind::Uint8)?,
+            Kind::Uint8 => codes.shallow_clone(),
+            other => return Err(Error::Internal(format!("FP8 codes of dtype {other:?}"))),
+        }
+        .f_to_device(Device::Cpu)?
+        .f_contiguous()?;
+        let scales = scales.f_to_kind(Kind::Float)?.f_to_device(Device::Cpu)?.f_reshape([-1])?;
+        let scales = if scales.size() == [1] { scales.f_expand([n], false)? } else { scales };
+        if scales.size() != [n] {
+            return Err(Error::Internal(format!("{:?} FP8 scales for {n} channels", scales.size())));
+        }
+        Ok(Fp8Weight { codes, scales: scales.f_contiguous()?, dynamic_activations })
+    }
+
+    /// The rows of `parts` one after another; `None` unless they share their width and
+    /// their activations' rounding.
+    pub fn cat_rows(parts: &[Fp8Weight]) -> Result<Option<Fp8Weight>> {
+        let Some(first) = parts.first() else { return Ok(None) };
+        let width = first.codes.size2()?.1;
+        for p in parts {
+            if p.codes.size2()?.1 != width || p.dynamic_activations != first.dynamic_activations {
+                return Ok(None);
+            }
+        }
+        let codes = Tensor::f_cat(&parts.iter().map(|p| &p.codes).collect::<Vec<_>>(), 0)?;
+        let scales = Tensor::f_cat(&parts.iter().map(|p| &p.scales).collect::<Vec<_>>(), 0)?;
+        Ok(Some(Fp8Weight { codes, scales, dynamic_activations: first.dynamic_activations }))
+    }
+
+    /// Input columns `start..start + len` of every row.
+    pub fn narrow_inputs(&self, start: i64, len: i64) -> Result<Fp8Weight> {
+        let codes = self.codes.f_narrow(1, start, len)?.f_contiguous()?;
+        Ok(Fp8Weight { codes, scales: self.scales.shallow_clone(), dynamic_activations: self.dynamic_activations })
+    }
+
+    /// The rows `index` lists, in its order.
+    pub fn select_rows(&self, index: &Tensor) -> Result<Fp8Weight> {
+        let index = index.f_to_device(Device::Cpu)?;
+        Ok(Fp8Weight {
+            codes: self.codes.f_index_select(0, &index)?,
+            scales: self.scales.f_index_select(0, &index)?,
+            dynamic_activations: self.dynamic_activations,
+        })
+    }
+
+    /// `pad` rows of zeros after the weight's.
+    pub fn pad_rows(&self, pad: i64) -> Result<Fp8Weight> {
+        let width = self.codes.size2()?.1;
+        let codes = Tensor::f_cat(&[&self.codes, &Tensor::f_zeros([pad, width], (Kind::Uint8, Device::Cpu))?], 0)?;
+        let scales = Tensor::f_cat(&[&self.scales, &Tensor::f_ones([pad], (Kind::Float, Device::Cpu))?], 0)?;
+        Ok(Fp8Weight { codes, scales, dynamic_activations: self.dynamic_activations })
+    }
+}
+
+/// `x` with each row rounded to FP8 E4M3 with its own scale, as compressed-tensors'
+/// dynamic per-token activations are, in `x`'s dtype: the row's largest magnitude over 448
+/// (the dtype's epsilon for a row of zeros), `x / scale` clamped to ±448, rounded to
+/// `float8_e4m3fn` (to nearest, ties to even), times the scale.
+pub fn fp8_activations(x: &Tensor) -> Result<Tensor> {
+    fp8_round_rows(x, &fp8_row_magnitude(x)?)
+}
+
+/// Each row's largest magnitude, `[.., 1]`, as compressed-tensors measures it (the range
+/// widened to hold 0).
+pub fn fp8_row_magnitude(x: &Tensor) -> Result<Tensor> {
+    let low = x.f_amin(&[-1i64][..], true)?.f_clamp_max(0.0)?;
+    let high = x.f_amax(&[-1i64][..], true)?.f_clamp_min(0.0)?;
+    Ok(low.f_abs()?.f_maximum(&high.f_abs()?)?)
+}
+
+/// `x`'s rows rounded to FP8 with the scales their magnitudes `magnitude` (`[.., 1]`) give:
+/// [`fp8_activations`] where the magnitudes are the whole row's while `x` is a rank's part
+/// of it (a row-parallel projection's input).
+pub fn fp8_round_rows(x: &Tensor, magnitude: &Tensor) -> Result<Tensor> {
+    let scale = magnitude.f_div_scalar(448.0)?;
+    let eps = match x.kind() {
+        Kind::BFloat16 => 0.0078125,
+        Kind::Half => 0.0009765625,
+        _ => f64::from(f32::EPSILON),
+    };
+    let scale = scale.f_masked_fill(&scale.f_eq(0.0)?, eps)?;
+    let rounded = x.f_div(&scale)?.f_clamp(-448.0, 448.0)?.f_to_kind(Kind::Float8e4m3fn)?.f_to_kind(x.kind())?;
+    Ok(rounded.f_mul(&scale)?)
+}
+
+impl Quantized for Fp8Weight {
+    fn shape(&self) -> (i64, i64) {
+        let s = self.codes.size();
+        (s[0], s[1]) // cannot fire: a 2-dimensional weight (`new`)
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.codes.numel() + 4 * self.scales.numel()
+    }
+
+    fn kernel_view(&self) -> Option<kernel::Weights<'_>> {
+        let (n, k) = self.shape();
+        // cannot wrap: sizes of allocated tensors.
+        let (n, k) = (n as usize, k as usize);
+        // SAFETY: `new` (and every operation after it) keeps the codes a contiguous CPU
+        // uint8 [n, k] tensor and the scales a contiguous CPU f32 [n] one, owned by `self`
+        // (private fields) for the borrow.
+        unsafe {
+            Some(kernel::Weights::Fp8 {
+                codes: std::slice::from_raw_parts(self.codes.data_ptr() as *const u8, n * k),
+                scales: std::slice::from_raw_parts(self.scales.data_ptr() as *const f32, n),
+            })
+        }
+    }
+
+    /// libtorch's widening of `float8_e4m3fn`, then the scale: compressed-tensors' own
+    /// dequantization.
+    fn dequantize_rows_into(&self, first: i64, w: &Tensor) -> Result<()> {
+        let (n, k) = self.shape();
+        let rows = check_target(w, first, n, k)?;
+        let len = rows.len() as i64;
+        let codes = self.codes.f_narrow(0, first, len)?.f_view_dtype(Kind::Float8e4m3fn)?;
+        w.shallow_clone().f_copy_(&codes.f_to_kind(Kind::Float)?)?;
+        let _ = w.shallow_clone().f_mul_(&self.scales.f_narrow(0, first, len)?.f_unsqueeze(1)?)?;
+        Ok(())
+    }
+
+    fn rounds_activations(&self) -> bool {
+        self.dynamic_activations
+    }
+
+    fn product(&self, x: &Tensor, b: Option<&Tensor>, pool: &CpuPool) -> Result<Tensor> {
+        if self.dynamic_activations {
+            return self.product_of_rounded(&fp8_activations(x)?, b, pool);
+        }
+        self.product_of_rounded(x, b, pool)
     }
 }
 

@@ -31,7 +31,15 @@ pub struct RowParallel {
 
 impl RowParallel {
     pub fn forward(&self, x: &Tensor, group: &ProcessGroup) -> Result<Tensor> {
-        let y = self.linear.forward(x)?;
+        let y = if group.size() > 1 && self.linear.rounds_activations() {
+            // FP8 activations are rounded with the whole row's scale, as one rank rounds
+            // them: each rank's largest magnitude gathered, the largest taken.
+            let mine = crate::nn::quantized::fp8_row_magnitude(x)?;
+            let all = group.all_gather(&mine, -1)?.f_amax(&[-1i64][..], true)?;
+            self.linear.forward_rounded(&crate::nn::quantized::fp8_round_rows(x, &all)?)?
+        } else {
+            self.linear.forward(x)?
+        };
         group.all_reduce_sum(&y)?;
         match &self.bias {
             Some(b) => Ok(y.f_add(b)?),

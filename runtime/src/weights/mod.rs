@@ -2,6 +2,7 @@
 //! format): its header, metadata and the config they give, and the model's weights from its
 //! tensors.
 
+pub(crate) mod compressed;
 pub mod gguf;
 pub(crate) mod gguf_source;
 pub mod gguf_tokenizer;

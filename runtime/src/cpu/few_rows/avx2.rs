@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::blocks::{self, Block, MAX_BLOCK, scale_min};
-use super::{Bf16, F32, Format, INT4_GROUP, Int8, Operands, PREFETCH_AHEAD, Weights, f16_to_f32};
+use super::{Bf16, F32, Format, Fp8, INT4_GROUP, Int8, Operands, PREFETCH_AHEAD, Weights, f16_to_f32};
 
 /// Output channels `lo..hi` of every row, eight lanes wide: the AVX-512 path's products
 /// for CPUs without AVX-512. Each format's weights are handed on as the slice of its own
@@ -34,6 +34,7 @@ pub unsafe fn channels(o: &Operands, lo: usize, hi: usize) {
                     (Weights::F32(w), g) => group_rows::<F32>(o, w, c, r, g),
                     (Weights::Bf16(w), g) => group_rows::<Bf16>(o, w, c, r, g),
                     (Weights::Int8 { q, .. }, g) => group_rows::<Int8>(o, q, c, r, g),
+                    (Weights::Fp8 { codes, .. }, g) => group_rows::<Fp8>(o, codes, c, r, g),
                     (Weights::Blocks { format, data }, 1) => block_group::<1>(o, format, data, c, r),
                     (Weights::Blocks { format, data }, 2) => block_group::<2>(o, format, data, c, r),
                     (Weights::Blocks { format, data }, 3) => block_group::<3>(o, format, data, c, r),
@@ -74,6 +75,19 @@ impl Wide for Bf16 {
         // SAFETY: as the trait's contract.
         let h = unsafe { _mm_loadu_si128(p.cast()) };
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+}
+
+impl Wide for Fp8 {
+    /// Each code's bits placed as an f16's, widened, times 2^8 ([`super::e4m3_value`]).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load(p: *const u8) -> __m256 {
+        // SAFETY: as the trait's contract.
+        let b = _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(p.cast()) });
+        let sign = _mm_slli_epi16::<8>(_mm_and_si128(b, _mm_set1_epi16(0x80)));
+        let rest = _mm_slli_epi16::<7>(_mm_and_si128(b, _mm_set1_epi16(0x7f)));
+        _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, rest)), _mm256_set1_ps(256.0))
     }
 }
 

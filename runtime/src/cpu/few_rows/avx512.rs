@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::blocks::{self, Block, MAX_BLOCK, scale_min};
-use super::{Bf16, F32, Format, INT4_GROUP, Int8, Operands, PREFETCH_AHEAD, Weights, f16_to_f32};
+use super::{Bf16, F32, Format, Fp8, INT4_GROUP, Int8, Operands, PREFETCH_AHEAD, Weights, f16_to_f32};
 
 /// Output channels `lo..hi` of every row, sixteen lanes wide: each format's weights are
 /// handed on as the slice of its own element type, so no kernel below reads another's.
@@ -21,6 +21,7 @@ pub unsafe fn channels(o: &Operands, lo: usize, hi: usize) {
             Weights::Bf16(w) if !o.xb.is_empty() => dot_rows(o, w, lo, hi),
             Weights::Bf16(w) => rows::<Bf16>(o, w, lo, hi),
             Weights::Int8 { q, .. } => rows::<Int8>(o, q, lo, hi),
+            Weights::Fp8 { codes, .. } => rows::<Fp8>(o, codes, lo, hi),
             Weights::Int4 { codes, scales } => int4_rows(o, codes, scales, lo, hi),
             Weights::Blocks { format, data } => block_rows(o, format, data, lo, hi),
         }
@@ -65,7 +66,20 @@ impl Wide for Int8 {
     }
 }
 
-/// [`channels`] of weights `w` of format `F` (f32, bf16, int8).
+impl Wide for Fp8 {
+    /// Each code's bits placed as an f16's, widened, times 2^8 ([`super::e4m3_value`]).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn load(p: *const u8) -> __m512 {
+        // SAFETY: as the trait's contract.
+        let b = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(p.cast()) });
+        let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(b, _mm256_set1_epi16(0x80)));
+        let rest = _mm256_slli_epi16::<7>(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)));
+        _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sign, rest)), _mm512_set1_ps(256.0))
+    }
+}
+
+/// [`channels`] of weights `w` of format `F` (f32, bf16, int8, fp8).
 ///
 /// # Safety
 /// As [`channels`]; `w` is `o.w`'s slice.

@@ -60,6 +60,12 @@ pub enum Weights<'a> {
         codes: &'a [u8],
         scales: &'a [u16],
     },
+    /// FP8 (E4M3, as `float8_e4m3fn`) codes and one scale an output channel:
+    /// `w[c, t] = e4m3(codes[c, t]) * scales[c]`.
+    Fp8 {
+        codes: &'a [u8],
+        scales: &'a [f32],
+    },
     /// Rows of ggml blocks ([`Block`]): channel `c`'s `k / values` blocks from byte
     /// `c * format.row_bytes(k)` on. `k` is a multiple of the format's block.
     Blocks {
@@ -75,6 +81,7 @@ impl Weights<'_> {
             Weights::F32(w) => w.len() >= n * k,
             Weights::Bf16(w) => w.len() >= n * k,
             Weights::Int8 { q, scales } => q.len() >= n * k && scales.len() >= n,
+            Weights::Fp8 { codes, scales } => codes.len() >= n * k && scales.len() >= n,
             Weights::Int4 { codes, scales } => {
                 k.is_multiple_of(INT4_GROUP) && codes.len() >= n * k / 2 && scales.len() >= n * k / INT4_GROUP
             }
@@ -90,6 +97,7 @@ impl Weights<'_> {
             Weights::F32(w) => w[c * k + t],
             Weights::Bf16(w) => f32::from_bits(u32::from(w[c * k + t]) << 16),
             Weights::Int8 { q, .. } => f32::from(q[c * k + t]),
+            Weights::Fp8 { codes, .. } => e4m3_value(codes[c * k + t]),
             Weights::Int4 { codes, scales } => {
                 let (g, j) = (t / INT4_GROUP, t % INT4_GROUP);
                 let byte = codes[(c * k + g * INT4_GROUP) / 2 + j % 16];
@@ -109,7 +117,7 @@ impl Weights<'_> {
     /// The factor channel `c`'s dot product is multiplied by.
     fn channel_scale(&self, c: usize) -> f32 {
         match *self {
-            Weights::Int8 { scales, .. } => scales[c],
+            Weights::Int8 { scales, .. } | Weights::Fp8 { scales, .. } => scales[c],
             _ => 1.0,
         }
     }
@@ -131,6 +139,8 @@ struct F32;
 struct Bf16;
 /// int8 codes (a scale an output channel, applied by [`Operands::put`]).
 struct Int8;
+/// FP8 E4M3 codes (a scale an output channel, applied by [`Operands::put`]).
+struct Fp8;
 
 impl Format for F32 {
     type Elem = f32;
@@ -145,6 +155,19 @@ impl Format for Bf16 {
 impl Format for Int8 {
     type Elem = i8;
     const BYTES: usize = 1;
+}
+
+impl Format for Fp8 {
+    type Elem = u8;
+    const BYTES: usize = 1;
+}
+
+/// An FP8 E4M3 code (`float8_e4m3fn`: sign, 4 exponent bits of bias 7, 3 mantissa bits) as
+/// f32: its bits placed as an f16's (exponent bias 15), whose value is then 2^8 too small,
+/// subnormals included. The one NaN code (`S.1111.111`) reads as ±480.
+pub fn e4m3_value(code: u8) -> f32 {
+    let h = (u16::from(code & 0x80) << 8) | (u16::from(code & 0x7f) << 7);
+    f16_to_f32(h) * 256.0
 }
 
 /// A bf16 bit pattern as f32.
@@ -529,11 +552,15 @@ mod tests {
             let s4: Vec<u16> =
                 (0..n * k / 32).map(|_| (((g.next() % 8 + 5) << 10) | (g.next() % 1024)) as u16).collect();
             let bias: Vec<f32> = (0..n).map(|_| (g.next() % 200 - 100) as f32 / 100.0).collect();
+            // FP8 codes, every one but the two NaN patterns.
+            let f8: Vec<u8> =
+                (0..n * k).map(|_| (g.next() % 254) as u8).map(|c| if c >= 0x7f { c + 1 } else { c }).collect();
             let formats = [
                 Weights::F32(&f),
                 Weights::Bf16(&h),
                 Weights::Int8 { q: &q, scales: &s },
                 Weights::Int4 { codes: &codes, scales: &s4 },
+                Weights::Fp8 { codes: &f8, scales: &s },
             ];
             // The rows as they are, and rounded to bf16 values (a bf16 model's activations:
             // bf16 weights then take the dot-product path where the CPU has it).
@@ -786,6 +813,21 @@ mod tests {
                     check(&y, &format!("{path:?}"));
                 }
             }
+        }
+    }
+
+    /// Every FP8 E4M3 code but the NaNs widens to libtorch's `float8_e4m3fn` value.
+    #[test]
+    fn every_e4m3_code_widens_as_libtorch_reads_it() {
+        let all: Vec<u8> = (0..=255u8).collect();
+        let theirs = tch::Tensor::from_slice(&all).view_dtype(tch::Kind::Float8e4m3fn).to_kind(tch::Kind::Float);
+        let theirs = Vec::<f32>::try_from(&theirs).unwrap();
+        for (&c, &t) in all.iter().zip(&theirs) {
+            if c & 0x7f == 0x7f {
+                assert!(t.is_nan());
+                continue;
+            }
+            assert_eq!(e4m3_value(c).to_bits(), t.to_bits(), "{c:#04x}: {} vs {t}", e4m3_value(c));
         }
     }
 

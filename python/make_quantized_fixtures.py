@@ -1,0 +1,100 @@
+"""Quantized safetensors fixtures written by their format's own package, with transformers'
+outputs on them.
+
+FP8 (compressed-tensors `float-quantized`, the layout of zai-org's GLM-4.5 to 4.7 FP8
+releases): a random glm4 model (python/make_fixtures.py's randomize) given the
+compressed-tensors scheme FP8_DYNAMIC (E4M3 weights with a scale an output channel, the
+activations rounded to FP8 per token as they come), lm_head left unquantized; each scale is
+compressed-tensors' own `calculate_qparams` of the channel's range, the weights compressed by
+its `ModelCompressor` and saved by `save_pretrained`. The reference: transformers 5.24
+loading the folder on the CPU (it decompresses the weights and rounds the activations as the
+config says), the keys python/make_fixtures.py writes.
+
+Writes tests/fixtures/quantized/fp8-glm4/. Needs the compressed-tensors package (pinned
+below; not among the test suite's requirements: the references are committed).
+Usage: .venv/bin/python python/make_quantized_fixtures.py
+"""
+
+import importlib.metadata
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_fixtures as mf  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPRESSED_TENSORS = "0.20.1"
+
+GLM4 = dict(vocab_size=320, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, partial_rotary_factor=0.5, rope_theta=10000.0, tie_word_embeddings=False,
+            attention_bias=True, rms_norm_eps=1e-5, num_hidden_layers=2)
+
+
+@torch.no_grad()
+def make_fp8(seed: int = 301) -> None:
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    out = ROOT / "tests" / "fixtures" / "quantized" / "fp8-glm4"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    config = mf.build_config("glm4", GLM4, mf.DEFAULT_EOS_ID)
+    model = mf.FAMILIES["glm4"][1]._from_config(config, attn_implementation="eager").eval()
+    mf.randomize(model, seed)
+    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    for module in model.modules():
+        if hasattr(module, "weight_scale"):
+            w = module.weight
+            scale, _ = calculate_qparams(w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True),
+                                         module.quantization_scheme.weights)
+            module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
+    compressor = ModelCompressor.from_pretrained_model(model, "float-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(out)
+    compressor.update_config(str(out))
+
+    reference = mf.FAMILIES["glm4"][1].from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    for attempt in range(100):
+        g = torch.Generator().manual_seed(seed * 1000 + attempt)
+        ids = torch.randint(1, config.vocab_size, (mf.BATCH, mf.SEQ), generator=g, dtype=torch.long)
+        result = mf.reference_outputs("fp8-glm4", reference, ids)
+        if result is not None:
+            break
+    else:
+        raise RuntimeError("fp8-glm4: no input ids with a clear greedy margin")
+    logits, _, greedy, eos_id, padded_ids, mask, padded_greedy, _, margin, _ = result
+    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(), "greedy": greedy.contiguous(),
+               "padded_input_ids": padded_ids.contiguous(), "padded_attention_mask": mask.contiguous(),
+               "padded_greedy": padded_greedy.contiguous()}, str(out / "reference.safetensors"))
+    info = {"transformers": transformers.__version__, "torch": torch.__version__,
+            "compressed_tensors": importlib.metadata.version("compressed-tensors"), "model_type": "glm4",
+            "scheme": "FP8_DYNAMIC", "format": "float-quantized", "min_greedy_logit_margin": round(margin, 4),
+            "logits_abs_max": round(logits.abs().max().item(), 4),
+            "notes": "Reference: transformers loading this folder on the CPU, float32, eager attention (it "
+                     "decompresses the weights and rounds each Linear's input to FP8 per token); keys as "
+                     "python/make_fixtures.py writes them."}
+    (out / "reference.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    print(f"fp8-glm4: margin {margin:.4f}, {sum(f.stat().st_size for f in out.iterdir())} bytes", flush=True)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    version = importlib.metadata.version("compressed-tensors")
+    if version != COMPRESSED_TENSORS:
+        sys.exit(f"compressed-tensors {version}: install compressed-tensors=={COMPRESSED_TENSORS}")
+    make_fp8()
+
+
+if __name__ == "__main__":
+    main()
