@@ -317,15 +317,14 @@ def main():
             sys.exit(f"unknown {'shape' if known is SHAPES else 'precision'} '{name}': one of {', '.join(known)}")
 
     llama = LlamaCpp(llama_cpp_source(), native=not a.without_amx).ensure()
-    rows = []
-    for file in a.gguf:
-        model = Path(file).resolve()
-        llama = working_llama_cpp(llama, model, a.threads)
+    def compare(headcount_model, flags, model):
+        """Both engines' medians over the rounds, alternating which runs first, and headcount's
+        bound."""
         runs = {"headcount": [], "llama.cpp": []}
         for r in range(a.rounds):
             order = [
-                ("headcount", lambda: headcount_bench(model, ["--dtype", "f32"], a.threads, a.prompt_len,
-                                                      a.new_tokens, a.repeat)),
+                ("headcount", lambda: headcount_bench(headcount_model, flags, a.threads, a.prompt_len, a.new_tokens,
+                                                      a.repeat)),
                 ("llama.cpp", lambda: llama_bench(llama, model, a.threads, a.prompt_len, a.new_tokens, a.repeat)),
             ]
             if r % 2:
@@ -334,7 +333,13 @@ def main():
                 runs[name].append(f())
         med = {n: {k: statistics.median(x[k] for x in rs) for k in ("prefill_tokens_per_s", "decode_tokens_per_s")}
                for n, rs in runs.items()}
-        bound = statistics.median(x["decode_bound_tokens_per_s"] for x in runs["headcount"])
+        return med, statistics.median(x["decode_bound_tokens_per_s"] for x in runs["headcount"])
+
+    rows = []
+    for file in a.gguf:
+        model = Path(file).resolve()
+        llama = working_llama_cpp(llama, model, a.threads)
+        med, bound = compare(model, ["--dtype", "f32"], model)
         rows.append((model.name, "same file", block_types(model), med, bound))
         print(f"done {model.name}", file=sys.stderr)
     for shape in (shapes if not a.gguf else []):
@@ -343,19 +348,7 @@ def main():
             flags, kind = PRECISIONS[precision]
             model = gguf(llama, hf, kind)
             llama = working_llama_cpp(llama, model, a.threads)
-            runs = {"headcount": [], "llama.cpp": []}
-            for r in range(a.rounds):
-                order = [
-                    ("headcount", lambda: headcount_bench(hf, flags, a.threads, a.prompt_len, a.new_tokens, a.repeat)),
-                    ("llama.cpp", lambda: llama_bench(llama, model, a.threads, a.prompt_len, a.new_tokens, a.repeat)),
-                ]
-                if r % 2:
-                    order.reverse()
-                for name, f in order:
-                    runs[name].append(f())
-            med = {n: {k: statistics.median(x[k] for x in rs) for k in ("prefill_tokens_per_s", "decode_tokens_per_s")}
-                   for n, rs in runs.items()}
-            bound = statistics.median(x["decode_bound_tokens_per_s"] for x in runs["headcount"])
+            med, bound = compare(hf, flags, model)
             rows.append((shape, precision, kind, med, bound))
             print(f"done {shape} {precision}", file=sys.stderr)
 

@@ -497,6 +497,19 @@ pub fn parse(bytes: &[u8], part: usize) -> std::result::Result<Header, String> {
     Ok(Header { metadata, tensors: infos })
 }
 
+/// The experts' metadata keys the converter writes (after the architecture's prefix) and the
+/// config fields they are, for glm4moe and deepseek2 files alike.
+const EXPERT_KEYS: [(&str, &str); 8] = [
+    ("expert_count", "n_routed_experts"),
+    ("expert_used_count", "num_experts_per_tok"),
+    ("expert_shared_count", "n_shared_experts"),
+    ("expert_feed_forward_length", "moe_intermediate_size"),
+    ("leading_dense_block_count", "first_k_dense_replace"),
+    ("expert_group_count", "n_group"),
+    ("expert_group_used_count", "topk_group"),
+    ("nextn_predict_layers", "num_nextn_predict_layers"),
+];
+
 /// The Hugging Face config of the model `g` holds, from its metadata and the tensors it has,
 /// with the keys llama.cpp's converter writes for the family; a missing or mistyped key is
 /// an error naming it.
@@ -525,16 +538,7 @@ pub fn config_of(g: &Gguf, path: &Path) -> Result<Config> {
         "glm4moe" => {
             c.insert("model_type".into(), json!("glm4_moe"));
             c.insert("architectures".into(), json!(["Glm4MoeForCausalLM"]));
-            for (k, hf) in [
-                ("expert_count", "n_routed_experts"),
-                ("expert_used_count", "num_experts_per_tok"),
-                ("expert_shared_count", "n_shared_experts"),
-                ("expert_feed_forward_length", "moe_intermediate_size"),
-                ("leading_dense_block_count", "first_k_dense_replace"),
-                ("expert_group_count", "n_group"),
-                ("expert_group_used_count", "topk_group"),
-                ("nextn_predict_layers", "num_nextn_predict_layers"),
-            ] {
+            for (k, hf) in EXPERT_KEYS {
                 if md.contains_key(&key(k)) {
                     c.insert(hf.into(), json!(num(k)?));
                 }
@@ -564,19 +568,12 @@ pub fn config_of(g: &Gguf, path: &Path) -> Result<Config> {
             }
             c.insert("model_type".into(), json!("glm4_moe_lite"));
             c.insert("architectures".into(), json!(["Glm4MoeLiteForCausalLM"]));
-            for (k, hf) in [
-                ("expert_count", "n_routed_experts"),
-                ("expert_used_count", "num_experts_per_tok"),
-                ("expert_shared_count", "n_shared_experts"),
-                ("expert_feed_forward_length", "moe_intermediate_size"),
-                ("leading_dense_block_count", "first_k_dense_replace"),
-                ("expert_group_count", "n_group"),
-                ("expert_group_used_count", "topk_group"),
+            let latent = [
                 ("attention.kv_lora_rank", "kv_lora_rank"),
                 ("rope.dimension_count", "qk_rope_head_dim"),
                 ("attention.value_length_mla", "v_head_dim"),
-                ("nextn_predict_layers", "num_nextn_predict_layers"),
-            ] {
+            ];
+            for (k, hf) in EXPERT_KEYS.into_iter().chain(latent) {
                 if md.contains_key(&key(k)) {
                     c.insert(hf.into(), json!(num(k)?));
                 }
