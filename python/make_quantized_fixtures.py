@@ -10,7 +10,15 @@ its `ModelCompressor` and saved by `save_pretrained`. The reference: transformer
 loading the folder on the CPU (it decompresses the weights and rounds the activations as the
 config says), the keys python/make_fixtures.py writes.
 
-Writes tests/fixtures/quantized/fp8-glm4/. Needs the compressed-tensors package (pinned
+W4A16 (compressed-tensors `pack-quantized`, as AWQ/GPTQ exports of GLM are published): the
+same model given the schemes W4A16 (symmetric) and W4A16_ASYM (with zero points), groups of
+32, 64 or 128 inputs, the scales and zero points compressed-tensors' `calculate_qparams` of
+each group's range, packed by its `ModelCompressor`. The reference: transformers loading the
+folder for the symmetric ones; for the asymmetric one compressed-tensors' own decompression
+of the compressed model (`ModelCompressor.decompress_model`), since transformers 5.24 with
+compressed-tensors 0.20.1 refuses to load packed zero points (it expects them unpacked).
+
+Writes tests/fixtures/quantized/<name>/. Needs the compressed-tensors package (pinned
 below; not among the test suite's requirements: the references are committed).
 Usage: .venv/bin/python python/make_quantized_fixtures.py
 """
@@ -86,6 +94,63 @@ def make_fp8(seed: int = 301) -> None:
     print(f"fp8-glm4: margin {margin:.4f}, {sum(f.stat().st_size for f in out.iterdir())} bytes", flush=True)
 
 
+@torch.no_grad()
+def make_w4a16(name: str, group: int, symmetric: bool, seed: int) -> None:
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    out = ROOT / "tests" / "fixtures" / "quantized" / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    config = mf.build_config("glm4", GLM4, mf.DEFAULT_EOS_ID)
+    model = mf.FAMILIES["glm4"][1]._from_config(config, attn_implementation="eager").eval()
+    mf.randomize(model, seed)
+    scheme = preset_name_to_scheme("W4A16" if symmetric else "W4A16_ASYM", ["Linear"])
+    scheme.weights.group_size = group
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    for module in model.modules():
+        if hasattr(module, "weight_scale"):
+            w = module.weight.reshape(module.weight.shape[0], -1, group)
+            scale, zero = calculate_qparams(w.amin(-1), w.amax(-1), module.quantization_scheme.weights)
+            module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zero.reshape(module.weight_zero_point.shape))
+    compressor = ModelCompressor.from_pretrained_model(model, "pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(out)
+    compressor.update_config(str(out))
+    if symmetric:
+        reference = mf.FAMILIES["glm4"][1].from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    else:
+        compressor.decompress_model(model)
+        reference = model
+    reference = reference.eval()
+    for attempt in range(100):
+        g = torch.Generator().manual_seed(seed * 1000 + attempt)
+        ids = torch.randint(1, config.vocab_size, (mf.BATCH, mf.SEQ), generator=g, dtype=torch.long)
+        result = mf.reference_outputs(name, reference, ids)
+        if result is not None:
+            break
+    else:
+        raise RuntimeError(f"{name}: no input ids with a clear greedy margin")
+    logits, _, greedy, eos_id, padded_ids, mask, padded_greedy, _, margin, _ = result
+    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(), "greedy": greedy.contiguous(),
+               "padded_input_ids": padded_ids.contiguous(), "padded_attention_mask": mask.contiguous(),
+               "padded_greedy": padded_greedy.contiguous()}, str(out / "reference.safetensors"))
+    how = ("transformers loading this folder on the CPU" if symmetric else
+           "compressed-tensors' decompression of the compressed model (ModelCompressor.decompress_model), then "
+           "its forward")
+    info = {"transformers": transformers.__version__, "torch": torch.__version__,
+            "compressed_tensors": importlib.metadata.version("compressed-tensors"), "model_type": "glm4",
+            "scheme": "W4A16" if symmetric else "W4A16_ASYM", "group_size": group, "format": "pack-quantized",
+            "min_greedy_logit_margin": round(margin, 4), "logits_abs_max": round(logits.abs().max().item(), 4),
+            "notes": f"Reference: {how}, float32, eager attention; keys as python/make_fixtures.py writes them."}
+    (out / "reference.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    print(f"{name}: margin {margin:.4f}, {sum(f.stat().st_size for f in out.iterdir())} bytes", flush=True)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -94,6 +159,9 @@ def main() -> None:
     if version != COMPRESSED_TENSORS:
         sys.exit(f"compressed-tensors {version}: install compressed-tensors=={COMPRESSED_TENSORS}")
     make_fp8()
+    make_w4a16("w4a16-g128-glm4", 128, True, 302)
+    make_w4a16("w4a16-g64-glm4", 64, True, 303)
+    make_w4a16("w4a16-asym-g32-glm4", 32, False, 304)
 
 
 if __name__ == "__main__":

@@ -137,6 +137,80 @@ impl Checkpoint {
         Ok(true)
     }
 
+    /// Checks `name` (`X.weight`, `[out, in]`) is stored as compressed-tensors packs 4-bit
+    /// groups of `group` inputs: `X.weight_packed` (int32 `[out, in / 8]`), `X.weight_scale`
+    /// (`[out, in / group]`, a float dtype), `X.weight_shape` (`[out, in]`, where present),
+    /// `X.weight_zero_point` (int32 `[ceil(out / 8), in / group]`) unless `symmetric`, and a
+    /// `X.weight_g_idx` only if it keeps the inputs in order: `Ok(false)` where the weight is
+    /// stored otherwise (an unquantized module).
+    pub fn check_int4(&self, name: &str, shape: &[i64], group: usize, symmetric: bool) -> Result<bool> {
+        let Some(base) = name.strip_suffix(".weight") else { return Ok(false) };
+        let packed = format!("{base}.weight_packed");
+        if !self.tensors.contains_key(&packed) {
+            return Ok(false);
+        }
+        let [out, inputs] = shape else {
+            return Err(Error::Internal(format!("{name}: a packed weight of {} dimensions", shape.len())));
+        };
+        let (out, inputs) = (*out, *inputs);
+        if inputs % group as i64 != 0 || inputs % 8 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: {inputs} inputs are not whole groups of {group} (quantization_config.config_groups' group_size)"
+            )));
+        }
+        let expect = |t: &str, dtypes: &[Dtype], want: &[i64]| -> Result<()> {
+            let e = self
+                .tensors
+                .get(t)
+                .ok_or_else(|| Error::MissingTensor { name: t.to_owned(), expected: want.to_vec() })?;
+            let file = self.file_of(e).to_owned();
+            if !dtypes.contains(&e.dtype) {
+                return Err(Error::UnsupportedDtype { name: t.to_owned(), file, dtype: format!("{:?}", e.dtype) });
+            }
+            let same = e.shape.len() == want.len() && e.shape.iter().zip(want).all(|(a, b)| *a as i64 == *b);
+            if !same {
+                return Err(Error::ShapeMismatch {
+                    name: t.to_owned(),
+                    file,
+                    got: e.shape.clone(),
+                    expected: want.to_vec(),
+                });
+            }
+            Ok(())
+        };
+        let groups = inputs / group as i64;
+        expect(&packed, &[Dtype::I32], &[out, inputs / 8])?;
+        expect(&format!("{base}.weight_scale"), &[Dtype::F32, Dtype::BF16, Dtype::F16], &[out, groups])?;
+        let stored_shape = format!("{base}.weight_shape");
+        if self.tensors.contains_key(&stored_shape) {
+            expect(&stored_shape, &[Dtype::I64, Dtype::I32], &[2])?;
+            let s = Vec::<i64>::try_from(self.load_rows(&stored_shape, None, Kind::Int64, tch::Device::Cpu)?)?;
+            if s != [out, inputs] {
+                return Err(Error::ShapeMismatch {
+                    name: stored_shape,
+                    file: self.dir.clone(),
+                    got: s.iter().map(|&d| d.max(0) as usize).collect(),
+                    expected: vec![out, inputs],
+                });
+            }
+        }
+        if !symmetric {
+            expect(&format!("{base}.weight_zero_point"), &[Dtype::I32], &[(out + 7) / 8, groups])?;
+        }
+        let g_idx = format!("{base}.weight_g_idx");
+        if self.tensors.contains_key(&g_idx) {
+            expect(&g_idx, &[Dtype::I32, Dtype::I64], &[inputs])?;
+            let order = Vec::<i64>::try_from(self.load_rows(&g_idx, None, Kind::Int64, tch::Device::Cpu)?)?;
+            if order.iter().enumerate().any(|(i, &g)| g != i as i64 / group as i64) {
+                return Err(Error::InvalidArgument(format!(
+                    "{g_idx}: the inputs' groups are in another order (GPTQ's activation order), which headcount \
+                     does not compute: quantize without act-order"
+                )));
+            }
+        }
+        Ok(true)
+    }
+
     /// Checks a tensor exists with this shape and a float dtype.
     pub fn check(&self, name: &str, expected: &[i64]) -> Result<&TensorEntry> {
         let e = self
@@ -144,7 +218,7 @@ impl Checkpoint {
             .get(name)
             .ok_or_else(|| Error::MissingTensor { name: name.to_owned(), expected: expected.to_vec() })?;
         let file = self.file_of(e).to_owned();
-        if kind_of(e.dtype).is_none() || e.dtype == Dtype::F8_E4M3 {
+        if !matches!(e.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
             return Err(Error::UnsupportedDtype { name: name.to_owned(), file, dtype: format!("{:?}", e.dtype) });
         }
         let same = e.shape.len() == expected.len()
@@ -241,14 +315,16 @@ fn check_offsets(bytes: &[u8]) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The dtypes the runtime reads: floats, and FP8 codes (read as codes, with their scales,
-/// by a quantized checkpoint's source).
+/// The dtypes the runtime reads: floats, and FP8 codes and packed int4 codes with their
+/// metadata (read by a quantized checkpoint's source, never as a model's values).
 fn kind_of(d: Dtype) -> Option<Kind> {
     match d {
         Dtype::F32 => Some(Kind::Float),
         Dtype::BF16 => Some(Kind::BFloat16),
         Dtype::F16 => Some(Kind::Half),
         Dtype::F8_E4M3 => Some(Kind::Float8e4m3fn),
+        Dtype::I32 => Some(Kind::Int),
+        Dtype::I64 => Some(Kind::Int64),
         _ => None,
     }
 }

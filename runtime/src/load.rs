@@ -181,6 +181,53 @@ impl SafetensorsSource<'_> {
     }
 }
 
+impl SafetensorsSource<'_> {
+    /// Rows `rows` of `name` as int4 groups repacked into blocks of one group each
+    /// ([`crate::cpu::few_rows::Block::int4_group`]), where the checkpoint packs it so
+    /// (compressed-tensors `pack-quantized`, checked at load by [`Checkpoint::check_int4`]):
+    /// each code and zero point as stored (`value + 8`), each scale as f32. `None` otherwise.
+    fn int4(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>) -> Result<Option<BlockWeight>> {
+        let Some(StoredQuantization::Int4 { group, symmetric }) = self.quantization else { return Ok(None) };
+        if !self.ckpt.check_int4(name, shape, group, symmetric)? {
+            return Ok(None);
+        }
+        let Some(format) = crate::cpu::few_rows::Block::int4_group(group) else {
+            return Err(crate::error::Error::Internal(format!("int4 groups of {group}")));
+        };
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        // cannot wrap: a checked weight's sizes.
+        let (out, inputs) = (shape[0] as usize, shape[1] as usize);
+        let (start, n) = rows.unwrap_or((0, out));
+        let cpu = Device::Cpu;
+        let packed = self.ckpt.load_rows(&format!("{base}.weight_packed"), Some((start, n)), Kind::Int, cpu)?;
+        let packed = Vec::<i32>::try_from(packed.f_reshape([-1])?)?;
+        let scales = self.ckpt.load_rows(&format!("{base}.weight_scale"), Some((start, n)), Kind::Float, cpu)?;
+        let scales = Vec::<f32>::try_from(scales.f_reshape([-1])?)?;
+        let zeros = if symmetric {
+            None
+        } else {
+            let z = self.ckpt.load_rows(&format!("{base}.weight_zero_point"), None, Kind::Int, cpu)?;
+            Some(Vec::<i32>::try_from(z.f_reshape([-1])?)?)
+        };
+        let (groups, bytes, words) = (inputs / group, format.bytes(), inputs / 8);
+        let nibble = |word: i32, i: usize| ((word as u32 >> (4 * (i % 8))) & 15) as u8;
+        let mut data = vec![0u8; n * groups * bytes];
+        for (r, row) in data.chunks_exact_mut(groups * bytes).enumerate() {
+            for (g, block) in row.chunks_exact_mut(bytes).enumerate() {
+                block[..4].copy_from_slice(&scales[r * groups + g].to_le_bytes());
+                // Zero points packed eight output rows an int32, along the rows.
+                block[4] = zeros.as_ref().map_or(8, |z| nibble(z[(start + r) / 8 * groups + g], start + r));
+                for (j, b) in block[5..].iter_mut().enumerate() {
+                    let i = g * group + 2 * j;
+                    *b = nibble(packed[r * words + i / 8], i) | nibble(packed[r * words + (i + 1) / 8], i + 1) << 4;
+                }
+            }
+        }
+        self.progress.tick(name, n * inputs / 2 + 4 * scales.len());
+        Ok(Some(BlockWeight::from_bytes(format, &data, n as i64, inputs as i64)?))
+    }
+}
+
 impl WeightSource for SafetensorsSource<'_> {
     fn rows(
         &mut self,
@@ -193,13 +240,16 @@ impl WeightSource for SafetensorsSource<'_> {
         if let Some(w) = self.fp8(name, shape, rows)? {
             return Ok(w.dequantized(kind)?.f_to_device(device)?);
         }
+        if let Some(w) = self.int4(name, shape, rows)? {
+            return Ok(w.dequantized(kind)?.f_to_device(device)?);
+        }
         self.ckpt.check(name, shape)?;
         let t = self.ckpt.load_rows(name, rows, kind, device)?;
         self.progress.tick(name, t.numel() * t.kind().elt_size_in_bytes());
         Ok(t)
     }
 
-    /// An FP8 checkpoint's bytes a weight (its codes, scales and unquantized tensors).
+    /// A quantized checkpoint's bytes a weight (its codes, scales and unquantized tensors).
     fn bytes_per_weight(&self) -> Option<f64> {
         self.quantization?;
         let weights: usize = self.ckpt.tensors.values().map(|e| e.shape.iter().product::<usize>()).sum();
@@ -214,8 +264,11 @@ impl WeightSource for SafetensorsSource<'_> {
         kind: Kind,
         device: Device,
     ) -> Result<Matrix> {
-        match self.fp8(name, shape, rows)? {
-            Some(w) => Ok(Matrix::Fp8(w)),
+        if let Some(w) = self.fp8(name, shape, rows)? {
+            return Ok(Matrix::Fp8(w));
+        }
+        match self.int4(name, shape, rows)? {
+            Some(w) => Ok(Matrix::Blocks(vec![w])),
             None => Ok(Matrix::Values(self.rows(name, shape, rows, kind, device)?)),
         }
     }

@@ -1132,22 +1132,28 @@ fn run_logits_and_bench_read_a_gguf_file() {
     );
 }
 
-/// An FP8 checkpoint (compressed-tensors float-quantized, tests/fixtures/quantized/fp8-glm4)
-/// gives the same tokens on one rank, two tensor-parallel ranks (each rounding its part of a
-/// row-parallel input with the whole row's scale) and two pipeline stages.
+/// Checkpoints written by compressed-tensors (tests/fixtures/quantized: FP8 float-quantized,
+/// W4A16 pack-quantized with zero points) give the reference's greedy tokens on one rank,
+/// two tensor-parallel ranks (an FP8 rank rounding its part of a row-parallel input with the
+/// whole row's scale) and two pipeline stages.
 #[test]
-fn run_reads_an_fp8_checkpoint_on_every_layout() {
-    let model = fixture("quantized/fp8-glm4");
-    let run = |more: &[&str]| -> String {
-        let ids = "171,215,120,112,290,55,160,66,113,171,104,44";
-        let o =
-            headcount(&[&["run", "-q", "--model", &model, "--ids", ids, "--max-new-tokens", "8"][..], more].concat());
-        expect(&o, 0, "");
-        text(&o).0.trim().to_owned()
-    };
-    let one = run(&[]);
-    // transformers' greedy continuation (the fixture's reference.safetensors).
-    assert_eq!(one, "176,104,52,216,82,139,93,317");
-    assert_eq!(run(&["--tp", "2"]), one);
-    assert_eq!(run(&["--tp", "2", "--pp", "2"]), one);
+fn run_reads_compressed_checkpoints_on_every_layout() {
+    let cases = [
+        ("fp8-glm4", "171,215,120,112,290,55,160,66,113,171,104,44", "176,104,52,216,82,139,93,317"),
+        ("w4a16-asym-g32-glm4", "58,104,319,115,54,318,95,11,274,268,51,77", "46,15,113,77,110,146,77,126"),
+    ];
+    for (name, ids, want) in cases {
+        let model = fixture(&format!("quantized/{name}"));
+        let run = |more: &[&str]| -> String {
+            let o = headcount(
+                &[&["run", "-q", "--model", &model, "--ids", ids, "--max-new-tokens", "8"][..], more].concat(),
+            );
+            expect(&o, 0, "");
+            text(&o).0.trim().to_owned()
+        };
+        // The reference's greedy continuation (the fixture's reference.safetensors).
+        assert_eq!(run(&[]), want, "{name}");
+        assert_eq!(run(&["--tp", "2"]), want, "{name} --tp 2");
+        assert_eq!(run(&["--tp", "2", "--pp", "2"]), want, "{name} --tp 2 --pp 2");
+    }
 }

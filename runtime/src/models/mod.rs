@@ -531,7 +531,9 @@ impl Model {
             layer.is_some_and(|l| l >= dims.layers && l < dims.layers + declared_mtp)
         };
         let quantization = crate::weights::compressed::stored_quantization(dir)?;
-        if quantization.is_some() && opts.device != Device::Cpu {
+        if matches!(quantization, Some(crate::weights::compressed::StoredQuantization::Fp8 { .. }))
+            && opts.device != Device::Cpu
+        {
             return Err(Error::InvalidArgument(format!(
                 "{}: FP8 checkpoints run on the CPU so far (their activations rounded as compressed-tensors \
                  rounds them); this model is placed on {:?}",
@@ -552,9 +554,16 @@ impl Model {
             )));
         }
         // An FP8 weight or an unquantized one, whichever the checkpoint stores.
+        use crate::weights::compressed::StoredQuantization;
         let check = |name: &str, shape: &[i64]| -> Result<()> {
-            if quantization.is_some() && ckpt.check_fp8(name, shape)? {
-                return Ok(());
+            match quantization {
+                Some(StoredQuantization::Fp8 { .. }) if ckpt.check_fp8(name, shape)? => return Ok(()),
+                Some(StoredQuantization::Int4 { group, symmetric })
+                    if ckpt.check_int4(name, shape, group, symmetric)? =>
+                {
+                    return Ok(());
+                }
+                _ => {}
             }
             ckpt.check(name, shape).map(|_| ())
         };
@@ -562,13 +571,17 @@ impl Model {
         for (name, e) in &ckpt.tensors {
             // A tied checkpoint may still store lm_head.weight (the embedding again).
             let tied_head = dims.tie_embeddings && name == "lm_head.weight";
-            // An FP8 weight's scale (checked with its weight).
+            // An FP8 weight's scale, a packed weight's parts (checked with their weight).
             let scale_of_fp8 = quantization.is_some()
                 && name
                     .strip_suffix("_scale")
                     .and_then(|w| ckpt.tensors.get(w))
                     .is_some_and(|w| w.dtype == safetensors::Dtype::F8_E4M3);
-            if scale_of_fp8 {
+            let part_of_packed = matches!(quantization, Some(StoredQuantization::Int4 { .. }))
+                && ["_packed", "_scale", "_shape", "_zero_point", "_g_idx"].iter().any(|part| {
+                    name.strip_suffix(part).is_some_and(|w| expected.contains(w) || mtp_known.contains_key(w))
+                });
+            if scale_of_fp8 || part_of_packed {
                 continue;
             }
             if let Some(shape) = mtp_known.get(name) {

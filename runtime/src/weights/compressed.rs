@@ -1,9 +1,12 @@
 //! Quantized safetensors checkpoints: how config.json's `quantization_config` says the
-//! projections are stored. Read so far: compressed-tensors `float-quantized` (zai-org's
-//! GLM-4.5 to 4.7 FP8 releases): each quantized projection's `weight` in `float8_e4m3fn`
-//! with a `weight_scale` an output channel (or one for the weight), the activations rounded
-//! to FP8 per token as they come (`input_activations` dynamic) or left as they are. Other
-//! methods and formats are refused naming them, before any tensor is read.
+//! projections are stored. Read so far, both compressed-tensors formats GLM checkpoints come
+//! in: `float-quantized` (zai-org's GLM-4.5 to 4.7 FP8 releases): each quantized projection's
+//! `weight` in `float8_e4m3fn` with a `weight_scale` an output channel (or one for the
+//! weight), the activations rounded to FP8 per token as they come (`input_activations`
+//! dynamic) or left as they are; and `pack-quantized` (W4A16, AWQ/GPTQ exports): 4-bit
+//! integer weights in groups of 32, 64 or 128 inputs (`weight_packed`, eight codes an int32,
+//! `weight_scale` a group, `weight_zero_point` where asymmetric). Other methods and formats
+//! are refused naming them, before any tensor is read.
 
 use std::path::Path;
 
@@ -17,6 +20,9 @@ pub(crate) enum StoredQuantization {
     /// FP8 E4M3 weights with channel (or tensor) scales; `dynamic_activations`: each input
     /// row rounded to FP8 with its own scale.
     Fp8 { dynamic_activations: bool },
+    /// 4-bit integer weights in groups of `group` inputs, with zero points unless
+    /// `symmetric`; activations as they are.
+    Int4 { group: usize, symmetric: bool },
 }
 
 fn refused(path: &Path, reason: impl Into<String>) -> Error {
@@ -49,16 +55,19 @@ pub(crate) fn stored_quantization(dir: &Path) -> Result<Option<StoredQuantizatio
             ));
         }
     }
-    if !matches!(field("format"), "float-quantized" | "naive-quantized") {
-        return Err(refused(
-            &path,
-            format!(
-                "quantization_config.format {:?}: headcount reads compressed-tensors \"float-quantized\" (FP8) \
-                 checkpoints; pack-quantized (W4A16) ones are not read yet",
-                field("format")
-            ),
-        ));
-    }
+    let packed = match field("format") {
+        "float-quantized" | "naive-quantized" => false,
+        "pack-quantized" => true,
+        other => {
+            return Err(refused(
+                &path,
+                format!(
+                    "quantization_config.format {other:?}: headcount reads compressed-tensors \"float-quantized\" \
+                     (FP8) and \"pack-quantized\" (W4A16) checkpoints"
+                ),
+            ));
+        }
+    };
     if q.get("kv_cache_scheme").is_some_and(|k| !k.is_null()) {
         return Err(refused(&path, "quantization_config.kv_cache_scheme: a quantized KV cache is not read"));
     }
@@ -77,6 +86,35 @@ pub(crate) fn stored_quantization(dir: &Path) -> Result<Option<StoredQuantizatio
         }
         let w = g.get("weights").ok_or_else(|| refused(&path, format!("{} is missing", at("weights"))))?;
         let get = |a: &Json, k: &str| a.get(k).cloned().unwrap_or(Json::Null);
+        if packed {
+            let group = get(w, "group_size").as_u64().unwrap_or(0) as usize;
+            if get(w, "num_bits") != 4
+                || get(w, "type") != "int"
+                || get(w, "strategy") != "group"
+                || get(w, "dynamic") == true
+                || !matches!(group, 32 | 64 | 128)
+            {
+                return Err(refused(
+                    &path,
+                    format!(
+                        "{}: {w}; headcount reads 4-bit integer weights in groups of 32, 64 or 128 inputs",
+                        at("weights")
+                    ),
+                ));
+            }
+            if g.get("input_activations").is_some_and(|a| !a.is_null()) {
+                return Err(refused(
+                    &path,
+                    format!("{}: W4A16 leaves activations as they are", at("input_activations")),
+                ));
+            }
+            let this = StoredQuantization::Int4 { group, symmetric: get(w, "symmetric") != false };
+            if found.is_some_and(|f| f != this) {
+                return Err(refused(&path, "quantization_config.config_groups disagree on the weights' groups"));
+            }
+            found = Some(this);
+            continue;
+        }
         let fp8 = |a: &Json| get(a, "num_bits") == 8 && get(a, "type") == "float" && get(a, "symmetric") == true;
         let strategy = get(w, "strategy");
         if !fp8(w) || get(w, "dynamic") == true || !(strategy == "channel" || strategy == "tensor") {

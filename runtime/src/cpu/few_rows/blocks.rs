@@ -19,6 +19,13 @@
 //!   fifth bit of weight `l` of sub-block `s`), the nibbles as `Q4_K`.
 //! - `Q6_K` (256): 128 bytes of low nibbles, 64 of high bit pairs, 16 `i8` scales (one per
 //!   16 weights), `d`; `w = (d * scale) * (q - 32)`.
+//!
+//! Besides ggml's, the int4 groups of a compressed-tensors `pack-quantized` checkpoint
+//! (W4A16), repacked at load into blocks of one group each:
+//! - `Int4G32`, `Int4G64`, `Int4G128` (the group's weights): `scale: f32`, `zero: u8` (the
+//!   zero point's code, 8 for a symmetric group), then the codes two a byte, weight `2j` in
+//!   byte `j`'s low nibble and `2j + 1` in its high one, each as `value + 8`;
+//!   `w = f32(q - zero) * scale`, as compressed-tensors dequantizes.
 
 use super::f16_to_f32;
 
@@ -33,6 +40,9 @@ pub enum Block {
     Q4K,
     Q5K,
     Q6K,
+    Int4G32,
+    Int4G64,
+    Int4G128,
 }
 
 /// The most weights a block holds.
@@ -44,6 +54,9 @@ impl Block {
         match self {
             Block::Q8_0 | Block::Q4_0 | Block::Q4_1 | Block::Q5_0 | Block::Q5_1 => 32,
             Block::Q4K | Block::Q5K | Block::Q6K => 256,
+            Block::Int4G32 => 32,
+            Block::Int4G64 => 64,
+            Block::Int4G128 => 128,
         }
     }
 
@@ -58,6 +71,9 @@ impl Block {
             Block::Q4K => 144,
             Block::Q5K => 176,
             Block::Q6K => 210,
+            Block::Int4G32 => 21,
+            Block::Int4G64 => 37,
+            Block::Int4G128 => 69,
         }
     }
 
@@ -72,6 +88,19 @@ impl Block {
             Block::Q4K => "Q4_K",
             Block::Q5K => "Q5_K",
             Block::Q6K => "Q6_K",
+            Block::Int4G32 => "int4 in groups of 32",
+            Block::Int4G64 => "int4 in groups of 64",
+            Block::Int4G128 => "int4 in groups of 128",
+        }
+    }
+
+    /// The int4 group format of `group` weights (32, 64 or 128).
+    pub const fn int4_group(group: usize) -> Option<Block> {
+        match group {
+            32 => Some(Block::Int4G32),
+            64 => Some(Block::Int4G64),
+            128 => Some(Block::Int4G128),
+            _ => None,
         }
     }
 
@@ -140,6 +169,14 @@ pub fn decode(format: Block, b: &[u8], out: &mut [f32]) {
                     }
                     out[32 * s + l] = ds * f32::from(q) - dm;
                 }
+            }
+        }
+        Block::Int4G32 | Block::Int4G64 | Block::Int4G128 => {
+            let scale = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let zero = i32::from(b[4]);
+            for (j, &byte) in b[5..5 + format.values() / 2].iter().enumerate() {
+                out[2 * j] = (i32::from(byte & 15) - zero) as f32 * scale;
+                out[2 * j + 1] = (i32::from(byte >> 4) - zero) as f32 * scale;
             }
         }
         Block::Q6K => {

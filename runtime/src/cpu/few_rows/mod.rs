@@ -694,7 +694,16 @@ mod tests {
             Block::Q8_0 | Block::Q4_0 | Block::Q5_0 => &[0],
             Block::Q4_1 | Block::Q5_1 | Block::Q4K | Block::Q5K => &[0, 2],
             Block::Q6K => &[208],
+            Block::Int4G32 | Block::Int4G64 | Block::Int4G128 => &[],
         };
+        if halves.is_empty() {
+            // An f32 scale 2^-10 .. 2^-3 and a zero point's code 0..15.
+            for b in 0..count {
+                let s = f32::from_bits(((g.next() % 8 + 117) << 23 | (g.next() % (1 << 23))) as u32);
+                data[b * bytes..b * bytes + 4].copy_from_slice(&s.to_le_bytes());
+                data[b * bytes + 4] = (g.next() % 16) as u8;
+            }
+        }
         for b in 0..count {
             for &at in halves {
                 let h = (((g.next() % 8 + 5) << 10) | (g.next() % 1024)) as u16;
@@ -704,8 +713,19 @@ mod tests {
         data
     }
 
-    const BLOCKS: [Block; 8] =
-        [Block::Q8_0, Block::Q4_0, Block::Q4_1, Block::Q5_0, Block::Q5_1, Block::Q4K, Block::Q5K, Block::Q6K];
+    const BLOCKS: [Block; 11] = [
+        Block::Q8_0,
+        Block::Q4_0,
+        Block::Q4_1,
+        Block::Q5_0,
+        Block::Q5_1,
+        Block::Q4K,
+        Block::Q5K,
+        Block::Q6K,
+        Block::Int4G32,
+        Block::Int4G64,
+        Block::Int4G128,
+    ];
 
     /// Every path decodes every block format to the plain decoding's values, bit for bit,
     /// and hand-made blocks decode to the values their layout says.
@@ -758,6 +778,15 @@ mod tests {
         blocks::decode(Block::Q4K, &b, &mut out);
         assert_eq!(out[0], 3.0 * 10.0 - 0.5 * 2.0);
         assert_eq!(out[5 * 32], 17.0 * 7.0 - 0.5 * 33.0);
+        // int4 in groups of 32: scale 0.25, zero point code 5; byte 0 holds weights 0 (code 9)
+        // and 1 (code 2).
+        let mut b = vec![0u8; 21];
+        b[..4].copy_from_slice(&0.25f32.to_le_bytes());
+        b[4] = 5;
+        b[5] = 9 | 2 << 4;
+        let mut out = [0f32; 32];
+        blocks::decode(Block::Int4G32, &b, &mut out);
+        assert_eq!((out[0], out[1], out[2]), (1.0, -0.75, -1.25));
         // Q6_K: d 1, the scale of weights 0..16 is -2; weight 0's low nibble 9, high pair 2.
         let mut b = vec![0u8; 210];
         b[208..].copy_from_slice(&0x3c00u16.to_le_bytes());
