@@ -18,6 +18,12 @@ folder for the symmetric ones; for the asymmetric one compressed-tensors' own de
 of the compressed model (`ModelCompressor.decompress_model`), since transformers 5.24 with
 compressed-tensors 0.20.1 refuses to load packed zero points (it expects them unpacked).
 
+FP8 in blocks (`quant_method: fp8`, DeepSeek's and GLM-5's layout: E4M3 weights with a
+`weight_scale_inv` a 128x128 block): each Linear's weight quantized by transformers 5.24's own
+fine-grained FP8 quantizer (`finegrained_fp8.Fp8Quantize`), lm_head left in f32, the widths
+multiples of 128 (transformers' CPU dequantizer takes whole blocks only). The reference:
+transformers loading the folder on the CPU (it dequantizes the weights to f32).
+
 Writes tests/fixtures/quantized/<name>/. Needs the compressed-tensors package (pinned
 below; not among the test suite's requirements: the references are committed).
 Usage: .venv/bin/python python/make_quantized_fixtures.py
@@ -151,6 +157,55 @@ def make_w4a16(name: str, group: int, symmetric: bool, seed: int) -> None:
     print(f"{name}: margin {margin:.4f}, {sum(f.stat().st_size for f in out.iterdir())} bytes", flush=True)
 
 
+@torch.no_grad()
+def make_fp8_blocks(seed: int = 305) -> None:
+    from types import SimpleNamespace
+
+    from transformers import FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+
+    name = "fp8-block-glm4"
+    out = ROOT / "tests" / "fixtures" / "quantized" / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    keys = dict(GLM4, hidden_size=256, intermediate_size=512, head_dim=64)
+    config = mf.build_config("glm4", keys, mf.DEFAULT_EOS_ID)
+    model = mf.FAMILIES["glm4"][1]._from_config(config, attn_implementation="eager").eval()
+    mf.randomize(model, seed)
+    fp8 = FineGrainedFP8Config(weight_block_size=[128, 128], modules_to_not_convert=["lm_head"])
+    quantize = Fp8Quantize(SimpleNamespace(quantization_config=fp8))
+    state = {}
+    for key, value in model.state_dict().items():
+        linear = value.ndim == 2 and "embed_tokens" not in key and not key.startswith("lm_head")
+        state.update(quantize.convert({key: value}) if linear else {key: value})
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    model.config.quantization_config = fp8
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    reference = mf.FAMILIES["glm4"][1].from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    for attempt in range(100):
+        g = torch.Generator().manual_seed(seed * 1000 + attempt)
+        ids = torch.randint(1, config.vocab_size, (mf.BATCH, mf.SEQ), generator=g, dtype=torch.long)
+        result = mf.reference_outputs(name, reference, ids)
+        if result is not None:
+            break
+    else:
+        raise RuntimeError(f"{name}: no input ids with a clear greedy margin")
+    logits, _, greedy, eos_id, padded_ids, mask, padded_greedy, _, margin, _ = result
+    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(), "greedy": greedy.contiguous(),
+               "padded_input_ids": padded_ids.contiguous(), "padded_attention_mask": mask.contiguous(),
+               "padded_greedy": padded_greedy.contiguous()}, str(out / "reference.safetensors"))
+    info = {"transformers": transformers.__version__, "torch": torch.__version__, "model_type": "glm4",
+            "quant_method": "fp8", "weight_block_size": [128, 128], "min_greedy_logit_margin": round(margin, 4),
+            "logits_abs_max": round(logits.abs().max().item(), 4),
+            "notes": "Weights quantized by transformers' Fp8Quantize; reference: transformers loading this folder "
+                     "on the CPU (dequantized to f32), float32, eager attention; keys as python/make_fixtures.py "
+                     "writes them."}
+    (out / "reference.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    print(f"{name}: margin {margin:.4f}, {sum(f.stat().st_size for f in out.iterdir())} bytes", flush=True)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -162,6 +217,7 @@ def main() -> None:
     make_w4a16("w4a16-g128-glm4", 128, True, 302)
     make_w4a16("w4a16-g64-glm4", 64, True, 303)
     make_w4a16("w4a16-asym-g32-glm4", 32, False, 304)
+    make_fp8_blocks()
 
 
 if __name__ == "__main__":

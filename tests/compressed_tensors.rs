@@ -1,12 +1,14 @@
-//! Checkpoints written by the compressed-tensors package (python/make_quantized_fixtures.py,
-//! tests/fixtures/quantized): FP8 as zai-org releases GLM-4.5 to 4.7 (`float-quantized`: E4M3
-//! weights with a scale an output channel, activations rounded to FP8 per token) and W4A16 as
-//! AWQ/GPTQ exports are published (`pack-quantized`: int4 groups of 32, 64 and 128, symmetric
-//! and with zero points): logits within 1e-4 of the largest of the reference's (transformers
-//! loading the folder; compressed-tensors' own decompression where transformers cannot load
-//! packed zero points), the same greedy tokens alone and in a padded batch; a checkpoint
-//! whose scales, zero points or groups are missing, misshapen or reordered, or whose
-//! quantization headcount does not read, refused naming why.
+//! Quantized checkpoints written by their formats' own writers (python/make_quantized_fixtures.py,
+//! tests/fixtures/quantized): by the compressed-tensors package, FP8 as zai-org releases
+//! GLM-4.5 to 4.7 (`float-quantized`: E4M3 weights with a scale an output channel,
+//! activations rounded to FP8 per token) and W4A16 as AWQ/GPTQ exports are published
+//! (`pack-quantized`: int4 groups of 32, 64 and 128, symmetric and with zero points); by
+//! transformers' fine-grained FP8 quantizer, FP8 in 128x128 blocks as DeepSeek and GLM-5
+//! ship it (`quant_method: fp8`, `weight_scale_inv`): logits within 1e-4 of the largest of the
+//! reference's (transformers loading the folder; compressed-tensors' own decompression where
+//! transformers cannot load packed zero points), the same greedy tokens alone and in a padded
+//! batch; a checkpoint whose scales, zero points or groups are missing, misshapen or
+//! reordered, or whose quantization headcount does not read, refused naming why.
 
 use std::path::{Path, PathBuf};
 
@@ -118,7 +120,8 @@ fn refused_fp8_checkpoints_say_why() {
         },
         |_| {},
     );
-    assert!(load(&block).contains("quant_method \"fp8\""), "{}", load(&block));
+    // Read as FP8 in blocks, the channel scales are not the blocks' `weight_scale_inv`.
+    assert!(load(&block).contains("q_proj.weight_scale_inv"), "{}", load(&block));
     let sparse = edited("sparse", |c| c["quantization_config"]["format"] = "sparse-24-bitmask".into(), |_| {});
     assert!(load(&sparse).contains("sparse-24-bitmask"), "{}", load(&sparse));
     let static_acts = edited(
@@ -179,4 +182,30 @@ fn refused_w4a16_checkpoints_say_why() {
         |_| {},
     );
     assert!(load(&sixteen).contains("groups of 32, 64 or 128"), "{}", load(&sixteen));
+}
+
+#[test]
+fn refused_block_fp8_checkpoints_say_why() {
+    let load = |dir: &Path| Model::load(dir, &LoadOptions::default()).err().expect("refused").to_string();
+    let blocks = fixtures_dir().join("quantized").join("fp8-block-glm4");
+    let scale = "model.layers.1.mlp.down_proj.weight_scale_inv";
+    let missing = edited_from(&blocks, "missing-scale-inv", |_| {}, |t| t.retain(|(n, ..)| n != scale));
+    assert!(load(&missing).contains(scale), "{}", load(&missing));
+    let ue8m0 = edited_from(&blocks, "ue8m0", |c| c["quantization_config"]["scale_fmt"] = "ue8m0".into(), |_| {});
+    assert!(load(&ue8m0).contains("scale_fmt"), "{}", load(&ue8m0));
+    let one = edited_from(
+        &blocks,
+        "block-one",
+        |c| c["quantization_config"]["weight_block_size"] = serde_json::json!([128]),
+        |_| {},
+    );
+    assert!(load(&one).contains("weight_block_size"), "{}", load(&one));
+    // Blocks of 64 rows: every scale grid is then the wrong shape, named.
+    let other = edited_from(
+        &blocks,
+        "block-64",
+        |c| c["quantization_config"]["weight_block_size"] = serde_json::json!([64, 128]),
+        |_| {},
+    );
+    assert!(load(&other).contains("weight_scale_inv"), "{}", load(&other));
 }

@@ -137,6 +137,44 @@ impl Checkpoint {
         Ok(true)
     }
 
+    /// Checks `name` is an FP8 weight of `shape` (`[out, in]`, `float8_e4m3fn`) with its
+    /// `weight_scale_inv` beside it, one a block of `rows` x `cols` (`[ceil(out / rows),
+    /// ceil(in / cols)]`, a float dtype): `Ok(false)` where the weight is stored otherwise.
+    pub fn check_fp8_blocks(&self, name: &str, shape: &[i64], rows: usize, cols: usize) -> Result<bool> {
+        let Some(e) = self.tensors.get(name).filter(|e| e.dtype == Dtype::F8_E4M3) else { return Ok(false) };
+        let file = self.file_of(e).to_owned();
+        let [out, inputs] = shape else {
+            return Err(Error::ShapeMismatch {
+                name: name.to_owned(),
+                file,
+                got: e.shape.clone(),
+                expected: shape.to_vec(),
+            });
+        };
+        if e.shape != [*out as usize, *inputs as usize] {
+            return Err(Error::ShapeMismatch {
+                name: name.to_owned(),
+                file,
+                got: e.shape.clone(),
+                expected: shape.to_vec(),
+            });
+        }
+        let scale = format!("{name}_scale_inv");
+        let want = [(*out as usize).div_ceil(rows) as i64, (*inputs as usize).div_ceil(cols) as i64];
+        let s = self
+            .tensors
+            .get(&scale)
+            .ok_or_else(|| Error::MissingTensor { name: scale.clone(), expected: want.to_vec() })?;
+        let file = self.file_of(s).to_owned();
+        if !matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(Error::UnsupportedDtype { name: scale, file, dtype: format!("{:?}", s.dtype) });
+        }
+        if s.shape != [want[0] as usize, want[1] as usize] {
+            return Err(Error::ShapeMismatch { name: scale, file, got: s.shape.clone(), expected: want.to_vec() });
+        }
+        Ok(true)
+    }
+
     /// Checks `name` (`X.weight`, `[out, in]`) is stored as compressed-tensors packs 4-bit
     /// groups of `group` inputs: `X.weight_packed` (int32 `[out, in / 8]`), `X.weight_scale`
     /// (`[out, in / group]`, a float dtype), `X.weight_shape` (`[out, in]`, where present),

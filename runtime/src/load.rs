@@ -228,6 +228,51 @@ impl SafetensorsSource<'_> {
     }
 }
 
+impl SafetensorsSource<'_> {
+    /// Rows `rows` of `name` where the checkpoint stores it as FP8 in blocks with a
+    /// `weight_scale_inv` each (`quant_method: fp8`, checked at load by
+    /// [`Checkpoint::check_fp8_blocks`]): blocks of 128 inputs of a row with their block's
+    /// scale ([`crate::cpu::few_rows::Block::F8B128`]) where the inputs are whole such
+    /// blocks, else the values the codes stand for. `None` where it is stored otherwise.
+    fn fp8_blocks(&mut self, name: &str, shape: &[i64], rows: Option<(usize, usize)>) -> Result<Option<Matrix>> {
+        let Some(StoredQuantization::Fp8Blocks { rows: bm, cols: bn }) = self.quantization else { return Ok(None) };
+        if !self.ckpt.check_fp8_blocks(name, shape, bm, bn)? {
+            return Ok(None);
+        }
+        // cannot wrap: a checked weight's sizes.
+        let (out, inputs) = (shape[0] as usize, shape[1] as usize);
+        let (start, n) = rows.unwrap_or((0, out));
+        let codes = self.ckpt.load_rows(name, Some((start, n)), Kind::Float8e4m3fn, Device::Cpu)?;
+        let scales = self.ckpt.load_rows(&format!("{name}_scale_inv"), None, Kind::Float, Device::Cpu)?;
+        self.progress.tick(name, n * inputs);
+        let column_blocks = inputs.div_ceil(bn);
+        if bn == 128 && inputs % 128 == 0 {
+            let format = crate::cpu::few_rows::Block::F8B128;
+            let codes = codes.f_view_dtype(Kind::Uint8)?.f_contiguous()?;
+            let codes = Vec::<u8>::try_from(codes.f_reshape([-1])?)?;
+            let scales = Vec::<f32>::try_from(scales.f_reshape([-1])?)?;
+            let mut data = vec![0u8; n * column_blocks * format.bytes()];
+            for (r, row) in data.chunks_exact_mut(column_blocks * format.bytes()).enumerate() {
+                for (c, block) in row.chunks_exact_mut(format.bytes()).enumerate() {
+                    block[..4].copy_from_slice(&scales[(start + r) / bm * column_blocks + c].to_le_bytes());
+                    block[4..].copy_from_slice(&codes[r * inputs + c * 128..r * inputs + (c + 1) * 128]);
+                }
+            }
+            return Ok(Some(Matrix::Blocks(vec![BlockWeight::from_bytes(format, &data, n as i64, inputs as i64)?])));
+        }
+        // Each weight times its block's scale (edge blocks partial), in f32.
+        let scale_rows =
+            Tensor::f_arange_start((start / bm) as i64, (start + n).div_ceil(bm) as i64, (Kind::Int64, Device::Cpu))?;
+        let expanded = scales
+            .f_index_select(0, &scale_rows)?
+            .f_repeat_interleave_self_int(bm as i64, Some(0), None)?
+            .f_narrow(0, (start % bm) as i64, n as i64)?
+            .f_repeat_interleave_self_int(bn as i64, Some(1), None)?
+            .f_narrow(1, 0, inputs as i64)?;
+        Ok(Some(Matrix::Values(codes.f_to_kind(Kind::Float)?.f_mul(&expanded)?)))
+    }
+}
+
 impl WeightSource for SafetensorsSource<'_> {
     fn rows(
         &mut self,
@@ -242,6 +287,9 @@ impl WeightSource for SafetensorsSource<'_> {
         }
         if let Some(w) = self.int4(name, shape, rows)? {
             return Ok(w.dequantized(kind)?.f_to_device(device)?);
+        }
+        if let Some(m) = self.fp8_blocks(name, shape, rows)? {
+            return Ok(m.values(kind, device)?.f_to_kind(kind)?.f_to_device(device)?);
         }
         self.ckpt.check(name, shape)?;
         let t = self.ckpt.load_rows(name, rows, kind, device)?;
@@ -266,6 +314,12 @@ impl WeightSource for SafetensorsSource<'_> {
     ) -> Result<Matrix> {
         if let Some(w) = self.fp8(name, shape, rows)? {
             return Ok(Matrix::Fp8(w));
+        }
+        if let Some(m) = self.fp8_blocks(name, shape, rows)? {
+            return Ok(match m {
+                Matrix::Values(t) => Matrix::Values(t.f_to_kind(kind)?.f_to_device(device)?),
+                m => m,
+            });
         }
         match self.int4(name, shape, rows)? {
             Some(w) => Ok(Matrix::Blocks(vec![w])),

@@ -563,6 +563,11 @@ impl Model {
                 {
                     return Ok(());
                 }
+                Some(StoredQuantization::Fp8Blocks { rows, cols })
+                    if ckpt.check_fp8_blocks(name, shape, rows, cols)? =>
+                {
+                    return Ok(());
+                }
                 _ => {}
             }
             ckpt.check(name, shape).map(|_| ())
@@ -573,10 +578,11 @@ impl Model {
             let tied_head = dims.tie_embeddings && name == "lm_head.weight";
             // An FP8 weight's scale, a packed weight's parts (checked with their weight).
             let scale_of_fp8 = quantization.is_some()
-                && name
-                    .strip_suffix("_scale")
-                    .and_then(|w| ckpt.tensors.get(w))
-                    .is_some_and(|w| w.dtype == safetensors::Dtype::F8_E4M3);
+                && [name.strip_suffix("_scale"), name.strip_suffix("_scale_inv")]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|w| ckpt.tensors.get(w))
+                    .any(|w| w.dtype == safetensors::Dtype::F8_E4M3);
             let part_of_packed = matches!(quantization, Some(StoredQuantization::Int4 { .. }))
                 && ["_packed", "_scale", "_shape", "_zero_point", "_g_idx"].iter().any(|part| {
                     name.strip_suffix(part).is_some_and(|w| expected.contains(w) || mtp_known.contains_key(w))

@@ -6,7 +6,9 @@
 //! dynamic) or left as they are; and `pack-quantized` (W4A16, AWQ/GPTQ exports): 4-bit
 //! integer weights in groups of 32, 64 or 128 inputs (`weight_packed`, eight codes an int32,
 //! `weight_scale` a group, `weight_zero_point` where asymmetric). Other methods and formats
-//! are refused naming them, before any tensor is read.
+//! are refused naming them, before any tensor is read. Besides compressed-tensors,
+//! `quant_method: fp8` (DeepSeek's and GLM-5's FP8): `weight` in `float8_e4m3fn` with a
+//! `weight_scale_inv` a block (`weight_block_size`, 128x128), edge blocks partial.
 
 use std::path::Path;
 
@@ -23,6 +25,10 @@ pub(crate) enum StoredQuantization {
     /// 4-bit integer weights in groups of `group` inputs, with zero points unless
     /// `symmetric`; activations as they are.
     Int4 { group: usize, symmetric: bool },
+    /// FP8 E4M3 weights with one `weight_scale_inv` a block of `rows` x `cols` (DeepSeek's
+    /// and GLM-5's `quant_method: fp8`); activations as they are, as transformers computes
+    /// such a checkpoint on a CPU (it dequantizes the weights).
+    Fp8Blocks { rows: usize, cols: usize },
 }
 
 fn refused(path: &Path, reason: impl Into<String>) -> Error {
@@ -39,11 +45,32 @@ pub(crate) fn stored_quantization(dir: &Path) -> Result<Option<StoredQuantizatio
     match field("quant_method") {
         "compressed-tensors" => {}
         "fp8" => {
-            return Err(refused(
-                &path,
-                "quantization_config.quant_method \"fp8\" (FP8 in 128x128 blocks with weight_scale_inv, GLM-5's \
-                 releases) is not read yet; compressed-tensors float-quantized FP8 checkpoints are",
-            ));
+            let block: Vec<u64> = q
+                .get("weight_block_size")
+                .and_then(Json::as_array)
+                .map(|b| b.iter().filter_map(Json::as_u64).collect())
+                .unwrap_or_default();
+            let [rows, cols] = block[..] else {
+                return Err(refused(
+                    &path,
+                    format!(
+                        "quantization_config.weight_block_size: {}; headcount reads FP8 in blocks of two sizes \
+                         (e.g. [128, 128])",
+                        q.get("weight_block_size").cloned().unwrap_or(Json::Null)
+                    ),
+                ));
+            };
+            if rows == 0 || cols == 0 {
+                return Err(refused(&path, "quantization_config.weight_block_size holds a 0"));
+            }
+            let scale_fmt = q.get("scale_fmt").filter(|f| !f.is_null());
+            if q.get("fmt").is_some_and(|f| f != "e4m3") || scale_fmt.is_some_and(|f| f != "float") {
+                return Err(refused(
+                    &path,
+                    "quantization_config: fmt and scale_fmt: headcount reads e4m3 weights with float scales",
+                ));
+            }
+            return Ok(Some(StoredQuantization::Fp8Blocks { rows: rows as usize, cols: cols as usize }));
         }
         other => {
             return Err(refused(

@@ -26,6 +26,11 @@
 //!   zero point's code, 8 for a symmetric group), then the codes two a byte, weight `2j` in
 //!   byte `j`'s low nibble and `2j + 1` in its high one, each as `value + 8`;
 //!   `w = f32(q - zero) * scale`, as compressed-tensors dequantizes.
+//!
+//! And the FP8 of a `quant_method: fp8` checkpoint, repacked at load into blocks of 128
+//! inputs of a row, each with the scale of the weight block it lies in:
+//! - `F8B128` (128): `scale: f32`, then 128 `float8_e4m3fn` codes; `w = e4m3(q) * scale`, as
+//!   transformers dequantizes.
 
 use super::f16_to_f32;
 
@@ -43,6 +48,7 @@ pub enum Block {
     Int4G32,
     Int4G64,
     Int4G128,
+    F8B128,
 }
 
 /// The most weights a block holds.
@@ -56,7 +62,7 @@ impl Block {
             Block::Q4K | Block::Q5K | Block::Q6K => 256,
             Block::Int4G32 => 32,
             Block::Int4G64 => 64,
-            Block::Int4G128 => 128,
+            Block::Int4G128 | Block::F8B128 => 128,
         }
     }
 
@@ -74,6 +80,7 @@ impl Block {
             Block::Int4G32 => 21,
             Block::Int4G64 => 37,
             Block::Int4G128 => 69,
+            Block::F8B128 => 132,
         }
     }
 
@@ -91,6 +98,7 @@ impl Block {
             Block::Int4G32 => "int4 in groups of 32",
             Block::Int4G64 => "int4 in groups of 64",
             Block::Int4G128 => "int4 in groups of 128",
+            Block::F8B128 => "FP8 in rows of 128 with a scale",
         }
     }
 
@@ -177,6 +185,12 @@ pub fn decode(format: Block, b: &[u8], out: &mut [f32]) {
             for (j, &byte) in b[5..5 + format.values() / 2].iter().enumerate() {
                 out[2 * j] = (i32::from(byte & 15) - zero) as f32 * scale;
                 out[2 * j + 1] = (i32::from(byte >> 4) - zero) as f32 * scale;
+            }
+        }
+        Block::F8B128 => {
+            let scale = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            for (o, &q) in out[..128].iter_mut().zip(&b[4..132]) {
+                *o = super::e4m3_value(q) * scale;
             }
         }
         Block::Q6K => {

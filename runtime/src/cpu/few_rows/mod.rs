@@ -694,14 +694,20 @@ mod tests {
             Block::Q8_0 | Block::Q4_0 | Block::Q5_0 => &[0],
             Block::Q4_1 | Block::Q5_1 | Block::Q4K | Block::Q5K => &[0, 2],
             Block::Q6K => &[208],
-            Block::Int4G32 | Block::Int4G64 | Block::Int4G128 => &[],
+            Block::Int4G32 | Block::Int4G64 | Block::Int4G128 | Block::F8B128 => &[],
         };
         if halves.is_empty() {
-            // An f32 scale 2^-10 .. 2^-3 and a zero point's code 0..15.
+            // An f32 scale 2^-10 .. 2^-3, and a zero point's code 0..15 (FP8 codes: no NaN).
             for b in 0..count {
                 let s = f32::from_bits(((g.next() % 8 + 117) << 23 | (g.next() % (1 << 23))) as u32);
                 data[b * bytes..b * bytes + 4].copy_from_slice(&s.to_le_bytes());
-                data[b * bytes + 4] = (g.next() % 16) as u8;
+                if format == Block::F8B128 {
+                    for c in &mut data[b * bytes + 4..(b + 1) * bytes] {
+                        *c &= 0xf7;
+                    }
+                } else {
+                    data[b * bytes + 4] = (g.next() % 16) as u8;
+                }
             }
         }
         for b in 0..count {
@@ -713,7 +719,7 @@ mod tests {
         data
     }
 
-    const BLOCKS: [Block; 11] = [
+    const BLOCKS: [Block; 12] = [
         Block::Q8_0,
         Block::Q4_0,
         Block::Q4_1,
@@ -725,6 +731,7 @@ mod tests {
         Block::Int4G32,
         Block::Int4G64,
         Block::Int4G128,
+        Block::F8B128,
     ];
 
     /// Every path decodes every block format to the plain decoding's values, bit for bit,
