@@ -606,3 +606,52 @@ fn a_gguf_file_serves_chat_with_its_own_tokenizer_and_template() {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["tokens"], serde_json::json!(codec.encode_plain("hello there").unwrap()), "{text}");
 }
+
+/// `headcount serve` answers from every stored format it reads what the library generates
+/// from the same file: GGUF files of the three families (their own vocabulary), FP8 in
+/// channels and in blocks, and W4A16 with zero points (no tokenizer: ids in, token ids out).
+#[test]
+fn every_stored_format_serves_what_the_library_generates() {
+    let models = [
+        "tests/fixtures/gguf-glm4_moe/q4_k_m.gguf",
+        "tests/fixtures/gguf-glm4_moe_lite/mixed.gguf",
+        "tests/fixtures/quantized/fp8-glm4",
+        "tests/fixtures/quantized/fp8-block-glm4",
+        "tests/fixtures/quantized/w4a16-asym-g32-glm4",
+    ];
+    let prompt = vec![5i64, 6, 7, 8, 9];
+    for path in models {
+        let path = root().join(path);
+        let model = Model::load(&path, &LoadOptions::default()).unwrap();
+        let codec = TextCodec::from_dir(&path).unwrap();
+        let opts = GenerateOptions {
+            max_new_tokens: 6,
+            sampling: Sampling::greedy(),
+            eos_token_ids: vec![],
+            ..Default::default()
+        };
+        let ids = generate(&model, std::slice::from_ref(&prompt), &opts, |_, _| {}).unwrap().tokens.remove(0);
+        // The server's text of each token in log probabilities: what it decodes to, else `<id>`.
+        let piece = |t: i64| -> String {
+            codec
+                .as_ref()
+                .and_then(|c| c.decode(&[t]).ok().filter(|s| !s.is_empty()).or_else(|| c.token(t)))
+                .unwrap_or_else(|| format!("<{t}>"))
+        };
+        let want: Vec<String> = ids.iter().map(|&t| piece(t)).collect();
+        let path_arg = path.display().to_string();
+        let server = start(&["--model", &path_arg], &[]);
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+                                      "logprobs": 0});
+        let (status, text) = post(&server.url, "/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{}: {text}", path.display());
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let got: Vec<String> = v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(got, want, "{}: {text}", path.display());
+    }
+}
