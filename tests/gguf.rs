@@ -1,9 +1,9 @@
 //! GGUF files made by llama.cpp's own converter and `llama-quantize`
 //! (python/make_gguf_fixtures.py: Q8_0, Q4_K_M, and a file mixing every block type headcount
 //! reads) run from their blocks: logits within 1e-4 of the largest of transformers' on the
-//! weights gguf-py's `dequantize` gives, the same greedy tokens alone and in a padded batch;
-//! a loaded model holds about the file's size; a refused block type, a truncated file and a
-//! cut header are errors naming what is wrong.
+//! weights gguf-py's `dequantize` gives, the same greedy tokens alone and in a padded batch
+//! (the memory a loaded model holds: tests/memory.rs); a refused block type, a truncated file
+//! and a cut header are errors naming what is wrong.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -63,80 +63,6 @@ fn gguf_files_match_transformers_on_the_weights_their_blocks_stand_for() {
         }
     }
     println!("{}", report.join("\n"));
-}
-
-/// A random glm4 GGUF of `kind` blocks written by python/make_gguf.py (gguf-py), once a
-/// process, of about 55M weights: 6 layers, hidden 1024, intermediate 2048.
-fn large_file(kind: &str) -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gguf-large-{kind}.gguf"));
-    if out.is_file() {
-        return out;
-    }
-    let partial = out.with_extension("partial");
-    let root = repo_root();
-    let status = Command::new(root.join(".venv/bin/python"))
-        .arg(root.join("python/make_gguf.py"))
-        .arg(&partial)
-        .args(["--full", "--layers", "6", "--hidden", "1024", "--heads", "8", "--kv-heads", "2"])
-        .args(["--intermediate", "2048", "--vocab", "2048", "--type", kind])
-        .status()
-        .expect("run python/make_gguf.py (scripts/setup --test installs gguf)");
-    assert!(status.success(), "python/make_gguf.py failed");
-    std::fs::rename(&partial, &out).unwrap();
-    out
-}
-
-/// This process's anonymous resident memory, in bytes (`RssAnon`: the file's own pages,
-/// mapped while it is read, are not counted).
-fn resident_anonymous() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("RssAnon:")).expect("RssAnon in /proc/self/status");
-    line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).expect("a size in kB") * 1024
-}
-
-/// Measures one file in a process of its own (run by
-/// `a_loaded_gguf_model_holds_about_its_file_size`, which reads the line it prints).
-#[test]
-#[ignore = "run in a child process by a_loaded_gguf_model_holds_about_its_file_size"]
-fn measure_one_gguf_model() {
-    let path = PathBuf::from(std::env::var("HEADCOUNT_GGUF_MEASURE").expect("the file to measure"));
-    let _ = tch::Tensor::ones([8], (tch::Kind::Float, tch::Device::Cpu)).sum(tch::Kind::Float);
-    let before = resident_anonymous();
-    let model = Model::load(&path, &LoadOptions::default()).unwrap();
-    let loaded = resident_anonymous();
-    let prompt: Vec<i64> = (1..=40).collect();
-    generate(&model, &[prompt], &greedy(4), |_, _| {}).unwrap();
-    let ran = resident_anonymous();
-    println!("measured {} {} {}", loaded - before, ran.saturating_sub(before), std::fs::metadata(&path).unwrap().len());
-}
-
-/// Loading keeps each projection's blocks (and the embedding's) as stored: the memory a
-/// loaded model holds is about the file's size, not the 4 bytes a weight of f32 values
-/// (220 MB here); a prefill's products dequantize at most 16 MB of weights at a time.
-#[test]
-fn a_loaded_gguf_model_holds_about_its_file_size() {
-    for kind in ["q4_0", "q8_0"] {
-        let file = large_file(kind);
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["measure_one_gguf_model", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
-            .env("HEADCOUNT_GGUF_MEASURE", &file)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{kind}: {text}{}", String::from_utf8_lossy(&out.stderr));
-        let line = text.lines().find_map(|l| l.split("measured ").nth(1)).expect("the child's measurement");
-        let [loaded, ran, size]: [f64; 3] =
-            line.split(' ').map(|v| v.parse::<f64>().unwrap()).collect::<Vec<_>>().try_into().unwrap();
-        let mb = |b: f64| b / 1e6;
-        println!(
-            "{kind}: file {:.1} MB, held after loading {:.1} MB, after a 40-token prefill and 4 steps {:.1} MB",
-            mb(size),
-            mb(loaded),
-            mb(ran)
-        );
-        assert!(loaded <= 1.1 * size + 4e6, "{kind}: {:.1} MB held for a {:.1} MB file", mb(loaded), mb(size));
-        assert!(ran <= 1.1 * size + 40e6, "{kind}: {:.1} MB held after running", mb(ran));
-    }
 }
 
 /// A block type headcount does not compute, a file cut short and a cut header: each an

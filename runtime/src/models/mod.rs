@@ -47,6 +47,18 @@ use crate::weights::gguf_source::GgufSource;
 use layers::Loader;
 pub use layers::{Attention, DecoderLayer, Ffn, Indexer, LatentAttention, LatentQuery, Mlp, Pick, SelfAttention};
 
+/// Returns to the system the memory a quantized model's load freed: each tensor's codes were
+/// copied out of the file and joined (q/k/v, gate/up), and the freed copies would otherwise
+/// stay in malloc's heap (a binary may have asked it to keep freed memory), so the model
+/// holds about its files' size.
+fn release_load_copies() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of malloc's heaps to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Layer `l` of `cx`'s family, this rank's part of it.
 fn load_layer(cx: &Loader, src: &mut dyn WeightSource, l: usize) -> Result<DecoderLayer> {
     match cx.dims.family {
@@ -628,7 +640,11 @@ impl Model {
         let enabled = parallel.rank == 0 && opts.progress_above_bytes.is_some_and(|b| total > b);
         let progress = Progress { total, done: 0, shown: 0, enabled };
         let mut src = crate::load::SafetensorsSource { ckpt: &ckpt, progress, quantization };
-        Model::build(dims, opts, parallel, &mut src)
+        let model = Model::build(dims, opts, parallel, &mut src)?;
+        if quantization.is_some() {
+            release_load_copies();
+        }
+        Ok(model)
     }
 
     /// Loads this rank's part of the GGUF model at `path` (the first part of a split one):
@@ -659,13 +675,7 @@ impl Model {
         let progress = Progress { total: total as usize, done: 0, shown: 0, enabled };
         let mut src = GgufSource::new(&g, path, &dims, &shapes, progress)?;
         let model = Model::build(dims, opts, parallel, &mut src)?;
-        // Each tensor's blocks were copied out of the file and joined (q/k/v, gate/up): the
-        // freed copies go back to the system, so the model holds about the file's size.
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: malloc_trim only returns free memory of malloc's heaps to the system.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        release_load_copies();
         Ok(model)
     }
 

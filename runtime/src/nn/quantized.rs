@@ -614,8 +614,9 @@ impl Quantized for Fp8Weight {
         let (n, k) = self.shape();
         let rows = check_target(w, first, n, k)?;
         let len = rows.len() as i64;
+        // Widened by the copy itself, into `w` (no f32 copy of the rows on the side).
         let codes = self.codes.f_narrow(0, first, len)?.f_view_dtype(Kind::Float8e4m3fn)?;
-        w.shallow_clone().f_copy_(&codes.f_to_kind(Kind::Float)?)?;
+        w.shallow_clone().f_copy_(&codes)?;
         let _ = w.shallow_clone().f_mul_(&self.scales.f_narrow(0, first, len)?.f_unsqueeze(1)?)?;
         Ok(())
     }
