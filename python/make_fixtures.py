@@ -350,6 +350,33 @@ def reference_outputs_of(name: str, model, input_ids: torch.Tensor):
     return logits, sdpa_diff, greedy, eos_id, padded_ids, mask, padded_greedy, padded_ok, margin
 
 
+def drawn_reference(name: str, model, seed: int, vocab: int, path) -> tuple:
+    """Draws input ids (seeded by `seed`) until every greedy step of `model` has a clear
+    margin (reference_outputs), writes the reference tensors to `path` with the keys
+    make_fixture writes, and gives back reference_outputs' result."""
+    for attempt in range(100):
+        gen = torch.Generator().manual_seed(seed * 1000 + attempt)
+        input_ids = torch.randint(1, vocab, (BATCH, SEQ), generator=gen, dtype=torch.long)
+        result = reference_outputs(name, model, input_ids)
+        if result is not None:
+            break
+    else:
+        raise RuntimeError(f"{name}: no input ids with a clear greedy margin")
+    logits, _, greedy, _, padded_ids, mask, padded_greedy, *_ = result
+    save_file(
+        {
+            "input_ids": input_ids.contiguous(),
+            "logits": logits.contiguous(),
+            "greedy": greedy.contiguous(),
+            "padded_input_ids": padded_ids.contiguous(),
+            "padded_attention_mask": mask.contiguous(),
+            "padded_greedy": padded_greedy.contiguous(),
+        },
+        str(path),
+    )
+    return result
+
+
 @torch.no_grad()
 def make_fixture(name: str, family: str, seed: int, keys: dict) -> dict:
     out_dir = FIXTURES / name

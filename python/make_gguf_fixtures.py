@@ -28,7 +28,6 @@ import gguf
 import numpy as np
 import torch
 import transformers
-from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_llama_cpp as peer  # noqa: E402
@@ -167,19 +166,9 @@ def make(family: str, llama) -> None:
             peer.sh([llama.bin("llama-quantize"), *args[:-1], f32, path, args[-1]])
             state, types = dequantized_state(path)
             model.load_state_dict(state, strict=True)
-            for attempt in range(100):
-                g = torch.Generator().manual_seed(seed * 1000 + attempt)
-                ids = torch.randint(1, config.vocab_size, (mf.BATCH, mf.SEQ), generator=g, dtype=torch.long)
-                result = mf.reference_outputs(f"{family} {kind}", model, ids)
-                if result is not None:
-                    break
-            else:
-                raise RuntimeError(f"{family} {kind}: no input ids with a clear greedy margin")
-            logits, _, greedy, eos_id, padded_ids, mask, padded_greedy, _, margin, _ = result
-            save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(), "greedy": greedy.contiguous(),
-                       "padded_input_ids": padded_ids.contiguous(), "padded_attention_mask": mask.contiguous(),
-                       "padded_greedy": padded_greedy.contiguous()},
-                      str(out / f"{kind}.reference.safetensors"))
+            result = mf.drawn_reference(f"{family} {kind}", model, seed, config.vocab_size,
+                                        out / f"{kind}.reference.safetensors")
+            logits, margin = result[0], result[8]
             info["files"][f"{kind}.gguf"] = {
                 "llama_quantize": " ".join(str(a) for a in args), "tensor_types": types,
                 "bytes": path.stat().st_size, "min_greedy_logit_margin": round(margin, 4),

@@ -77,18 +77,8 @@ def make_fp8(seed: int = 301) -> None:
     compressor.update_config(str(out))
 
     reference = mf.FAMILIES["glm4"][1].from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    for attempt in range(100):
-        g = torch.Generator().manual_seed(seed * 1000 + attempt)
-        ids = torch.randint(1, config.vocab_size, (mf.BATCH, mf.SEQ), generator=g, dtype=torch.long)
-        result = mf.reference_outputs("fp8-glm4", reference, ids)
-        if result is not None:
-            break
-    else:
-        raise RuntimeError("fp8-glm4: no input ids with a clear greedy margin")
-    logits, _, greedy, eos_id, padded_ids, mask, padded_greedy, _, margin, _ = result
-    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(), "greedy": greedy.contiguous(),
-               "padded_input_ids": padded_ids.contiguous(), "padded_attention_mask": mask.contiguous(),
-               "padded_greedy": padded_greedy.contiguous()}, str(out / "reference.safetensors"))
+    result = mf.drawn_reference("fp8-glm4", reference, seed, config.vocab_size, out / "reference.safetensors")
+    logits, margin = result[0], result[8]
     info = {"transformers": transformers.__version__, "torch": torch.__version__,
             "compressed_tensors": importlib.metadata.version("compressed-tensors"), "model_type": "glm4",
             "scheme": "FP8_DYNAMIC", "format": "float-quantized", "min_greedy_logit_margin": round(margin, 4),
@@ -133,18 +123,8 @@ def make_w4a16(name: str, group: int, symmetric: bool, seed: int) -> None:
         compressor.decompress_model(model)
         reference = model
     reference = reference.eval()
-    for attempt in range(100):
-        g = torch.Generator().manual_seed(seed * 1000 + attempt)
-        ids = torch.randint(1, config.vocab_size, (mf.BATCH, mf.SEQ), generator=g, dtype=torch.long)
-        result = mf.reference_outputs(name, reference, ids)
-        if result is not None:
-            break
-    else:
-        raise RuntimeError(f"{name}: no input ids with a clear greedy margin")
-    logits, _, greedy, eos_id, padded_ids, mask, padded_greedy, _, margin, _ = result
-    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(), "greedy": greedy.contiguous(),
-               "padded_input_ids": padded_ids.contiguous(), "padded_attention_mask": mask.contiguous(),
-               "padded_greedy": padded_greedy.contiguous()}, str(out / "reference.safetensors"))
+    result = mf.drawn_reference(name, reference, seed, config.vocab_size, out / "reference.safetensors")
+    logits, margin = result[0], result[8]
     how = ("transformers loading this folder on the CPU" if symmetric else
            "compressed-tensors' decompression of the compressed model (ModelCompressor.decompress_model), then "
            "its forward")
@@ -184,18 +164,8 @@ def make_fp8_blocks(seed: int = 305) -> None:
     model.config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     reference = mf.FAMILIES["glm4"][1].from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    for attempt in range(100):
-        g = torch.Generator().manual_seed(seed * 1000 + attempt)
-        ids = torch.randint(1, config.vocab_size, (mf.BATCH, mf.SEQ), generator=g, dtype=torch.long)
-        result = mf.reference_outputs(name, reference, ids)
-        if result is not None:
-            break
-    else:
-        raise RuntimeError(f"{name}: no input ids with a clear greedy margin")
-    logits, _, greedy, eos_id, padded_ids, mask, padded_greedy, _, margin, _ = result
-    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(), "greedy": greedy.contiguous(),
-               "padded_input_ids": padded_ids.contiguous(), "padded_attention_mask": mask.contiguous(),
-               "padded_greedy": padded_greedy.contiguous()}, str(out / "reference.safetensors"))
+    result = mf.drawn_reference(name, reference, seed, config.vocab_size, out / "reference.safetensors")
+    logits, margin = result[0], result[8]
     info = {"transformers": transformers.__version__, "torch": torch.__version__, "model_type": "glm4",
             "quant_method": "fp8", "weight_block_size": [128, 128], "min_greedy_logit_margin": round(margin, 4),
             "logits_abs_max": round(logits.abs().max().item(), 4),
