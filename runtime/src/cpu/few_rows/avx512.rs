@@ -425,8 +425,8 @@ unsafe fn bytes16(p: *const u8) -> __m512i {
 }
 
 /// One block at `b` decoded into `out`, exactly as [`blocks::decode`] (the same f32
-/// multiplications and subtractions, lane by lane): `Q8_0`, `Q4_0`, `Q4_K` and `Q6_K`
-/// sixteen weights at a time, the others by [`blocks::decode`].
+/// multiplications and subtractions, lane by lane): `Q8_0`, `Q4_0`, `Q4_K`, `Q6_K`, the int4
+/// groups and `F8B128` sixteen weights at a time, the others by [`blocks::decode`].
 ///
 /// # Safety
 /// AVX-512 F and BW; `b` points to one block of `format`, `out` to room for its values.
@@ -467,6 +467,30 @@ pub unsafe fn decode(format: Block, b: *const u8, out: *mut f32) {
                         let w = _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(q)), dm);
                         _mm512_storeu_ps(out.add(32 * s + h), w);
                     }
+                }
+            }
+            Block::Int4G32 | Block::Int4G64 | Block::Int4G128 => {
+                let scale = _mm512_set1_ps(f32::from_le_bytes([*b, *b.add(1), *b.add(2), *b.add(3)]));
+                let zero = _mm512_set1_epi32(i32::from(*b.add(4)));
+                let low = _mm512_set1_epi32(15);
+                // Weight 2j is byte j's low nibble, 2j + 1 its high one: sixteen bytes' low
+                // and high nibbles interleaved into two vectors of sixteen weights.
+                let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+                let second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+                for at in (0..format.values() / 2).step_by(16) {
+                    let v = bytes16(b.add(5 + at));
+                    let (lo, hi) = (_mm512_and_si512(v, low), _mm512_srli_epi32::<4>(v));
+                    for (half, order) in [(0, first), (16, second)] {
+                        let q = _mm512_sub_epi32(_mm512_permutex2var_epi32(lo, order, hi), zero);
+                        _mm512_storeu_ps(out.add(2 * at + half), _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale));
+                    }
+                }
+            }
+            Block::F8B128 => {
+                let scale = _mm512_set1_ps(f32::from_le_bytes([*b, *b.add(1), *b.add(2), *b.add(3)]));
+                for at in (0..128).step_by(16) {
+                    let w = <Fp8 as Wide>::load(b.add(4 + at));
+                    _mm512_storeu_ps(out.add(at), _mm512_mul_ps(w, scale));
                 }
             }
             Block::Q6K => {
