@@ -65,6 +65,10 @@ PRECISIONS = {
     "bf16": (["--dtype", "bf16"], "bf16"),
     "int8": (["--dtype", "f32", "--quantize", "int8"], "q8_0"),
     "int4": (["--dtype", "f32", "--quantize", "int4"], "q4_0"),
+    # The same weights, the decode products' rows quantized to 8 bits (`--activations int8`),
+    # as llama.cpp multiplies its q8_0 and q4_0 weights.
+    "int8-a8": (["--dtype", "f32", "--quantize", "int8", "--activations", "int8"], "q8_0"),
+    "int4-a8": (["--dtype", "f32", "--quantize", "int4", "--activations", "int8"], "q4_0"),
 }
 
 
@@ -308,6 +312,8 @@ def main():
     p.add_argument("--gguf", action="append", default=[], metavar="FILE",
                    help="compare on this GGUF file instead of the shapes: both engines read the very same file "
                         "(repeatable; headcount runs it from its blocks with f32 activations)")
+    p.add_argument("--activations", default="f32", metavar="LIST",
+                   help="with --gguf: headcount's --activations, each a row (f32, int8 or f32,int8)")
     p.add_argument("--without-amx", action="store_true",
                    help="build llama.cpp without AMX from the start (the CPU's other vector features still on)")
     a = p.parse_args()
@@ -339,9 +345,10 @@ def main():
     for file in a.gguf:
         model = Path(file).resolve()
         llama = working_llama_cpp(llama, model, a.threads)
-        med, bound = compare(model, ["--dtype", "f32"], model)
-        rows.append((model.name, "same file", block_types(model), med, bound))
-        print(f"done {model.name}", file=sys.stderr)
+        for act in a.activations.split(","):
+            med, bound = compare(model, ["--dtype", "f32", "--activations", act], model)
+            rows.append((model.name, f"same file, {act} activations", block_types(model), med, bound))
+            print(f"done {model.name} {act}", file=sys.stderr)
     for shape in (shapes if not a.gguf else []):
         hf = checkpoint(shape)
         for precision in precisions:

@@ -65,6 +65,8 @@ pub struct BenchReport {
     pub decode_note: Option<String>,
     pub weight_layout: &'static str,
     pub quantize: &'static str,
+    /// What the products against integer codes multiply the rows as (`f32` or `int8`).
+    pub activations: &'static str,
     pub rounding: &'static str,
     pub peak_rss_bytes: Option<u64>,
     pub peak_device_bytes: Option<u64>,
@@ -231,6 +233,7 @@ pub fn bench(generator: &mut Offline<'_>, opts: &BenchOptions, device_name: &str
         decode_note: path.1,
         weight_layout: model.weight_layout().name(),
         quantize: model.quantize().name(),
+        activations: model.activations().name(),
         rounding: model.rounding().name(),
         peak_rss_bytes: peak_rss,
         peak_device_bytes,

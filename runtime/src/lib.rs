@@ -29,7 +29,7 @@ pub use engine::{DecodeMode, GenerateOptions, Generation, Offline, Sampling, gen
 pub use error::{Error, Result};
 pub use hub::resolve_model;
 pub use models::{
-    CausalLm, Dims, Keys, KvCache, LoadOptions, Model, Quantize, Rounding, Step, WeightLayout,
+    Activations, CausalLm, Dims, Keys, KvCache, LoadOptions, Model, Quantize, Rounding, Step, WeightLayout,
     rank_mtp_parameter_count, rank_parameter_count,
 };
 pub use parallel::{Parallel, RankEnv, ShardPlan, Timeouts};

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use headcount_runtime::{DType, DecodeMode, Quantize, Rounding, WeightLayout};
+use headcount_runtime::{Activations, DType, DecodeMode, Quantize, Rounding, WeightLayout};
 
 #[derive(Parser)]
 #[command(
@@ -146,6 +146,12 @@ pub struct RuntimeArgs {
     /// Weight-only quantization of the projections, computed at load (CPU).
     #[arg(long, value_enum, default_value_t = QuantizeArg::None)]
     pub quantize: QuantizeArg,
+    /// What the products against integer weights (--quantize int8/int4, GGUF blocks, W4A16
+    /// groups) multiply the activations as: f32, exact (the weights' values times the rows'),
+    /// or int8, each row quantized to 8 bits in blocks of 32 inputs and multiplied by integer
+    /// dot products (faster; its distance from f32 is in docs/PERFORMANCE.md). CPU only.
+    #[arg(long, value_enum, default_value_t = ActivationsArg::F32)]
+    pub activations: ActivationsArg,
     /// Speculative decoding (run, bench and serve): the checkpoint's multi-token-prediction layer
     /// drafts N tokens ahead of each step of the model, which keeps those it agrees with.
     /// The output is the one plain decoding gives. Loads the MTP layers (glm4_moe).
@@ -805,6 +811,24 @@ pub enum QuantizeArg {
     Int8,
     /// int4 weights with an f16 scale per 32 inputs (int8 where the inputs are not a multiple of 32).
     Int4,
+}
+
+/// What the products against integer weights multiply the activations as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ActivationsArg {
+    /// As they are, in f32: exact.
+    F32,
+    /// Quantized to 8 bits in blocks of 32, integer dot products.
+    Int8,
+}
+
+impl From<ActivationsArg> for Activations {
+    fn from(a: ActivationsArg) -> Activations {
+        match a {
+            ActivationsArg::F32 => Activations::F32,
+            ActivationsArg::Int8 => Activations::Int8,
+        }
+    }
 }
 
 impl From<QuantizeArg> for Quantize {

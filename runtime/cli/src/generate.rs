@@ -32,6 +32,7 @@ pub fn load_options(r: &RuntimeArgs, parallel: &headcount_runtime::Parallel, qui
         weight_layout: r.weight_layout.into(),
         expert_parallel: r.parallel.expert_parallel,
         quantize: r.quantize.into(),
+        activations: r.activations.into(),
         mtp: r.speculative_tokens > 0,
         ..Default::default()
     })

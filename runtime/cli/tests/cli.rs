@@ -1089,6 +1089,61 @@ fn check_reads_the_config_of_a_gguf_file() {
 /// the same tokens on one rank, two tensor-parallel ranks and two pipeline stages (each rank
 /// reading its own blocks); a folder of several GGUF models and an MTP run are refused
 /// naming why.
+/// `--activations int8` runs a GGUF file and a checkpoint under `--quantize int4` on one
+/// rank and on tensor- and pipeline-parallel ranks, `bench` names it, and a model without
+/// integer weights refuses it naming the flag.
+#[test]
+fn int8_activations_run_on_every_layout() {
+    let file = fixture("gguf-glm4/q4_k_m.gguf");
+    let dir = fixture("glm4-gqa2");
+    for (model, quantize) in [(&file, "none"), (&dir, "int4")] {
+        for ranks in [&[][..], &["--tp", "2"][..], &["--pp", "2"][..]] {
+            let o =
+                headcount(
+                    &[
+                        &[
+                            "run",
+                            "--model",
+                            model,
+                            "--ids",
+                            "5,6,7,8",
+                            "--max-new-tokens",
+                            "6",
+                            "--activations",
+                            "int8",
+                        ][..],
+                        &["--quantize", quantize][..],
+                        ranks,
+                    ]
+                    .concat(),
+                );
+            expect(&o, 0, "decode:");
+            let first = text(&o).0.lines().next().unwrap_or_default().to_owned();
+            assert_eq!(first.split(',').count(), 6, "{model} {ranks:?}: {first}");
+        }
+    }
+    let o = headcount(&[
+        "bench",
+        "-q",
+        "--model",
+        &file,
+        "--activations",
+        "int8",
+        "--prompt-len",
+        "8",
+        "--new-tokens",
+        "4",
+        "--repeat",
+        "1",
+    ]);
+    expect(&o, 0, "\"activations\":\"int8\"");
+    expect(
+        &headcount(&["run", "--model", &dir, "--ids", "5,6", "--activations", "int8"]),
+        1,
+        "--activations int8 multiplies integer weights",
+    );
+}
+
 #[test]
 fn run_logits_and_bench_read_a_gguf_file() {
     let tmp = tempfile::tempdir().unwrap();

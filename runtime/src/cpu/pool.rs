@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
 
+use super::few_rows::Activations;
 use crate::error::{Error, Result};
 
 /// How long a worker keeps polling for its next block after finishing one before it sleeps.
@@ -62,6 +63,7 @@ pub struct CpuPool {
     threads: usize,
     crew: Mutex<Crew>,
     scratch: Mutex<Option<Tensor>>,
+    activations: Activations,
 }
 
 impl std::fmt::Debug for CpuPool {
@@ -73,7 +75,23 @@ impl std::fmt::Debug for CpuPool {
 impl CpuPool {
     /// A pool for `threads` CPU threads (at least one: the caller's).
     pub fn new(threads: usize) -> CpuPool {
-        CpuPool { threads: threads.max(1), crew: Mutex::new(Crew::default()), scratch: Mutex::new(None) }
+        CpuPool {
+            threads: threads.max(1),
+            crew: Mutex::new(Crew::default()),
+            scratch: Mutex::new(None),
+            activations: Activations::F32,
+        }
+    }
+
+    /// The pool with its quantized products multiplying rows as `activations` says.
+    pub fn with_activations(mut self, activations: Activations) -> CpuPool {
+        self.activations = activations;
+        self
+    }
+
+    /// What the few-row products against quantized weights multiply rows as.
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// A pool of libtorch's thread count on the calling thread.

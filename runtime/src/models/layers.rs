@@ -662,6 +662,8 @@ pub(crate) struct Loader<'a> {
     /// Projections hold what `quantize`'s codes stand for, unquantized (see
     /// `LoadOptions::codes_as_weights`, a test hook).
     pub codes_as_weights: bool,
+    /// Whether a projection holding integer codes (which int8 activations multiply) was made.
+    integer_codes: std::cell::Cell<bool>,
     shapes: HashMap<String, Vec<i64>>,
 }
 
@@ -679,7 +681,26 @@ impl<'a> Loader<'a> {
     ) -> Loader<'a> {
         let mtp = (0..dims.mtp_layers()).flat_map(|k| dims.mtp_shapes(k));
         let shapes = dims.weight_shapes().into_iter().chain(mtp).collect();
-        Loader { dims, plan, shard, kind, dev, layout, expert_layout, pool, quantize, codes_as_weights: false, shapes }
+        Loader {
+            dims,
+            plan,
+            shard,
+            kind,
+            dev,
+            layout,
+            expert_layout,
+            pool,
+            quantize,
+            codes_as_weights: false,
+            integer_codes: std::cell::Cell::new(false),
+            shapes,
+        }
+    }
+
+    /// Whether a projection made so far holds integer codes: `--quantize`'s, or a file's
+    /// blocks other than FP8's.
+    pub fn made_integer_codes(&self) -> bool {
+        self.integer_codes.get()
     }
 
     /// The checkpoint shape of `name`, by the family's description of its tensors
@@ -725,6 +746,9 @@ impl<'a> Loader<'a> {
     pub fn linear_of_as(&self, w: Matrix, b: Option<Tensor>, layout: WeightLayout) -> Result<Linear> {
         match w {
             Matrix::Blocks(parts) if self.dev == Device::Cpu && !self.codes_as_weights => {
+                if parts.iter().any(|p| p.format() != crate::cpu::few_rows::Block::F8B128) {
+                    self.integer_codes.set(true);
+                }
                 Ok(Linear::packed(Matrix::into_packed(parts)?, b, &self.pool))
             }
             Matrix::Fp8(w) if self.dev == Device::Cpu => Ok(Linear::packed(Box::new(w), b, &self.pool)),
@@ -742,6 +766,9 @@ impl<'a> Loader<'a> {
         if self.codes_as_weights && self.quantize != Quantize::None {
             let w = self.quantize.pack(w)?.dequantized(self.kind)?;
             return Linear::new(&w, b, &self.pool, layout, Quantize::None);
+        }
+        if self.quantize != Quantize::None {
+            self.integer_codes.set(true);
         }
         Linear::new(w, b, &self.pool, layout, self.quantize)
     }

@@ -33,6 +33,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
 pub use crate::config::{Activation, Dims};
+pub use crate::cpu::few_rows::Activations;
 use crate::device::DType;
 use crate::error::{Error, Result};
 use crate::load::{Matrix, Progress, RandomSource, WeightSource};
@@ -199,6 +200,8 @@ pub trait CausalLm: Send {
     /// The layout the projection weights got (never `Auto`).
     fn weight_layout(&self) -> WeightLayout;
     fn quantize(&self) -> Quantize;
+    /// What the products against integer codes multiply the rows as.
+    fn activations(&self) -> Activations;
     /// Bytes a weight takes as loaded from a quantized file (`Model::stored_bytes_per_weight`).
     fn stored_bytes_per_weight(&self) -> Option<f64>;
     /// Query rows a prefill's attention lays out per cached key/value head: an additive
@@ -279,6 +282,9 @@ impl CausalLm for Model {
     }
     fn quantize(&self) -> Quantize {
         self.quantize
+    }
+    fn activations(&self) -> Activations {
+        self.cpu_pool.activations()
     }
     fn query_group(&self) -> i64 {
         if self.dims.mla.is_some() {
@@ -458,6 +464,9 @@ pub struct LoadOptions {
     pub expert_parallel: usize,
     /// Weight-only quantization of the projections (see [`Quantize`]).
     pub quantize: Quantize,
+    /// What the few-row products against integer codes multiply the rows as (see
+    /// [`Activations`]): f32 (exact, the default) or int8.
+    pub activations: Activations,
     /// Load the checkpoint's multi-token-prediction layers (on the last pipeline stage),
     /// for speculative decoding; without it they are vetted and not read.
     pub mtp: bool,
@@ -483,6 +492,7 @@ impl Default for LoadOptions {
             rounding: Rounding::Transformers,
             expert_parallel: 1,
             quantize: Quantize::None,
+            activations: Activations::F32,
             mtp: false,
             #[cfg(feature = "test-hooks")]
             codes_as_weights: false,
@@ -739,10 +749,19 @@ impl Model {
             )));
         }
         let s = parallel.tp_rank;
-        let pool = std::sync::Arc::new(match opts.cpu_threads {
-            Some(t) => crate::cpu::CpuPool::new(t),
-            None => crate::cpu::CpuPool::torch_threads(),
-        });
+        if opts.activations != Activations::F32 && dev != Device::Cpu {
+            return Err(Error::InvalidArgument(format!(
+                "--activations {} runs on the CPU (the project's integer kernel); this model is placed on {dev:?}",
+                opts.activations.name()
+            )));
+        }
+        let pool = std::sync::Arc::new(
+            match opts.cpu_threads {
+                Some(t) => crate::cpu::CpuPool::new(t),
+                None => crate::cpu::CpuPool::torch_threads(),
+            }
+            .with_activations(opts.activations),
+        );
         #[cfg_attr(not(feature = "test-hooks"), allow(unused_mut))]
         let mut cx = Loader::new(&dims, &plan, s, kind, dev, (layout, expert_layout), pool.clone(), opts.quantize);
         #[cfg(feature = "test-hooks")]
@@ -805,6 +824,13 @@ impl Model {
         } else {
             None
         };
+        if opts.activations != Activations::F32 && !cx.made_integer_codes() {
+            return Err(Error::InvalidArgument(format!(
+                "--activations {} multiplies integer weights (--quantize int8 or int4, a GGUF file, a W4A16 \
+                 checkpoint), and this model has none",
+                opts.activations.name()
+            )));
+        }
         drop(cx);
         parallel.loaded()?;
         Ok(Model {

@@ -201,6 +201,8 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
     let kind = dtype.kind();
     let _guard = tch::no_grad_guard();
     let pool = headcount_runtime::cpu::CpuPool::torch_threads();
+    // The same threads multiplying the int8 and int4 codes by int8 rows (`--activations int8`).
+    let pool8 = headcount_runtime::cpu::CpuPool::torch_threads().with_activations(headcount_runtime::Activations::Int8);
     for (name, out, inp) in weights {
         let bytes = out.saturating_mul(inp).saturating_mul(kind.elt_size_in_bytes() as i64);
         // Enough copies of the weight (and its transposed copy) to exceed the CPU's caches,
@@ -243,6 +245,8 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
         }
         variants.push(("int8", Box::new(|| int8[pick()].product(&x, None, &pool))));
         variants.push(("int4", Box::new(|| int4[pick()].product(&x, None, &pool))));
+        variants.push(("int8-a8", Box::new(|| int8[pick()].product(&x, None, &pool8))));
+        variants.push(("int4-a8", Box::new(|| int4[pick()].product(&x, None, &pool8))));
         let wt = &wts[0];
         let reference = x.f_matmul(wt)?.f_to_kind(Kind::Float)?.f_reshape([-1])?;
         for (variant, f) in &variants {
@@ -272,8 +276,8 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
                 "variant": variant,
                 "ms": median * 1e3,
                 "weight_gb_s": match *variant {
-                    "int8" => (out * inp) as f64,
-                    "int4" => int4[0].stored_bytes() as f64,
+                    "int8" | "int8-a8" => (out * inp) as f64,
+                    "int4" | "int4-a8" => int4[0].stored_bytes() as f64,
                     _ => bytes as f64,
                 } / median.max(1e-12) / 1e9,
                 "max_rel_diff": diff,

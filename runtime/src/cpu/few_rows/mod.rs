@@ -27,9 +27,11 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod blocks;
+pub mod int8;
 mod plain;
 
 pub use blocks::{Block, MAX_BLOCK};
+pub use int8::Activations;
 
 /// Output channels below which a product stays on one thread (a hand-off costs more).
 const SPLIT_MIN_CHANNELS: usize = 256;
@@ -286,8 +288,8 @@ pub fn product(
         return Err(Error::Internal(format!("kernel operands too short for {rows} x {k} x {n}")));
     }
     let blocks = if n < SPLIT_MIN_CHANNELS { 1 } else { pool.threads().clamp(1, 8) };
-    let (xsum, xb) = prepare(x, rows, k, w);
-    let o = Operands { x, rows, k, w, bias, y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum, xb: &xb };
+    let (xsum, xb, x8) = prepare(x, rows, k, w, pool.activations());
+    let o = Operands { x, rows, k, w, bias, y: SendPtr(y.as_mut_ptr()), n, xsum: &xsum, xb: &xb, x8: x8.as_ref() };
     pool.run(blocks, &move |b: usize| {
         let (lo, hi) = (n * b / blocks, n * (b + 1) / blocks);
         // SAFETY: the blocks' channel ranges are disjoint, so no two write the same y
@@ -320,11 +322,11 @@ pub fn products(jobs: &mut [Job], pool: &CpuPool) -> Result<()> {
         if !(j.x.len() >= rows * k && j.w.holds(n, k) && j.y.len() >= rows * n) {
             return Err(Error::Internal(format!("kernel operands too short for {rows} x {k} x {n}")));
         }
-        prepared.push(prepare(j.x, rows, k, j.w));
+        prepared.push(prepare(j.x, rows, k, j.w, pool.activations()));
     }
-    for (j, (xsum, xb)) in jobs.iter_mut().zip(&prepared) {
+    for (j, (xsum, xb, x8)) in jobs.iter_mut().zip(&prepared) {
         let y = SendPtr(j.y.as_mut_ptr());
-        ops.push(Operands { x: j.x, rows: j.rows, k: j.k, w: j.w, bias: None, y, n: j.n, xsum, xb });
+        ops.push(Operands { x: j.x, rows: j.rows, k: j.k, w: j.w, bias: None, y, n: j.n, xsum, xb, x8: x8.as_ref() });
     }
     // Each job's channels in one line, a channel weighing its k inputs.
     let mut starts = Vec::with_capacity(ops.len());
@@ -352,14 +354,24 @@ pub fn products(jobs: &mut [Job], pool: &CpuPool) -> Result<()> {
     })
 }
 
-/// What a product's blocks read besides `x`: the int4 group sums ([`group_sums`]) for int4
-/// weights, and for bf16 ones on a CPU with AVX-512 BF16 the rows as bf16 ([`bf16_rows`]);
-/// each empty where it does not apply.
-fn prepare(x: &[f32], rows: usize, k: usize, w: Weights) -> (Vec<f32>, Vec<u16>) {
+/// What a product's blocks read besides `x`: with int8 `activations` and integer weights
+/// the rows quantized ([`int8::quantize`]); else the int4 group sums ([`group_sums`]) for
+/// int4 weights, and for bf16 ones on a CPU with AVX-512 BF16 the rows as bf16
+/// ([`bf16_rows`]); each empty where it does not apply.
+fn prepare(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: Weights,
+    activations: Activations,
+) -> (Vec<f32>, Vec<u16>, Option<int8::Rows8>) {
+    if activations == Activations::Int8 && int8::integer(&w, k) {
+        return (Vec::new(), Vec::new(), Some(int8::quantize(x, rows, k, &w)));
+    }
     match w {
-        Weights::Int4 { .. } => (group_sums(x, rows, k), Vec::new()),
-        Weights::Bf16(_) if dot_bf16() => (Vec::new(), bf16_rows(&x[..rows * k]).unwrap_or_default()),
-        _ => (Vec::new(), Vec::new()),
+        Weights::Int4 { .. } => (group_sums(x, rows, k), Vec::new(), None),
+        Weights::Bf16(_) if dot_bf16() => (Vec::new(), bf16_rows(&x[..rows * k]).unwrap_or_default(), None),
+        _ => (Vec::new(), Vec::new(), None),
     }
 }
 
@@ -463,6 +475,9 @@ struct Operands<'a> {
     /// For bf16 weights on a CPU with AVX-512 BF16: `x` as bf16 (every value of it is one),
     /// `[rows, k]`. Empty otherwise.
     xb: &'a [u16],
+    /// With int8 activations against integer weights: the rows quantized, which the
+    /// product then reads instead of `x` ([`int8`]).
+    x8: Option<&'a int8::Rows8>,
 }
 
 impl Operands<'_> {
@@ -500,6 +515,11 @@ impl SendPtr {
 /// # Safety
 /// `y` points to `rows * n` writable floats; the slices hold what `product` checked.
 unsafe fn channels(o: &Operands, lo: usize, hi: usize) {
+    if let Some(x8) = o.x8 {
+        // SAFETY: as this function's own contract; `prepare` quantized the rows for
+        // integer weights only.
+        return unsafe { int8::channels(o, x8, lo, hi) };
+    }
     // SAFETY: as this function's own contract; the path is this CPU's.
     unsafe { channels_on(Path::detected(), o, lo, hi) }
 }
@@ -565,8 +585,11 @@ mod tests {
             // The rows as they are, and rounded to bf16 values (a bf16 model's activations:
             // bf16 weights then take the dot-product path where the CPU has it).
             let xb: Vec<f32> = x.iter().map(|v| f32::from_bits(v.to_bits() & 0xffff_0000)).collect();
-            assert_eq!(prepare(&xb, rows, k, formats[1]).1.is_empty(), !dot_bf16());
-            assert!(prepare(&x, rows, k, formats[1]).1.is_empty(), "rows that are not bf16 values widen the weights");
+            assert_eq!(prepare(&xb, rows, k, formats[1], Activations::F32).1.is_empty(), !dot_bf16());
+            assert!(
+                prepare(&x, rows, k, formats[1], Activations::F32).1.is_empty(),
+                "rows that are not bf16 values widen the weights"
+            );
             for (x, w) in [&x, &xb].into_iter().flat_map(|x| formats.map(|w| (x, w))) {
                 let mut want = vec![0f64; rows * n];
                 for r in 0..rows {
@@ -593,7 +616,7 @@ mod tests {
                 for path in Path::available() {
                     let mut y = vec![0f32; rows * n];
                     let y_at = SendPtr(y.as_mut_ptr());
-                    let o = Operands { x, rows, k, w, bias: Some(&bias), y: y_at, n, xsum: &xsum, xb: &[] };
+                    let o = Operands { x, rows, k, w, bias: Some(&bias), y: y_at, n, xsum: &xsum, xb: &[], x8: None };
                     // SAFETY: y has rows * n floats; the slices hold what `product` checks;
                     // the path is this CPU's.
                     unsafe { channels_on(path, &o, 0, n) };
@@ -841,8 +864,18 @@ mod tests {
                 }
                 for path in Path::available() {
                     let mut y = vec![0f32; rows * n];
-                    let o =
-                        Operands { x: &x, rows, k, w, bias: None, y: SendPtr(y.as_mut_ptr()), n, xsum: &[], xb: &[] };
+                    let o = Operands {
+                        x: &x,
+                        rows,
+                        k,
+                        w,
+                        bias: None,
+                        y: SendPtr(y.as_mut_ptr()),
+                        n,
+                        xsum: &[],
+                        xb: &[],
+                        x8: None,
+                    };
                     // SAFETY: y has rows * n floats; the slices hold what `product` checks;
                     // the path is this CPU's.
                     unsafe { channels_on(path, &o, 0, n) };
@@ -850,6 +883,93 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// With int8 activations, products of every integer format on every integer path and
+    /// thread count equal an f64 product of the weights' values by the quantized rows'
+    /// (`d q`), whatever the row count, and the rows' quantization is within half a step.
+    #[test]
+    fn integer_products_equal_the_sum_over_quantized_rows() {
+        let mut g = Lcg(19);
+        let int8 = CpuPool::new(2).with_activations(Activations::Int8);
+        let formats = BLOCKS.iter().copied().filter(|&f| f != Block::F8B128).map(Some).chain([None, None]);
+        for (i, format) in formats.enumerate() {
+            for (rows, k, n) in [(1, 256, 300), (3, 512, 40), (5, 1024, 17), (9, 256, 33)] {
+                let data = format.map(|f| random_blocks(&mut g, f, n * k / f.values())).unwrap_or_default();
+                let q: Vec<i8> = (0..n * k).map(|_| (g.next() % 255 - 127) as i8).collect();
+                let s: Vec<f32> = (0..n).map(|_| (g.next() % 1000 + 1) as f32 / 1e5).collect();
+                let codes: Vec<u8> = (0..n * k / 2).map(|_| (g.next() % 256) as u8).collect();
+                let s4: Vec<u16> =
+                    (0..n * k / 32).map(|_| (((g.next() % 8 + 5) << 10) | (g.next() % 1024)) as u16).collect();
+                let w = match format {
+                    Some(format) => Weights::Blocks { format, data: &data },
+                    None if i % 2 == 0 => Weights::Int8 { q: &q, scales: &s },
+                    None => Weights::Int4 { codes: &codes, scales: &s4 },
+                };
+                assert!(int8::integer(&w, k));
+                // Rows of mixed magnitudes, a block of zeros among them.
+                let mut x: Vec<f32> =
+                    (0..rows * k).map(|t| (g.next() % 2001 - 1000) as f32 / 500.0 * (1 + t % 7) as f32).collect();
+                x[32..64].fill(0.0);
+                let x8 = int8::quantize(&x, rows, k, &w);
+                for (t, &v) in x.iter().enumerate() {
+                    let back = x8.value(t);
+                    assert!((back - v).abs() <= x8.step(t) / 2.0 * 1.0001, "row value {t}: {back} vs {v}");
+                }
+                let mut want = vec![0f64; rows * n];
+                for r in 0..rows {
+                    for c in 0..n {
+                        let dot: f64 = (0..k).map(|t| f64::from(w.at(k, c, t)) * f64::from(x8.value(r * k + t))).sum();
+                        want[r * n + c] = dot * f64::from(w.channel_scale(c));
+                    }
+                }
+                let scale = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+                let check = |y: &[f32], what: &str| {
+                    for (j, (&a, &b)) in y.iter().zip(&want).enumerate() {
+                        assert!(
+                            (f64::from(a) - b).abs() <= 2e-5 * scale,
+                            "{:?} {what} {rows}x{k}x{n} [{j}]: {a} vs {b}",
+                            format.map_or("int8/int4", Block::name)
+                        );
+                    }
+                };
+                for pool in [&int8, &CpuPool::new(3).with_activations(Activations::Int8)] {
+                    let mut y = vec![0f32; rows * n];
+                    product(&x, rows, k, n, w, None, &mut y, pool).unwrap();
+                    check(&y, &format!("{} threads", pool.threads()));
+                }
+                for path in int8::available() {
+                    let mut y = vec![0f32; rows * n];
+                    let o = Operands {
+                        x: &x,
+                        rows,
+                        k,
+                        w,
+                        bias: None,
+                        y: SendPtr(y.as_mut_ptr()),
+                        n,
+                        xsum: &[],
+                        xb: &[],
+                        x8: Some(&x8),
+                    };
+                    // SAFETY: y has rows * n floats; the slices hold what `product` checks;
+                    // the path is this CPU's.
+                    unsafe { int8::channels_on(path, &o, &x8, 0, n) };
+                    check(&y, &format!("{path:?}"));
+                }
+            }
+        }
+        // A row holding a NaN or an infinity gives NaN, as f32 products would; f32 weights
+        // and widths not a multiple of 32 keep f32 activations.
+        let (k, n) = (64, 4);
+        let q = vec![1i8; n * k];
+        let s = vec![1f32; n];
+        let mut x = vec![1f32; k];
+        x[40] = f32::INFINITY;
+        let mut y = vec![0f32; n];
+        product(&x, 1, k, n, Weights::Int8 { q: &q, scales: &s }, None, &mut y, &int8).unwrap();
+        assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
+        assert!(!int8::integer(&Weights::F32(&x), k) && !int8::integer(&Weights::Int8 { q: &q, scales: &s }, 48));
     }
 
     /// Every FP8 E4M3 code but the NaNs widens to libtorch's `float8_e4m3fn` value.
