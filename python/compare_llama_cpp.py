@@ -54,6 +54,10 @@ SHAPES = {
     "mla-4-layer": ("python/bench/glm4moelite-4layer.json", None),
     # glm_moe_dsa: mla-4-layer's shape under sparse attention (an indexer picks 256 tokens).
     "dsa-4-layer": ("python/bench/glmdsa-4layer.json", None),
+    # GLM-4.7-Flash's widths: hidden 2048, 20 latent-attention heads, 16 experts of 1536, 8 layers.
+    "flash-8-layer": ("python/bench/glm4moelite-flash-8layer.json", None),
+    # GLM-4.5-Air's widths with 32 experts of 1408, 4 layers.
+    "air-4-layer": ("python/bench/glm4moe-air-4layer.json", None),
 }
 
 # The converter's model classes whose vocabulary is replaced by the "none" one.

@@ -33,6 +33,14 @@ SHAPES = {
     # best past tokens, picked by an indexer of 8 heads of 64 (layers 0 and 2 run their own,
     # 1 and 3 share their pick).
     "dsa-4-layer": ["--config", "python/bench/glmdsa-4layer.json"],
+    # GLM-4.7-Flash's widths (glm4_moe_lite): hidden 2048, 20 heads of latent attention
+    # (q_lora 768, kv_lora 512, rope 64, nope 192, v 256), 16 experts of width 1536, 4 a token,
+    # one shared, 8 layers (1 dense, 10240 wide); vocabulary 32000.
+    "flash-8-layer": ["--config", "python/bench/glm4moelite-flash-8layer.json"],
+    # GLM-4.5-Air's widths (glm4_moe) with fewer experts: hidden 4096, 96 heads over 8 kv
+    # heads of 128, 32 experts of width 1408, 8 a token, one shared, 4 layers (1 dense, 10944
+    # wide); vocabulary 32000.
+    "air-4-layer": ["--config", "python/bench/glm4moe-air-4layer.json"],
 }
 
 
