@@ -249,22 +249,32 @@ fn products(a: &ProductsArgs) -> Result<ExitCode> {
         variants.push(("int4-a8", Box::new(|| int4[pick()].product(&x, None, &pool8))));
         let wt = &wts[0];
         let reference = x.f_matmul(wt)?.f_to_kind(Kind::Float)?.f_reshape([-1])?;
-        for (variant, f) in &variants {
-            // Every variant computes the same product (within the dtype's rounding): checked
-            // on the first copy.
+        // Every variant computes the same product (within the dtype's rounding): checked on
+        // the first copy. Then the variants take turns, so that a machine's drifting speed
+        // weighs on them alike: a round gives each an untimed product (the last variant's
+        // pool workers stop polling meanwhile) and then five timed ones back to back.
+        let scale = reference.f_abs()?.f_max()?.f_double_value(&[])?.max(1e-6);
+        let mut diffs = Vec::with_capacity(variants.len());
+        for (_, f) in &variants {
             next.set(0);
             let got = f()?.f_to_kind(Kind::Float)?.f_reshape([-1])?;
-            let scale = reference.f_abs()?.f_max()?.f_double_value(&[])?.max(1e-6);
-            let diff = got.f_sub(&reference)?.f_abs()?.f_max()?.f_double_value(&[])? / scale;
+            diffs.push(got.f_sub(&reference)?.f_abs()?.f_max()?.f_double_value(&[])? / scale);
             for _ in 0..3 {
                 let _ = f()?;
             }
-            let mut times = Vec::with_capacity(a.repeat);
-            for _ in 0..a.repeat {
-                let t = std::time::Instant::now();
+        }
+        let mut times = vec![Vec::with_capacity(a.repeat); variants.len()];
+        for _ in 0..a.repeat.div_ceil(5) {
+            for ((_, f), times) in variants.iter().zip(&mut times) {
                 let _ = f()?;
-                times.push(t.elapsed().as_secs_f64());
+                for _ in 0..5 {
+                    let t = std::time::Instant::now();
+                    let _ = f()?;
+                    times.push(t.elapsed().as_secs_f64());
+                }
             }
+        }
+        for (((variant, _), mut times), diff) in variants.iter().zip(times).zip(diffs) {
             times.sort_by(f64::total_cmp);
             let median = times[times.len() / 2]; // cannot fire: --repeat >= 1
             let line = serde_json::json!({

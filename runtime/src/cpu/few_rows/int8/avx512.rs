@@ -418,6 +418,19 @@ pub unsafe fn fused(o: &super::Operands, x8: &Rows8, lo: usize, hi: usize) -> bo
     true
 }
 
+/// Two blocks' scales `v[a]` and `v[a + 1]` as the lanes' of 64 inputs in the nibble order
+/// ([`super::nibble_order`]: lanes 0-3 and 8-11 block `a`'s, 4-7 and 12-15 the next's);
+/// for a last block alone (`whole` false), `v[a]` in every lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn nibble_lanes(v: __m512, a: i32, whole: bool) -> __m512 {
+    // A constant pattern plus one broadcast (sixteen lanes set one by one cost more than
+    // the step's products).
+    let pattern =
+        if whole { _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1) } else { _mm512_setzero_si512() };
+    _mm512_permutexvar_ps(_mm512_add_epi32(pattern, _mm512_set1_epi32(a)), v)
+}
+
 /// Two f16 bit patterns as the lanes' scales: the first eight lanes `a`, the last eight `b`.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -426,15 +439,33 @@ fn two_scales(a: u16, b: u16) -> __m512 {
     _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(v))
 }
 
-/// 64 nibble codes (0..15) of two 16-byte halves `x` (`[a, b]`, each a block's weight `j`
-/// in the low nibble of byte `j` and `16 + j` in its high one) in input order.
+/// The nibbles (0..15) of two blocks' 16 bytes `x` (`[a, b]`) as `[low a, low b, high a,
+/// high b]`, the rows' nibble order; of one block's (`whole` false: `x`'s low half) as
+/// `[low a, high a]`, input order.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn nibbles(x: __m256i) -> __m512i {
-    let z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), _mm256_srli_epi16::<4>(x));
-    let z = _mm512_and_si512(z, _mm512_set1_epi8(15));
-    // [low a, low b, high a, high b] to [low a, high a, low b, high b].
-    _mm512_shuffle_i64x2::<0b11_01_10_00>(z, z)
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn nibbles(x: __m256i, whole: bool) -> __m512i {
+    let high = _mm256_srli_epi16::<4>(x);
+    let z = if whole {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), high)
+    } else {
+        _mm512_castsi256_si512(_mm256_inserti128_si256::<1>(x, _mm256_castsi256_si128(high)))
+    };
+    _mm512_and_si512(z, _mm512_set1_epi8(15))
+}
+
+/// Int4 weights `w`: the scales of groups `first..first + min(left, 16)`, widened, the
+/// lanes past them 0.
+///
+/// # Safety
+/// AVX-512 F and BW; the groups lie in the weight.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn group_scales(w: Symmetric, first: usize, left: usize) -> __m512 {
+    let Symmetric::Int4 { scales, .. } = w else { return _mm512_setzero_ps() };
+    let m: u16 = if left >= 16 { !0 } else { (1u16 << left) - 1 };
+    // SAFETY: groups first.. (masked to `left`) lie in the scales (the contract).
+    _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(m, scales.as_ptr().add(first).cast()) })
 }
 
 /// [`Symmetric`]'s variants as constants, so that each kernel below is compiled for one.
@@ -444,7 +475,9 @@ const Q8: u8 = 2;
 const Q4: u8 = 3;
 
 /// Channel `c` of rows `r..r + G` of symmetric weights `w` (of the variant `F` names) into
-/// `dots[..G]`; the weight bytes [`super::super::PREFETCH_AHEAD`] ahead fetched as they go.
+/// `dots[..G]`, 64 inputs a step, two accumulators a row taking the steps in turn (so that
+/// no step waits for the last one's sum); the weight bytes
+/// [`super::super::PREFETCH_AHEAD`] ahead fetched as they go.
 ///
 /// # Safety
 /// As [`fused`]; `r + G <= rows`, `c < n`; `F` is `w`'s variant.
@@ -457,84 +490,125 @@ unsafe fn symmetric<const F: u8, const G: usize>(
     r: usize,
     dots: &mut [f32; 4],
 ) {
+    let (mut a0, mut a1) = ([_mm512_setzero_ps(); G], [_mm512_setzero_ps(); G]);
+    // Int4: sixteen groups' scales, widened from f16 when a step reaches them.
+    let mut held = _mm512_setzero_ps();
+    let full = k / 64 * 64;
+    let mut t = 0;
+    // SAFETY: as this function's contract, for whole steps below `full` and the last half
+    // step from there.
+    unsafe {
+        while t + 128 <= full {
+            step::<F, G, true>(w, x8, k, c, r, t, &mut held, &mut a0);
+            step::<F, G, true>(w, x8, k, c, r, t + 64, &mut held, &mut a1);
+            t += 128;
+        }
+        if t < full {
+            step::<F, G, true>(w, x8, k, c, r, t, &mut held, &mut a0);
+            t += 64;
+        }
+        if t < k {
+            step::<F, G, false>(w, x8, k, c, r, t, &mut held, &mut a1);
+        }
+    }
+    for j in 0..G {
+        dots[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+    }
+}
+
+/// Inputs `t..t + 64` (`WHOLE`) or `t..t + 32` (the last half step) of channel `c` and rows
+/// `r..r + G` added to `acc`; `held` the int4 scales of the sixteen groups from `t`'s
+/// rounded down to a multiple of 16.
+///
+/// # Safety
+/// As [`symmetric`]; `t + 64 <= k` (`t + 32 == k` for a half step), `t` a multiple of 64.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn step<const F: u8, const G: usize, const WHOLE: bool>(
+    w: Symmetric,
+    x8: &Rows8,
+    k: usize,
+    c: usize,
+    r: usize,
+    t: usize,
+    held: &mut __m512,
+    acc: &mut [__m512; G],
+) {
     let lanes = k / LANE;
     let zero = _mm512_setzero_si512();
-    let mut acc = [_mm512_setzero_ps(); G];
     let blocks = k / 32;
-    let mut t = 0;
-    while t < k {
-        let whole = k - t >= 64;
-        let (b0, b1) = (c * blocks + t / 32, c * blocks + t / 32 + usize::from(whole));
-        // SAFETY: blocks b0 and b1 (b0 again for a last half step, its second half then
-        // masked off below) of channel c lie in the weight; inputs t..t + 64 of each row
-        // (masked to 32 on a last half step).
-        unsafe {
-            let (bytes, floats): (u64, u16) = if whole { (!0, !0) } else { ((1 << 32) - 1, 0xff) };
-            let ahead = match w {
-                Symmetric::Int8(q) => q.as_ptr().wrapping_add(c * k + t).cast::<i8>(),
-                Symmetric::Int4 { codes, .. } => codes.as_ptr().wrapping_add(16 * b0).cast(),
-                Symmetric::Q8(data) => data.as_ptr().wrapping_add(34 * b0).cast(),
-                Symmetric::Q4(data) => data.as_ptr().wrapping_add(18 * b0).cast(),
-            };
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(super::super::PREFETCH_AHEAD));
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(super::super::PREFETCH_AHEAD + 64));
-            let (codes, scale) = match w {
-                Symmetric::Int8(q) if F == INT8 => (_mm512_maskz_loadu_epi8(bytes, q.as_ptr().add(c * k + t)), None),
-                Symmetric::Int4 { codes, scales } if F == INT4 => {
-                    // Neighbouring groups' bytes follow one another.
-                    let x = if whole {
-                        _mm256_loadu_si256(codes.as_ptr().add(16 * b0).cast())
-                    } else {
-                        _mm256_castsi128_si256(_mm_loadu_si128(codes.as_ptr().add(16 * b0).cast()))
-                    };
-                    (nibbles(x), Some(two_scales(*scales.get_unchecked(b0), *scales.get_unchecked(b1))))
+    let (b0, b1) = (c * blocks + t / 32, c * blocks + t / 32 + usize::from(WHOLE));
+    // SAFETY: blocks b0 and b1 (b0 again for a last half step, its second half then
+    // masked off below) of channel c lie in the weight; inputs t..t + 64 of each row
+    // (masked to 32 on a last half step).
+    unsafe {
+        let (bytes, floats): (u64, u16) = if WHOLE { (!0, !0) } else { ((1 << 32) - 1, 0xff) };
+        let ahead = match w {
+            Symmetric::Int8(q) => q.as_ptr().wrapping_add(c * k + t).cast::<i8>(),
+            Symmetric::Int4 { codes, .. } => codes.as_ptr().wrapping_add(16 * b0).cast(),
+            Symmetric::Q8(data) => data.as_ptr().wrapping_add(34 * b0).cast(),
+            Symmetric::Q4(data) => data.as_ptr().wrapping_add(18 * b0).cast(),
+        };
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(super::super::PREFETCH_AHEAD));
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(super::super::PREFETCH_AHEAD + 64));
+        let (codes, scale) = match w {
+            Symmetric::Int8(q) if F == INT8 => (_mm512_maskz_loadu_epi8(bytes, q.as_ptr().add(c * k + t)), None),
+            Symmetric::Int4 { codes, .. } if F == INT4 => {
+                // Neighbouring groups' bytes follow one another; their scales were
+                // widened sixteen at a time.
+                let x = if WHOLE {
+                    _mm256_loadu_si256(codes.as_ptr().add(16 * b0).cast())
+                } else {
+                    _mm256_castsi128_si256(_mm_loadu_si128(codes.as_ptr().add(16 * b0).cast()))
+                };
+                if (t / 32).is_multiple_of(16) {
+                    *held = group_scales(w, c * blocks + t / 32, blocks - t / 32);
                 }
-                Symmetric::Q8(data) if F == Q8 => {
-                    let (p0, p1) = (data.as_ptr().add(34 * b0), data.as_ptr().add(34 * b1));
-                    let z = _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(p0.add(2).cast())),
-                        _mm256_loadu_si256(p1.add(2).cast()),
-                    );
-                    let h = |p: *const u8| u16::from_le_bytes([*p, *p.add(1)]);
-                    (z, Some(two_scales(h(p0), h(p1))))
-                }
-                Symmetric::Q4(data) if F == Q4 => {
-                    let (p0, p1) = (data.as_ptr().add(18 * b0), data.as_ptr().add(18 * b1));
-                    let x = _mm256_set_m128i(_mm_loadu_si128(p1.add(2).cast()), _mm_loadu_si128(p0.add(2).cast()));
-                    let h = |p: *const u8| u16::from_le_bytes([*p, *p.add(1)]);
-                    (nibbles(x), Some(two_scales(h(p0), h(p1))))
-                }
-                // Not `F`'s variant (the contract): nothing read.
-                _ => (_mm512_setzero_si512(), None),
-            };
-            let codes = _mm512_maskz_mov_epi8(bytes, codes);
-            if F == INT4 || F == Q4 {
-                // Unsigned nibbles: the offset of 8 comes in through the rows' lane sums.
-                let p = scale.unwrap_or(_mm512_setzero_ps());
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let at = (r + j) * lanes + t / LANE;
-                    let q = _mm512_maskz_loadu_epi8(bytes, x8.q.as_ptr().add((r + j) * k + t).cast());
-                    let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, codes, q));
-                    let l = _mm512_maskz_loadu_ps(floats, x8.lanes.as_ptr().add(at));
-                    let off = _mm512_maskz_loadu_ps(floats, x8.offsets.as_ptr().add(at));
-                    *a = _mm512_fmadd_ps(p, _mm512_fmadd_ps(s, l, off), *a);
-                }
-            } else {
-                // Signed codes: |w| times q with w's sign.
-                let magnitude = _mm512_abs_epi8(codes);
-                let negative = _mm512_movepi8_mask(codes);
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let q = _mm512_maskz_loadu_epi8(bytes, x8.q.as_ptr().add((r + j) * k + t).cast());
-                    let q = _mm512_mask_sub_epi8(q, negative, zero, q);
-                    let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, magnitude, q));
-                    let l = _mm512_maskz_loadu_ps(floats, x8.lanes.as_ptr().add((r + j) * lanes + t / LANE));
-                    *a = _mm512_fmadd_ps(s, scale.map_or(l, |p| _mm512_mul_ps(p, l)), *a);
-                }
+                (nibbles(x, WHOLE), Some(nibble_lanes(*held, ((t / 32) % 16) as i32, WHOLE)))
+            }
+            Symmetric::Q8(data) if F == Q8 => {
+                let (p0, p1) = (data.as_ptr().add(34 * b0), data.as_ptr().add(34 * b1));
+                let z = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(p0.add(2).cast())),
+                    _mm256_loadu_si256(p1.add(2).cast()),
+                );
+                let h = |p: *const u8| u16::from_le_bytes([*p, *p.add(1)]);
+                (z, Some(two_scales(h(p0), h(p1))))
+            }
+            Symmetric::Q4(data) if F == Q4 => {
+                let (p0, p1) = (data.as_ptr().add(18 * b0), data.as_ptr().add(18 * b1));
+                let x = _mm256_set_m128i(_mm_loadu_si128(p1.add(2).cast()), _mm_loadu_si128(p0.add(2).cast()));
+                let h = |p: *const u8| u16::from_le_bytes([*p, *p.add(1)]);
+                let both = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h(p0)) | (i32::from(h(p1)) << 16)));
+                (nibbles(x, WHOLE), Some(nibble_lanes(_mm512_castps128_ps512(both), 0, WHOLE)))
+            }
+            // Not `F`'s variant (the contract): nothing read.
+            _ => (_mm512_setzero_si512(), None),
+        };
+        let codes = _mm512_maskz_mov_epi8(bytes, codes);
+        if F == INT4 || F == Q4 {
+            // Unsigned nibbles: the offset of 8 comes in through the rows' lane sums.
+            let p = scale.unwrap_or(_mm512_setzero_ps());
+            for (j, a) in acc.iter_mut().enumerate() {
+                let at = (r + j) * lanes + t / LANE;
+                let q = _mm512_maskz_loadu_epi8(bytes, x8.q.as_ptr().add((r + j) * k + t).cast());
+                let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, codes, q));
+                let l = _mm512_maskz_loadu_ps(floats, x8.lanes.as_ptr().add(at));
+                let off = _mm512_maskz_loadu_ps(floats, x8.offsets.as_ptr().add(at));
+                *a = _mm512_fmadd_ps(p, _mm512_fmadd_ps(s, l, off), *a);
+            }
+        } else {
+            // Signed codes: |w| times q with w's sign.
+            let magnitude = _mm512_abs_epi8(codes);
+            let negative = _mm512_movepi8_mask(codes);
+            for (j, a) in acc.iter_mut().enumerate() {
+                let q = _mm512_maskz_loadu_epi8(bytes, x8.q.as_ptr().add((r + j) * k + t).cast());
+                let q = _mm512_mask_sub_epi8(q, negative, zero, q);
+                let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, magnitude, q));
+                let l = _mm512_maskz_loadu_ps(floats, x8.lanes.as_ptr().add((r + j) * lanes + t / LANE));
+                *a = _mm512_fmadd_ps(s, scale.map_or(l, |p| _mm512_mul_ps(p, l)), *a);
             }
         }
-        t += 64;
-    }
-    for (j, a) in acc.iter().enumerate() {
-        dots[j] = _mm512_reduce_add_ps(*a);
     }
 }

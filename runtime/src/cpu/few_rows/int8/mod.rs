@@ -66,18 +66,55 @@ pub struct Rows8 {
     /// `-8 d_b Σ q`, `[rows, k / 4]`, which the fused kernel adds to the lane's unsigned
     /// product; empty otherwise.
     offsets: Vec<f32>,
+    /// Whether `q`, `lanes` and `offsets` hold each whole 64 inputs of a row in the nibble
+    /// order ([`nibble_order`]), as the AVX-512 kernel of int4 and `Q4_0` reads them (the
+    /// kernels know it from the weights' format; tests read it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    nibbles: bool,
+    /// Inputs a row.
+    #[cfg_attr(not(test), allow(dead_code))]
+    k: usize,
 }
 
 #[cfg(test)]
 impl Rows8 {
     /// Input `t` of the rows (row-major) as its code stands for it: `d_b q_t`.
     pub(super) fn value(&self, t: usize) -> f32 {
-        self.lanes[t / LANE] * f32::from(self.q[t])
+        let at = self.stored(t);
+        self.lanes[at / LANE] * f32::from(self.q[at])
     }
 
     /// The step between two codes of input `t`'s block: its scale.
     pub(super) fn step(&self, t: usize) -> f32 {
-        self.lanes[t / LANE]
+        self.lanes[self.stored(t) / LANE]
+    }
+
+    /// Where input `t` (row-major) is held.
+    fn stored(&self, t: usize) -> usize {
+        let (r, i) = (t / self.k, t % self.k);
+        if !self.nibbles || i / 64 * 64 + 64 > self.k {
+            return t;
+        }
+        // The middle quarters of a whole 64 swapped.
+        let quarter = match i % 64 / 16 {
+            1 => 2,
+            2 => 1,
+            q => q,
+        };
+        r * self.k + i / 64 * 64 + quarter * 16 + i % 16
+    }
+}
+
+/// Each whole 64 inputs of every row of `v` (rows of `len` values, `quarter` values for 16
+/// inputs: the codes' 16, the lanes' 4) reordered as `[0..16, 32..48, 16..32, 48..64]`: the order in which the AVX-512 kernel
+/// splits two blocks' nibbles (`[low a, low b, high a, high b]`, block `a`'s weight `j`
+/// the low nibble of byte `j` and `16 + j` its high one).
+fn nibble_order<T: Copy>(v: &mut [T], len: usize, quarter: usize) {
+    for row in v.chunks_exact_mut(len) {
+        for whole in row.chunks_exact_mut(4 * quarter) {
+            let (a, b) = whole[quarter..3 * quarter].split_at_mut(quarter);
+            a.swap_with_slice(b);
+        }
     }
 }
 
@@ -86,6 +123,11 @@ impl Rows8 {
 /// rounded to the nearest (ties to even); a block of zeros codes 0. A block holding a NaN or
 /// an infinity takes a NaN scale, so the products it enters are NaN, as f32's would be.
 pub fn quantize(x: &[f32], rows: usize, k: usize, w: &Weights) -> Rows8 {
+    quantize_for(path(), x, rows, k, w)
+}
+
+/// [`quantize`] for the kernel of `path` (which reads int4 and `Q4_0` rows in its order).
+pub(super) fn quantize_for(path: Path, x: &[f32], rows: usize, k: usize, w: &Weights) -> Rows8 {
     let mut q = vec![0i8; rows * k];
     let mut lanes = vec![0f32; rows * k / LANE];
     let mut sums = vec![0f32; rows * k / CHUNK];
@@ -103,21 +145,20 @@ pub fn quantize(x: &[f32], rows: usize, k: usize, w: &Weights) -> Rows8 {
             sums[b * BLOCK / CHUNK + h] = d * half.iter().map(|&v| f32::from(v)).sum::<f32>();
         }
     }
-    let offsets = if nibble_offsets(w) {
-        q.chunks_exact(LANE)
+    let nibbles =
+        path == Path::Avx512 && matches!(w, Weights::Int4 { .. } | Weights::Blocks { format: Block::Q4_0, .. });
+    let mut offsets = Vec::new();
+    if nibbles {
+        offsets = q
+            .chunks_exact(LANE)
             .zip(&lanes)
             .map(|(qs, d)| -8.0 * d * qs.iter().map(|&v| f32::from(v)).sum::<f32>())
-            .collect()
-    } else {
-        Vec::new()
-    };
-    Rows8 { q, lanes, sums, offsets }
-}
-
-/// Whether the fused kernel of `w`'s format reads [`Rows8::offsets`]: int4 and `Q4_0`, on
-/// the AVX-512 path.
-fn nibble_offsets(w: &Weights) -> bool {
-    matches!(w, Weights::Int4 { .. } | Weights::Blocks { format: Block::Q4_0, .. }) && path() == Path::Avx512
+            .collect();
+        nibble_order(&mut q, k, 16);
+        nibble_order(&mut lanes, k / LANE, 16 / LANE);
+        nibble_order(&mut offsets, k / LANE, 16 / LANE);
+    }
+    Rows8 { q, lanes, sums, offsets, nibbles, k }
 }
 
 /// Whether a product of weights `w` with `k` inputs runs as integer dot products.
