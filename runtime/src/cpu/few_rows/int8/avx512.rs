@@ -380,6 +380,11 @@ pub unsafe fn fused(o: &super::Operands, x8: &Rows8, lo: usize, hi: usize) -> bo
         Weights::Int4 { codes, scales } => Symmetric::Int4 { codes, scales },
         Weights::Blocks { format: Block::Q8_0, data } => Symmetric::Q8(data),
         Weights::Blocks { format: Block::Q4_0, data } => Symmetric::Q4(data),
+        Weights::Blocks { format: format @ (Block::Q4K | Block::Q6K), data } => {
+            // SAFETY: as this function's contract.
+            unsafe { k_quants(o, x8, format, data, lo, hi) };
+            return true;
+        }
         _ => return false,
     };
     let mut dots = [0f32; 4];
@@ -610,5 +615,136 @@ unsafe fn step<const F: u8, const G: usize, const WHOLE: bool>(
                 *a = _mm512_fmadd_ps(s, scale.map_or(l, |p| _mm512_mul_ps(p, l)), *a);
             }
         }
+    }
+}
+
+/// Output channels `lo..hi` of every row for `Q4_K` and `Q6_K` weights, a block of 256 at a
+/// time: its factors worked out once (`Q4_K`: eight 6-bit scales and minimums; `Q6_K`:
+/// sixteen signed scales), then four steps of 64 inputs, the codes (nibbles, or nibbles and
+/// bit pairs) unpacked in registers and multiplied by `vpdpbusd`; the minimums (`Q4_K`) and
+/// the codes' offset of 32 (`Q6_K`) through the rows' lane sums ([`Rows8::offsets`]).
+///
+/// # Safety
+/// AVX-512 F, BW, VL and VNNI are available; as [`super::channels`], `data` `o.w`'s blocks
+/// of `format`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k_quants(o: &super::Operands, x8: &Rows8, format: Block, data: &[u8], lo: usize, hi: usize) {
+    let mut dots = [0f32; 4];
+    for c in lo..hi {
+        let mut r = 0;
+        while r < o.rows {
+            let g = (o.rows - r).min(4);
+            // SAFETY: as this function's contract, for rows r..r + g.
+            unsafe {
+                match (format == Block::Q4K, g) {
+                    (true, 1) => k_block_rows::<true, 1>(data, x8, o.k, c, r, &mut dots),
+                    (true, 2) => k_block_rows::<true, 2>(data, x8, o.k, c, r, &mut dots),
+                    (true, 3) => k_block_rows::<true, 3>(data, x8, o.k, c, r, &mut dots),
+                    (true, _) => k_block_rows::<true, 4>(data, x8, o.k, c, r, &mut dots),
+                    (false, 1) => k_block_rows::<false, 1>(data, x8, o.k, c, r, &mut dots),
+                    (false, 2) => k_block_rows::<false, 2>(data, x8, o.k, c, r, &mut dots),
+                    (false, 3) => k_block_rows::<false, 3>(data, x8, o.k, c, r, &mut dots),
+                    (false, _) => k_block_rows::<false, 4>(data, x8, o.k, c, r, &mut dots),
+                }
+            }
+            for (j, &dot) in dots[..g].iter().enumerate() {
+                // SAFETY: r + j < rows and c < n.
+                unsafe { o.put(r + j, c, dot) };
+            }
+            r += g;
+        }
+    }
+}
+
+/// Channel `c` of rows `r..r + G` of `Q4_K` (`Q4K`) or `Q6_K` blocks into `dots[..G]`: each
+/// step's lanes add `P (d_b Σ u q) + C (d_b Σ q)`, `P` and `C` the factor and offset of the
+/// lane's sub-block (`Q4_K`: `d sc` and `-dmin m`) or chunk (`Q6_K`: `d sc` and `-32 d sc`).
+///
+/// # Safety
+/// As [`k_quants`]; `r + G <= rows`, `c < n`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k_block_rows<const Q4K: bool, const G: usize>(
+    data: &[u8],
+    x8: &Rows8,
+    k: usize,
+    c: usize,
+    r: usize,
+    dots: &mut [f32; 4],
+) {
+    let bytes = if Q4K { Block::Q4K.bytes() } else { Block::Q6K.bytes() };
+    let lanes = k / LANE;
+    let zero = _mm512_setzero_si512();
+    let low = _mm512_set1_epi8(15);
+    let (mut products, mut offsets) = ([_mm512_setzero_ps(); G], [_mm512_setzero_ps(); G]);
+    for b in 0..k / 256 {
+        let at = (c * (k / 256) + b) * bytes;
+        let block = &data[at..at + bytes];
+        let bp = block.as_ptr();
+        for line in [0, 64, 128, 192] {
+            _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(super::super::PREFETCH_AHEAD + line).cast());
+        }
+        // The block's factors and offsets, a lane each: `Q4_K` the eight sub-blocks'
+        // (lanes 0-7), `Q6_K` the sixteen chunks'.
+        let (factors, minus) = if Q4K {
+            let h = |i: usize| super::super::f16_to_f32(u16::from_le_bytes([block[i], block[i + 1]]));
+            let (d, dmin) = (h(0), h(2));
+            let (mut p, mut m) = ([0f32; 16], [0f32; 16]);
+            for s in 0..8 {
+                let (sc, mn) = scale_min(&block[4..16], s);
+                p[s] = d * f32::from(sc);
+                m[s] = -(dmin * f32::from(mn));
+            }
+            // SAFETY: sixteen floats read from arrays of sixteen.
+            unsafe { (_mm512_loadu_ps(p.as_ptr()), _mm512_loadu_ps(m.as_ptr())) }
+        } else {
+            let d = super::super::f16_to_f32(u16::from_le_bytes([block[208], block[209]]));
+            // SAFETY: the sixteen scale bytes from 192 lie in the block.
+            let sc = unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bp.add(192).cast()))) };
+            let p = _mm512_mul_ps(sc, _mm512_set1_ps(d));
+            (p, _mm512_mul_ps(p, _mm512_set1_ps(-32.0)))
+        };
+        for i in 0..4 {
+            // SAFETY: the block's bytes read below lie in it (`Q4_K`: nibbles from 16,
+            // 32 a step; `Q6_K`: low nibbles 0..128, bit pairs 128..192).
+            let (u, idx) = unsafe {
+                if Q4K {
+                    // Step i: sub-blocks 2i (low nibbles) and 2i + 1 (high), 32 inputs each.
+                    let x = _mm256_loadu_si256(bp.add(16 + 32 * i).cast());
+                    let z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), _mm256_srli_epi16::<4>(x));
+                    let pattern = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+                    (_mm512_and_si512(z, low), _mm512_add_epi32(pattern, _mm512_set1_epi32(2 * i as i32)))
+                } else {
+                    // Step i of half h = i / 2: the low (even i) or high nibbles of the 64
+                    // bytes from 64 h, each with its bit pair from the 32 bytes from
+                    // 128 + 32 h, shifted by 0 and 2 (even i) or 4 and 6.
+                    let h = i / 2;
+                    let z = _mm512_loadu_si512(bp.add(64 * h).cast());
+                    let nib = if i % 2 == 0 { z } else { _mm512_srli_epi16::<4>(z) };
+                    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(bp.add(128 + 32 * h).cast()));
+                    let s = if i % 2 == 0 { 0 } else { 4 };
+                    let shifts = _mm512_inserti64x4::<1>(_mm512_set1_epi16(s), _mm256_set1_epi16(s + 2));
+                    let pair = _mm512_and_si512(_mm512_srlv_epi16(qh, shifts), _mm512_set1_epi8(3));
+                    let u = _mm512_or_si512(_mm512_and_si512(nib, low), _mm512_slli_epi16::<4>(pair));
+                    let pattern = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+                    (u, _mm512_add_epi32(pattern, _mm512_set1_epi32(4 * i as i32)))
+                }
+            };
+            let (p, m) = (_mm512_permutexvar_ps(idx, factors), _mm512_permutexvar_ps(idx, minus));
+            let t = 256 * b + 64 * i;
+            for j in 0..G {
+                // SAFETY: inputs t..t + 64 of row r + j, lanes t / 4.. (t + 64 <= k).
+                unsafe {
+                    let q = _mm512_loadu_si512(x8.q.as_ptr().add((r + j) * k + t).cast());
+                    let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, q));
+                    let l = _mm512_loadu_ps(x8.lanes.as_ptr().add((r + j) * lanes + t / LANE));
+                    let sums = _mm512_loadu_ps(x8.offsets.as_ptr().add((r + j) * lanes + t / LANE));
+                    products[j] = _mm512_fmadd_ps(p, _mm512_mul_ps(s, l), products[j]);
+                    offsets[j] = _mm512_fmadd_ps(m, sums, offsets[j]);
+                }
+            }
+        }
+    }
+    for j in 0..G {
+        dots[j] = _mm512_reduce_add_ps(_mm512_add_ps(products[j], offsets[j]));
     }
 }

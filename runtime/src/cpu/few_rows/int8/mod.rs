@@ -62,9 +62,10 @@ pub struct Rows8 {
     lanes: Vec<f32>,
     /// Each chunk's `d_b Σ q`, `[rows, k / 16]`.
     sums: Vec<f32>,
-    /// For int4 and `Q4_0` weights (codes 0..15 standing for -8..7): each lane's
-    /// `-8 d_b Σ q`, `[rows, k / 4]`, which the fused kernel adds to the lane's unsigned
-    /// product; empty otherwise.
+    /// For the AVX-512 kernels of int4 and `Q4_0` weights (codes 0..15 standing for
+    /// -8..7): each lane's `-8 d_b Σ q`, `[rows, k / 4]`, which the kernel adds to the lane's
+    /// unsigned product; of `Q4_K` and `Q6_K` weights: each lane's `d_b Σ q`, which their
+    /// minimums and offsets multiply; empty otherwise.
     offsets: Vec<f32>,
     /// Whether `q`, `lanes` and `offsets` hold each whole 64 inputs of a row in the nibble
     /// order ([`nibble_order`]), as the AVX-512 kernel of int4 and `Q4_0` reads them (the
@@ -145,15 +146,19 @@ pub(super) fn quantize_for(path: Path, x: &[f32], rows: usize, k: usize, w: &Wei
             sums[b * BLOCK / CHUNK + h] = d * half.iter().map(|&v| f32::from(v)).sum::<f32>();
         }
     }
-    let nibbles =
-        path == Path::Avx512 && matches!(w, Weights::Int4 { .. } | Weights::Blocks { format: Block::Q4_0, .. });
+    let avx512 = path == Path::Avx512;
+    let nibbles = avx512 && matches!(w, Weights::Int4 { .. } | Weights::Blocks { format: Block::Q4_0, .. });
+    let k_quants = avx512 && matches!(w, Weights::Blocks { format: Block::Q4K | Block::Q6K, .. });
     let mut offsets = Vec::new();
-    if nibbles {
+    if nibbles || k_quants {
+        let factor = if nibbles { -8.0 } else { 1.0 };
         offsets = q
             .chunks_exact(LANE)
             .zip(&lanes)
-            .map(|(qs, d)| -8.0 * d * qs.iter().map(|&v| f32::from(v)).sum::<f32>())
+            .map(|(qs, d)| factor * d * qs.iter().map(|&v| f32::from(v)).sum::<f32>())
             .collect();
+    }
+    if nibbles {
         nibble_order(&mut q, k, 16);
         nibble_order(&mut lanes, k / LANE, 16 / LANE);
         nibble_order(&mut offsets, k / LANE, 16 / LANE);
