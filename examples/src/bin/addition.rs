@@ -10,7 +10,9 @@
 //!
 //! `--mtp` runs the demo's glm4_moe version instead (python/train_demo_mtp.py), and with
 //! `--speculative-tokens N` its multi-token-prediction layer drafts N tokens a step;
-//! `--one-by-one` answers each problem alone (batch 1).
+//! `--one-by-one` answers each problem alone (batch 1). `--int8-activations` (with `--int8` or
+//! `--int4`) multiplies the quantized weights by rows quantized to 8 bits in its few-row
+//! products (`--activations int8` of `headcount`).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -18,7 +20,8 @@ use std::time::Instant;
 use headcount::Architecture;
 use headcount_examples::{AdditionGlm, AdditionGlmMtp, addition_model_dir, addition_mtp_model_dir};
 use headcount_runtime::{
-    Declared, Error, GenerateOptions, Generation, LoadOptions, Model, Quantize, Result, Sampling, TextCodec, generate,
+    Activations, Declared, Error, GenerateOptions, Generation, LoadOptions, Model, Quantize, Result, Sampling,
+    TextCodec, generate,
 };
 
 const MAX_NEW_TOKENS: usize = 5;
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
 /// Which of the demo's models runs, and how.
 struct Choice {
     quantize: Quantize,
+    activations: Activations,
     /// The glm4_moe version with its MTP layer.
     mtp: bool,
     speculative_tokens: usize,
@@ -55,7 +59,12 @@ struct Demo {
 impl Demo {
     fn load(c: &Choice) -> Result<Demo> {
         let dir = if c.mtp { addition_mtp_model_dir() } else { addition_model_dir() };
-        let opts = LoadOptions { quantize: c.quantize, mtp: c.speculative_tokens > 0, ..Default::default() };
+        let opts = LoadOptions {
+            quantize: c.quantize,
+            activations: c.activations,
+            mtp: c.speculative_tokens > 0,
+            ..Default::default()
+        };
         // Each checkpoint against its declaration, checked when it loads.
         let (model, eos) = if c.mtp {
             (Declared::<AdditionGlmMtp>::load(&dir, &opts)?.into_inner(), AdditionGlmMtp::EOS_TOKEN_IDS)
@@ -205,20 +214,26 @@ fn run() -> Result<()> {
     let args = rest;
     let choice = Choice {
         quantize,
+        activations: if args.iter().any(|a| a == "--int8-activations") { Activations::Int8 } else { Activations::F32 },
         mtp: args.iter().any(|a| a == "--mtp"),
         speculative_tokens,
         one_by_one: args.iter().any(|a| a == "--one-by-one"),
     };
+    if choice.activations == Activations::Int8 && quantize == Quantize::None {
+        return Err(Error::InvalidArgument(
+            "--int8-activations multiplies quantized weights by 8-bit rows: add --int8 or --int4".to_owned(),
+        ));
+    }
     if speculative_tokens > 0 && !choice.mtp {
         return Err(Error::InvalidArgument(
             "--speculative-tokens drafts with the glm4_moe demo's MTP layer: add --mtp".to_owned(),
         ));
     }
-    let known = ["--json", "--heldout", "--int8", "--int4", "--mtp", "--one-by-one"];
+    let known = ["--json", "--heldout", "--int8", "--int4", "--int8-activations", "--mtp", "--one-by-one"];
     if let Some(flag) = args.iter().find(|a| a.starts_with("--") && !known.contains(&a.as_str())) {
         return Err(Error::InvalidArgument(format!(
-            "unknown flag {flag}: use sums like 123+456, --heldout, --json, --int8, --int4, --mtp, \
-             --speculative-tokens N, --one-by-one or --serve [PORT]"
+            "unknown flag {flag}: use sums like 123+456, --heldout, --json, --int8, --int4, \
+             --int8-activations, --mtp, --speculative-tokens N, --one-by-one or --serve [PORT]"
         )));
     }
     let sums: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
