@@ -1006,3 +1006,93 @@ mod tests {
         }
     }
 }
+/// A benchmark, not run by `cargo test`: each vector path's f32-row and int8-row kernels on
+/// the same 4096 x 4096 weights (eight copies in turn, so each product reads memory) of
+/// every integer format, one row, one thread, the two kernels alternating product by
+/// product; the best of 100 each, printed. Run with `cargo test --release -p
+/// headcount-runtime --lib kernels_side_by_side -- --ignored --nocapture`.
+#[cfg(test)]
+mod bench {
+    use super::*;
+
+    #[test]
+    #[ignore]
+    fn kernels_side_by_side() {
+        let (n, k, copies) = (4096usize, 4096usize, 8);
+        let fill = |len: usize, i: usize| -> Vec<u8> { (0..len).map(|j| ((j * 7 + i) % 251) as u8).collect() };
+        let codes: Vec<Vec<u8>> = (0..copies).map(|i| fill(n * k / 2, i)).collect();
+        let scales: Vec<Vec<u16>> = (0..copies).map(|_| vec![0x2c00u16; n * k / 32]).collect();
+        let q8: Vec<Vec<i8>> = (0..copies).map(|i| fill(n * k, i).into_iter().map(|b| b as i8).collect()).collect();
+        let s8 = vec![0.01f32; n];
+        // Blocks of a format with every f16 scale 2^-4.
+        let blocks = |format: Block, at: &[usize]| -> Vec<Vec<u8>> {
+            (0..copies)
+                .map(|i| {
+                    let mut d = fill(n * format.row_bytes(k), i);
+                    for b in d.chunks_exact_mut(format.bytes()) {
+                        for &a in at {
+                            b[a..a + 2].copy_from_slice(&0x2c00u16.to_le_bytes());
+                        }
+                    }
+                    d
+                })
+                .collect()
+        };
+        let (q8_0, q4_k, q6_k) = (blocks(Block::Q8_0, &[0]), blocks(Block::Q4K, &[0, 2]), blocks(Block::Q6K, &[208]));
+        let x: Vec<f32> = (0..k).map(|i| (i % 13) as f32 / 7.0 - 0.8).collect();
+        let (mut y, mut y8) = (vec![0f32; n], vec![0f32; n]);
+        for path in int8::available().into_iter().filter(|&p| p != Path::Plain) {
+            for name in ["int8", "int4", "Q8_0", "Q4_K", "Q6_K"] {
+                let mut best = [f64::MAX; 2];
+                let mut bytes = 0;
+                for rep in 0..200 {
+                    let i = if rep >= 198 { 0 } else { rep % copies };
+                    let w = match name {
+                        "int8" => Weights::Int8 { q: &q8[i], scales: &s8 },
+                        "int4" => Weights::Int4 { codes: &codes[i], scales: &scales[i] },
+                        "Q8_0" => Weights::Blocks { format: Block::Q8_0, data: &q8_0[i] },
+                        "Q4_K" => Weights::Blocks { format: Block::Q4K, data: &q4_k[i] },
+                        _ => Weights::Blocks { format: Block::Q6K, data: &q6_k[i] },
+                    };
+                    bytes = match w {
+                        Weights::Int8 { .. } => n * k,
+                        Weights::Int4 { .. } => n * k / 2 + n * k / 16,
+                        Weights::Blocks { format, .. } => n * format.row_bytes(k),
+                        _ => 0,
+                    };
+                    let xsum = if name == "int4" { group_sums(&x, 1, k) } else { Vec::new() };
+                    let x8 = int8::quantize_for(path, &x, 1, k, &w);
+                    let (yp, y8p) = (SendPtr(y.as_mut_ptr()), SendPtr(y8.as_mut_ptr()));
+                    let o = Operands { x: &x, rows: 1, k, w, bias: None, y: yp, n, xsum: &xsum, xb: &[], x8: None };
+                    let o8 = Operands { y: y8p, ..o };
+                    // The pair of products on one copy last (the rows of 0 and 1 then compare).
+                    let first = if rep >= 198 { rep == 198 } else { rep % 2 == 0 };
+                    let t = std::time::Instant::now();
+                    // SAFETY: y and y8 hold n floats; the slices hold an [n, k] weight; the
+                    // path is this CPU's.
+                    unsafe {
+                        if first {
+                            channels_on(path, &o, 0, n);
+                        } else {
+                            int8::channels_on(path, &o8, &x8, 0, n);
+                        }
+                    }
+                    let at = usize::from(!first);
+                    best[at] = best[at].min(t.elapsed().as_secs_f64());
+                }
+                let scale = y.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+                let diff = y.iter().zip(&y8).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+                assert!(diff < 0.05, "{path:?} {name}: the two kernels differ by {diff} of the largest");
+                let rate = |s: f64| bytes as f64 / s / 1e9;
+                println!(
+                    "{path:?} {name}: f32 rows {:.3} ms ({:.1} GB/s), int8 rows {:.3} ms ({:.1} GB/s), {:.2}x",
+                    best[0] * 1e3,
+                    rate(best[0]),
+                    best[1] * 1e3,
+                    rate(best[1]),
+                    best[0] / best[1]
+                );
+            }
+        }
+    }
+}

@@ -688,14 +688,29 @@ unsafe fn k_block_rows<const Q4K: bool, const G: usize>(
         let (factors, minus) = if Q4K {
             let h = |i: usize| super::super::f16_to_f32(u16::from_le_bytes([block[i], block[i + 1]]));
             let (d, dmin) = (h(0), h(2));
-            let (mut p, mut m) = ([0f32; 16], [0f32; 16]);
-            for s in 0..8 {
-                let (sc, mn) = scale_min(&block[4..16], s);
-                p[s] = d * f32::from(sc);
-                m[s] = -(dmin * f32::from(mn));
-            }
-            // SAFETY: sixteen floats read from arrays of sixteen.
-            unsafe { (_mm512_loadu_ps(p.as_ptr()), _mm512_loadu_ps(m.as_ptr())) }
+            // The eight 6-bit scales and minimums ([`scale_min`]) four at a time, from the
+            // twelve bytes as three words: sub-blocks 0-3 the low six bits of words 0
+            // (scales) and 1 (minimums); 4-7 word 2's nibbles below the top two bits of
+            // words 0 and 1.
+            let word =
+                |i: usize| u32::from_le_bytes([block[4 + 4 * i], block[5 + 4 * i], block[6 + 4 * i], block[7 + 4 * i]]);
+            let (w0, w1, w2) = (word(0), word(1), word(2));
+            let (six, four, two) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+            let scales = u64::from(w0 & six) | u64::from((w2 & four) | (((w0 >> 6) & two) << 4)) << 32;
+            let mins = u64::from(w1 & six) | u64::from(((w2 >> 4) & four) | (((w1 >> 6) & two) << 4)) << 32;
+            // cannot wrap: the bits of a u64 read as an i64.
+            let bytes = _mm_set_epi64x(mins as i64, scales as i64);
+            let both = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+            let d = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d), _mm512_set1_ps(-dmin));
+            let both = _mm512_mul_ps(both, d);
+            // Lanes 0-7 the factors, 8-15 the minimums': the minimums moved down.
+            (
+                both,
+                _mm512_permutexvar_ps(
+                    _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15),
+                    both,
+                ),
+            )
         } else {
             let d = super::super::f16_to_f32(u16::from_le_bytes([block[208], block[209]]));
             // SAFETY: the sixteen scale bytes from 192 lie in the block.

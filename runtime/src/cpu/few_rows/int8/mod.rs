@@ -244,6 +244,11 @@ pub(super) unsafe fn channels_on(path: Path, o: &Operands, x8: &Rows8, lo: usize
     if path == Path::Avx512 && unsafe { avx512::fused(o, x8, lo, hi) } {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as above.
+    if path == Path::Avx2 && unsafe { avx2::fused(o, x8, lo, hi) } {
+        return;
+    }
     let mut d = Decoded::new(o.k);
     let mut dots = vec![0f32; o.rows];
     for c in lo..hi {
